@@ -1,0 +1,39 @@
+# One entry point for newcomers and CI. `make test` installs everything it needs from scratch.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export GOTOOLCHAIN := local
+
+.PHONY: test venv lint unit e2e demo cluster-up cluster-down control-plane
+
+test: venv lint unit e2e
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+lint: venv
+	$(VENV)/bin/ruff check operator runtime tests e2e bench
+	$(VENV)/bin/mypy
+
+unit: venv
+	$(VENV)/bin/pytest -q tests
+
+control-plane:
+	bash e2e/build-control-plane.sh
+
+e2e: venv control-plane
+	$(VENV)/bin/pytest -q e2e/tests
+
+demo: venv control-plane
+	$(PY) -m e2e.demo
+
+cluster-up: venv control-plane
+	$(PY) -m e2e.cluster up
+
+cluster-down: venv
+	$(PY) -m e2e.cluster down

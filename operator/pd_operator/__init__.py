@@ -1,0 +1,1 @@
+"""pd-operator: reconciles PDDeployment resources into prefill/decode/proxy pods."""
