@@ -1,0 +1,119 @@
+{{/* Names: the chart name, overridable; the full name is release-scoped and fits a DNS label. */}}
+{{- define "pd-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "pd-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else if contains (include "pd-operator.name" .) .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name (include "pd-operator.name" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{- define "pd-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "pd-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "pd-operator.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "pd-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: pd-operator
+{{- end }}
+
+{{- define "pd-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "pd-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "pd-operator.peeringName" -}}
+{{- default (include "pd-operator.fullname" .) .Values.peering.name }}
+{{- end }}
+
+{{- define "pd-operator.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/*
+RBAC rules: exactly what the operator uses (team contract 5), split by scope.
+Namespaced rules go into a ClusterRole (all namespaces) or one Role per watched namespace.
+*/}}
+{{- define "pd-operator.namespacedRules" -}}
+- apiGroups: [pd.serving.dev]
+  resources: [pddeployments]
+  verbs: [get, list, watch, patch]
+- apiGroups: [pd.serving.dev]
+  resources: [pddeployments/status]
+  verbs: [get, patch, update]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, create, delete, patch]
+- apiGroups: [""]
+  resources: [services, configmaps]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, patch]
+- apiGroups: [events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get, list, watch, create, delete]
+{{- end }}
+
+{{/* What kopf needs cluster-wide in every mode: namespace and CRD discovery. */}}
+{{- define "pd-operator.discoveryRules" -}}
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [list, watch]
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [list, watch]
+{{- end }}
+
+{{- define "pd-operator.peeringRules" -}}
+- apiGroups: [kopf.dev]
+  resources: [{{ if .Values.watchNamespaces }}kopfpeerings{{ else }}clusterkopfpeerings{{ end }}]
+  verbs: [get, list, watch, patch]
+{{- end }}
+
+{{/* `pdctl operator` arguments: scope, peering, probe and metrics ports, then the user's extras. */}}
+{{- define "pd-operator.args" -}}
+{{- if .Values.watchNamespaces }}
+{{- range .Values.watchNamespaces }}
+- --namespace={{ . }}
+{{- end }}
+{{- else }}
+- --all-namespaces
+{{- end }}
+{{- if .Values.peering.enabled }}
+- --peering={{ include "pd-operator.peeringName" . }}
+{{- else }}
+- --standalone
+{{- end }}
+- --liveness-port={{ .Values.liveness.port }}
+{{- if .Values.metrics.enabled }}
+- --metrics-port={{ .Values.metrics.port }}
+{{- end }}
+{{- range .Values.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}
