@@ -1,0 +1,63 @@
+"""OpenAI-style errors: every failure a client sees has the same body shape and a meaningful status."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class ApiError(Exception):
+    """An error answered to the client as ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        raw_body: bytes | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.raw_body = raw_body  # an engine's own 4xx body, passed through as is
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def headers(self) -> dict[str, str]:
+        """A 503 tells clients to come back soon instead of treating the proxy as broken."""
+        headers = {"Content-Type": "application/json"}
+        if self.status == 503:
+            headers["Retry-After"] = "1"
+        return headers
+
+    def json_bytes(self) -> bytes:
+        if self.raw_body is not None:
+            return self.raw_body
+        return json.dumps(self.body()).encode()
+
+    def sse_bytes(self) -> bytes:
+        """The error as a stream event followed by the end marker, as vLLM ends a failed stream."""
+        return b"data: " + json.dumps(self.body()).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def unavailable(message: str, code: str) -> ApiError:
+    return ApiError(503, message, type="service_unavailable", code=code)
+
+
+def upstream_failed(message: str, code: str = "upstream_error") -> ApiError:
+    return ApiError(502, message, type="upstream_error", code=code)
+
+
+def upstream_timeout(message: str) -> ApiError:
+    return ApiError(504, message, type="upstream_error", code="upstream_timeout")

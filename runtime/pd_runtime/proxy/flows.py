@@ -1,0 +1,431 @@
+"""One client request through the engines: write, read and colocated flows (§3.6, §3.7, §9.1).
+
+The decisions (which instances, which bodies) come from ``routing`` and ``legs``; this module only
+runs the upstream HTTP requests, watches them and relays the answer to a sink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import aiohttp
+
+from pd_runtime.protocol import check_prefill_response, new_request_uid
+from pd_runtime.proxy.config import ProxyConfig
+from pd_runtime.proxy.errors import ApiError, unavailable, upstream_failed, upstream_timeout
+from pd_runtime.proxy.legs import (
+    ClientRequest,
+    IdRewriter,
+    Leg,
+    Target,
+    TransferIds,
+    decode_leg,
+    plain_leg,
+    prefill_leg,
+    upstream_error_for_client,
+)
+from pd_runtime.proxy.metrics import ProxyMetrics
+from pd_runtime.proxy.registry import Instance, InstanceRole, Registry
+from pd_runtime.proxy.routing import Candidate, Router, Slot, decode_dp_rank
+from pd_runtime.proxy.sinks import ClientGone, Sink
+from pd_runtime.proxy.status import LastTransfer
+
+log = logging.getLogger(__name__)
+
+Source = Literal["request", "canary"]
+UPSTREAM_KEEPALIVE_S = 4.0
+
+
+class LegFailure(Exception):
+    """An upstream leg failed; ``error`` is what the client is told."""
+
+    def __init__(self, leg: str, kind: str, error: ApiError) -> None:
+        super().__init__(f"{leg} {kind}: {error.message}")
+        self.leg = leg
+        self.kind = kind
+        self.error = error
+
+
+class NoKvTransfer(LegFailure):
+    """Prefill answered but its kv_transfer_params cannot feed a decode (e.g. first token was EOS)."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(
+            "prefill", "no_kv", upstream_failed(f"prefill produced no KV transfer: {problem}", "prefill_no_kv")
+        )
+
+
+@dataclass
+class Exchange:
+    """The state of one client request."""
+
+    request: ClientRequest
+    ids: TransferIds
+    source: Source
+    prefill: Target | None = None
+    decode: Target | None = None
+    started: float = field(default_factory=time.monotonic)
+    rewriter: IdRewriter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rewriter = IdRewriter(self.ids.request_id, self.ids.uid)
+
+
+@dataclass(frozen=True)
+class Result:
+    outcome: str
+    verified_transfer: bool = False
+
+
+class ProxyCore:
+    """Shared state of the request path: registry, router, pooled upstream session, bookkeeping."""
+
+    def __init__(self, config: ProxyConfig, registry: Registry, router: Router, metrics: ProxyMetrics) -> None:
+        self.config = config
+        self.registry = registry
+        self.router = router
+        self.metrics = metrics
+        self.session: aiohttp.ClientSession | None = None
+        self.last_transfer: LastTransfer | None = None
+        self.in_flight = 0
+        self.draining = False
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        """One pooled session for all upstream traffic (the toy proxy opens one per request, §6.4)."""
+        timeouts = self.config.timeouts
+        # Idle connections are dropped before vLLM's own 5 s keep-alive (uvicorn) closes them, so a request
+        # never lands on a connection the engine is just closing.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S, ttl_dns_cache=300)
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+        )
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        if self._background:
+            await asyncio.wait(self._background)
+        if self.session is not None:
+            await self.session.close()
+
+    # -- entry point ---------------------------------------------------------------------------
+
+    async def handle(self, request: ClientRequest, sink: Sink, source: Source = "request") -> Result:
+        """Serve one request; every failure ends as an OpenAI-style error on the sink, never a raise
+        (except cancellation: the client went away, and the upstream legs are closed on the way out)."""
+        self.in_flight += 1
+        self.metrics.in_flight.inc()
+        exchange: Exchange | None = None
+        try:
+            exchange = self._route(request, source)
+            verified = await self._serve(exchange, sink)
+            return self._finish(request, exchange, "ok", verified)
+        except ApiError as err:
+            await sink.error(err)
+            return self._finish(
+                request, exchange, "unavailable" if err.status == 503 else "rejected", False, err.message
+            )
+        except LegFailure as failure:
+            self.metrics.upstream_errors.labels(failure.leg, failure.kind).inc()
+            try:
+                await sink.error(failure.error)
+            except ClientGone:
+                return self._finish(request, exchange, "cancelled", False)
+            return self._finish(request, exchange, f"{failure.leg}_{failure.kind}", False, str(failure))
+        except ClientGone:
+            return self._finish(request, exchange, "cancelled", False)
+        except asyncio.CancelledError:
+            self._finish(request, exchange, "cancelled", False)
+            raise
+        finally:
+            self.in_flight -= 1
+            self.metrics.in_flight.dec()
+
+    def _finish(
+        self, request: ClientRequest, exchange: Exchange | None, outcome: str, verified: bool, detail: str = ""
+    ) -> Result:
+        self.metrics.requests.labels(request.endpoint, outcome).inc()
+        if exchange is not None:
+            log.info(
+                "request done transfer_id=%s request=%s source=%s prefill=%s decode=%s outcome=%s ms=%.1f %s",
+                exchange.ids.transfer_id,
+                exchange.ids.uid,
+                exchange.source,
+                _address(exchange.prefill),
+                _address(exchange.decode),
+                outcome,
+                1000 * (time.monotonic() - exchange.started),
+                detail,
+                extra={"transfer_id": exchange.ids.transfer_id, "outcome": outcome},
+            )
+        return Result(outcome, verified)
+
+    # -- routing -------------------------------------------------------------------------------
+
+    def _route(self, request: ClientRequest, source: Source) -> Exchange:
+        if self.draining:
+            raise unavailable("the proxy is shutting down", "shutting_down")
+        if self.registry.mode == "colocated":
+            uid = new_request_uid()
+            ids = TransferIds(uid=uid, transfer_id="", request_id=uid)
+            return Exchange(request, ids, source, decode=self._pick("E", None))
+        prefill = self._pick("P", "P")
+        decode_slot = self._pick("D", "D")
+        decode = Target(
+            decode_slot.instance,
+            decode_dp_rank(
+                prefill.dp_rank, prefill.instance.dp_size, decode_slot.dp_rank, decode_slot.instance.dp_size
+            ),
+        )
+        return Exchange(request, TransferIds.mint(prefill.instance, decode.instance), source, prefill, decode)
+
+    def _pick(self, pool: str, role: InstanceRole | None) -> Target:
+        live = self.registry.live(role, time.monotonic())
+        if not live:
+            what = {"P": "prefill", "D": "decode"}.get(role or "", "engine")
+            raise unavailable(f"no live {what} instance is registered", f"no_{what}_instance")
+        by_key: dict[str, Instance] = {inst.key: inst for inst in live}
+        slot = self.router.pick(pool, [Candidate(inst.key, inst.registration.dp_size) for inst in live])
+        return Target(by_key[slot.key].registration, slot.dp_rank)
+
+    # -- flows ---------------------------------------------------------------------------------
+
+    async def _serve(self, exchange: Exchange, sink: Sink) -> bool:
+        """Run the flow for the mode; True when a P->D transfer was verified (both legs succeeded)."""
+        slots = [_slot(t) for t in (exchange.prefill, exchange.decode) if t is not None]
+        for slot in slots:
+            self.router.acquire(slot)
+        try:
+            if exchange.prefill is None:
+                await self._relay(exchange, self._plain(exchange), "engine", sink)
+                return False
+            if self.registry.transfer_mode == "READ":
+                return await self._read_flow(exchange, sink)
+            return await self._write_flow(exchange, sink)
+        finally:
+            for slot in slots:
+                self.router.release(slot)
+
+    def _plain(self, exchange: Exchange) -> Leg:
+        assert exchange.decode is not None
+        return plain_leg(exchange.request, exchange.decode, exchange.ids.uid, self.config.engine_api_key)
+
+    def _decode_leg(self, exchange: Exchange, prefill_params: dict[str, Any] | None) -> Leg:
+        assert exchange.prefill is not None and exchange.decode is not None
+        return decode_leg(
+            exchange.request,
+            exchange.prefill,
+            exchange.decode,
+            exchange.ids,
+            self.config.max_tokens_policy,
+            self.config.engine_api_key,
+            prefill_params,
+        )
+
+    async def _read_flow(self, exchange: Exchange, sink: Sink) -> bool:
+        """§3.6: strictly serial; D is sent only after P's answer was validated."""
+        try:
+            params = await self._prefill(exchange)
+            problem = check_prefill_response(params, exchange.ids.transfer_id)
+            if problem:
+                raise NoKvTransfer(problem)
+        except NoKvTransfer as missing:
+            await self._decode_only(exchange, sink, missing)
+            return False
+        await self._relay(exchange, self._decode_leg(exchange, params), "decode", sink)
+        self._record_transfer(exchange)
+        return True
+
+    async def _write_flow(self, exchange: Exchange, sink: Sink) -> bool:
+        """§3.7 + §9.1 item 6: both legs at once, but P is watched; if it fails, D is cancelled.
+
+        D goes out first: it must allocate blocks and send them to P before P's KV writes can start.
+        """
+        decode = asyncio.create_task(self._relay(exchange, self._decode_leg(exchange, None), "decode", sink))
+        prefill = asyncio.create_task(self._prefill_with_kv(exchange))
+        handed_off = False
+        try:
+            prefill_failure: BaseException | None = None
+            pending: set[asyncio.Task[Any]] = {prefill, decode}
+            while not decode.done():
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if prefill in done and (prefill_failure := prefill.exception()) is not None:
+                    await _cancel(decode)
+            if prefill_failure is not None and (decode.cancelled() or decode.exception() is not None):
+                if isinstance(prefill_failure, NoKvTransfer):
+                    await self._decode_only(exchange, sink, prefill_failure)
+                    return False
+                raise prefill_failure
+            decode.result()
+            if not prefill.done() and exchange.source == "request":
+                handed_off = True
+                self._spawn(self._await_late_prefill(exchange, prefill))
+                return False
+            await asyncio.wait({prefill})  # the canary waits for P's own answer to verify the transfer
+            prefill_failure = prefill.exception()
+            if prefill_failure is None:
+                self._record_transfer(exchange)
+                return True
+            log.warning(
+                "prefill failed after decode finished transfer_id=%s: %s", exchange.ids.transfer_id, prefill_failure
+            )
+            return False
+        finally:
+            if not handed_off:
+                await _cancel(prefill)
+            await _cancel(decode)
+
+    async def _await_late_prefill(self, exchange: Exchange, prefill: asyncio.Task[Any]) -> None:
+        """D finished before P's HTTP answer arrived: record the transfer once P confirms it."""
+        try:
+            await prefill
+        except LegFailure as failure:
+            self.metrics.upstream_errors.labels(failure.leg, failure.kind).inc()
+            log.warning("prefill failed after decode finished transfer_id=%s: %s", exchange.ids.transfer_id, failure)
+            return
+        self._record_transfer(exchange)
+
+    async def _decode_only(self, exchange: Exchange, sink: Sink, missing: NoKvTransfer) -> None:
+        """The configured answer to an unusable prefill: a plain request to D, or the error."""
+        if self.config.read_fallback != "decode" or sink.started:
+            raise missing
+        self.metrics.read_fallbacks.inc()
+        log.warning("decode-only fallback transfer_id=%s: %s", exchange.ids.transfer_id, missing)
+        await self._relay(exchange, self._plain(exchange), "decode", sink)
+
+    def _record_transfer(self, exchange: Exchange) -> None:
+        assert exchange.prefill is not None and exchange.decode is not None
+        self.last_transfer = LastTransfer(
+            transfer_id=exchange.ids.transfer_id,
+            completed_at=datetime.now(UTC),
+            prefill=exchange.prefill.instance.http_address,
+            decode=exchange.decode.instance.http_address,
+            source=exchange.source,
+        )
+        self.metrics.last_transfer.set(time.time())
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- legs ----------------------------------------------------------------------------------
+
+    async def _prefill_with_kv(self, exchange: Exchange) -> None:
+        """Write mode: a P answer without kv_transfer_params means no KV will ever reach D."""
+        params = await self._prefill(exchange)
+        if not isinstance(params, dict):
+            raise NoKvTransfer("kv_transfer_params is null (first token was EOS or the request was aborted)")
+
+    async def _prefill(self, exchange: Exchange) -> Any:
+        """POST the P leg and return its ``kv_transfer_params`` (whatever JSON value it is)."""
+        assert exchange.prefill is not None and exchange.decode is not None and self.session is not None
+        leg = prefill_leg(exchange.request, exchange.prefill, exchange.decode, exchange.ids, self.config.engine_api_key)
+        url = exchange.prefill.instance.base_url + leg.path
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self.config.timeouts.prefill):
+                async with self.session.post(url, data=leg.encoded(), headers=leg.headers) as resp:
+                    status, body = resp.status, await resp.read()
+        except TimeoutError as exc:
+            raise LegFailure(
+                "prefill", "timeout", upstream_timeout(f"prefill took longer than {self.config.timeouts.prefill:g} s")
+            ) from exc
+        except aiohttp.ClientError as exc:
+            raise LegFailure(
+                "prefill", "unreachable", upstream_failed("prefill engine unreachable", "prefill_failed")
+            ) from exc
+        finally:
+            self.metrics.leg_seconds.labels("prefill").observe(time.monotonic() - started)
+        if status != 200:
+            raise LegFailure("prefill", "http", upstream_error_for_client(status, body, "prefill", exchange.rewriter))
+        try:
+            document = json.loads(body)
+        except ValueError as exc:
+            raise LegFailure(
+                "prefill", "protocol", upstream_failed("prefill answered invalid JSON", "prefill_failed")
+            ) from exc
+        return document.get("kv_transfer_params") if isinstance(document, dict) else None
+
+    async def _relay(self, exchange: Exchange, leg: Leg, name: str, sink: Sink) -> None:
+        """POST a decode (or colocated) leg and pass its answer through, SSE chunk by chunk."""
+        assert exchange.decode is not None and self.session is not None
+        timeouts = self.config.timeouts
+        url = exchange.decode.instance.base_url + leg.path
+        loop = asyncio.get_running_loop()
+        first_deadline = timeouts.first_byte if exchange.request.stream else timeouts.response
+        streaming = False
+        started = time.monotonic()
+        slack = min(1.0, timeouts.idle / 10)  # move the idle deadline only when it is this far off
+        try:
+            async with asyncio.timeout(first_deadline) as deadline:
+                async with self.session.post(url, data=leg.encoded(), headers=leg.headers) as resp:
+                    if resp.status != 200:
+                        body = await resp.read()
+                        raise LegFailure(
+                            name, "http", upstream_error_for_client(resp.status, body, name, exchange.rewriter)
+                        )
+                    content_type = resp.headers.get("Content-Type", "application/json")
+                    if not content_type.startswith("text/event-stream"):
+                        body = await resp.read()
+                        await sink.whole(200, content_type, exchange.rewriter.whole(body))
+                        return
+                    last = 0.0
+                    async for data in resp.content.iter_any():
+                        out = exchange.rewriter.feed(data)
+                        now = loop.time()
+                        if out:
+                            if not streaming:
+                                streaming = True
+                                await sink.begin_stream(content_type)
+                                self.metrics.ttft.observe(time.monotonic() - exchange.started)
+                            else:
+                                self.metrics.itl.observe(now - last)
+                            last = now
+                            await sink.write(out)
+                        if abs(now + timeouts.idle - (deadline.when() or 0.0)) > slack:
+                            deadline.reschedule(now + timeouts.idle)
+                    tail = exchange.rewriter.flush()
+                    if not streaming:
+                        await sink.begin_stream(content_type)
+                    if tail:
+                        await sink.write(tail)
+                    await sink.end_stream()
+        except TimeoutError as exc:
+            what = f"no chunk for {timeouts.idle:g} s" if streaming else f"no first byte within {first_deadline:g} s"
+            raise LegFailure(name, "timeout", upstream_timeout(f"{name} engine timed out: {what}")) from exc
+        except aiohttp.ClientError as exc:
+            kind = "broken" if streaming else "unreachable"
+            raise LegFailure(
+                name, kind, upstream_failed(f"{name} engine failed: connection {kind}", f"{name}_failed")
+            ) from exc
+        finally:
+            self.metrics.leg_seconds.labels(name).observe(time.monotonic() - started)
+
+
+def _slot(target: Target) -> Slot:
+    return Slot(target.instance.http_address, target.dp_rank)
+
+
+def _address(target: Target | None) -> str:
+    return "-" if target is None else target.instance.http_address
+
+
+async def _cancel(task: asyncio.Task[Any]) -> None:
+    """Cancel a leg and wait for it to close its connection (vLLM aborts a request on disconnect)."""
+    if not task.done():
+        task.cancel()
+        await asyncio.wait({task})
+    if not task.cancelled():
+        task.exception()  # retrieved: the failure, if any, was already handled or superseded

@@ -1,0 +1,307 @@
+"""Pure: a client request -> the exact prefill and decode legs of moriio-protocol.md §3.
+
+No I/O here. ``parse_client_request`` validates what the proxy relies on (anything else is left to the
+engine, whose 4xx is passed through) and strips what clients must not control; the ``*_leg`` builders
+return the path, headers and body of each upstream request.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pd_runtime.protocol import (
+    Registration,
+    decode_leg_params,
+    make_request_id,
+    new_request_uid,
+    new_transfer_id,
+    prefill_leg_params,
+)
+from pd_runtime.proxy.errors import ApiError, bad_request
+
+Endpoint = Literal["completions", "chat/completions"]
+ProxyMode = Literal["disaggregated", "colocated"]
+MaxTokensPolicy = Literal["exact", "decrement"]
+
+TOKEN_LIMIT_KEYS = ("max_tokens", "max_completion_tokens")
+# Fields a client may send that would let it forge the transfer (§9.1 item 2).
+CLIENT_FORBIDDEN_KEYS = ("kv_transfer_params", "request_id")
+
+
+@dataclass(frozen=True)
+class ClientRequest:
+    """A validated client request with client-controlled transfer fields already removed."""
+
+    endpoint: Endpoint
+    body: dict[str, Any]
+
+    @property
+    def stream(self) -> bool:
+        return bool(self.body.get("stream", False))
+
+    @property
+    def path(self) -> str:
+        return f"/v1/{self.endpoint}"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One routing decision: an instance and, for DP>1 instances, the DP rank to pin."""
+
+    instance: Registration
+    dp_rank: int | None = None
+
+
+@dataclass(frozen=True)
+class TransferIds:
+    """The ids of one disaggregated request (§3.2)."""
+
+    uid: str  # 32 lowercase hex: the tail of X-Request-Id and the id clients see
+    transfer_id: str  # tx-<uuid4>
+    request_id: str  # X-Request-Id, the same on both legs
+
+    @classmethod
+    def mint(cls, prefill: Registration, decode: Registration) -> TransferIds:
+        uid = new_request_uid()
+        return cls(uid=uid, transfer_id=new_transfer_id(), request_id=make_request_id(prefill, decode, uid))
+
+
+@dataclass(frozen=True)
+class Leg:
+    """One upstream HTTP request."""
+
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+    def encoded(self) -> bytes:
+        return json.dumps(self.body, separators=(",", ":")).encode()
+
+
+# ---------------------------------------------------------------------------------------------
+# Client request validation
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_client_request(raw: bytes, endpoint: Endpoint, mode: ProxyMode, max_tokens_limit: int) -> ClientRequest:
+    """Decode and check a client body; raises ApiError (400) for anything the proxy cannot route."""
+    body = _json_object(raw)
+    _check_bool(body, "stream")
+    for key in TOKEN_LIMIT_KEYS:
+        _check_token_limit(body, key, max_tokens_limit)
+    for key in ("min_tokens", "n", "best_of"):
+        _check_int(body, key, minimum=0 if key == "min_tokens" else 1)
+    if body.get("stream_options") is not None and not isinstance(body["stream_options"], dict):
+        raise bad_request("'stream_options' must be an object", param="stream_options")
+    if endpoint == "completions":
+        _check_prompt(body.get("prompt"), disaggregated=mode == "disaggregated")
+    else:
+        _check_messages(body.get("messages"))
+    if mode == "disaggregated":
+        _check_single_sequence(body)
+    for key in CLIENT_FORBIDDEN_KEYS:
+        body.pop(key, None)
+    return ClientRequest(endpoint=endpoint, body=body)
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:  # includes UnicodeDecodeError
+        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
+    except RecursionError as exc:
+        raise bad_request("request body is nested too deeply", code="invalid_json") from exc
+    if not isinstance(body, dict):
+        raise bad_request("request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_bool(body: dict[str, Any], key: str) -> None:
+    if body.get(key) is not None and not isinstance(body[key], bool):
+        raise bad_request(f"'{key}' must be a boolean", param=key)
+
+
+def _check_int(body: dict[str, Any], key: str, minimum: int) -> None:
+    value = body.get(key)
+    if value is not None and (not _is_int(value) or value < minimum):
+        raise bad_request(f"'{key}' must be an integer >= {minimum}", param=key)
+
+
+def _check_token_limit(body: dict[str, Any], key: str, limit: int) -> None:
+    value = body.get(key)
+    if value is None:
+        return
+    if not _is_int(value) or value < 1:
+        raise bad_request(f"'{key}' must be an integer >= 1", param=key)
+    if value > limit:
+        raise bad_request(f"'{key}' is {value}, more than this proxy allows ({limit})", param=key)
+
+
+def _is_token_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(_is_int(token) for token in value)
+
+
+def _check_prompt(prompt: Any, disaggregated: bool) -> None:
+    """A prompt is a string or one list of token ids; a list of those is a batch (one prompt each)."""
+    if isinstance(prompt, str) and prompt:
+        return
+    if _is_token_list(prompt):
+        return
+    is_batch = (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and all((isinstance(p, str) and p) or _is_token_list(p) for p in prompt)
+    )
+    if not is_batch:
+        raise bad_request(
+            "'prompt' must be a non-empty string, a list of token ids, or a list of those", param="prompt"
+        )
+    if disaggregated and len(prompt) > 1:
+        raise bad_request(
+            "batched prompts are not supported in disaggregated mode: send one prompt per request",
+            param="prompt",
+            code="batch_not_supported",
+        )
+
+
+def _check_messages(messages: Any) -> None:
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise bad_request("'messages' must be a non-empty list of objects", param="messages")
+
+
+def _check_single_sequence(body: dict[str, Any]) -> None:
+    """§6.4 item 10: several sequences would share one transfer id and one set of KV blocks."""
+    for key in ("n", "best_of"):
+        if (body.get(key) or 1) > 1:
+            raise bad_request(
+                f"'{key}' > 1 is not supported in disaggregated mode: send one request per sequence",
+                param=key,
+                code="n_not_supported",
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Legs
+# ---------------------------------------------------------------------------------------------
+
+
+def _headers(request_id: str, dp_rank: int | None, engine_api_key: str | None) -> dict[str, str]:
+    """§3.1: the only headers sent upstream; nothing the client sent is forwarded."""
+    headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+    if engine_api_key:
+        headers["Authorization"] = f"Bearer {engine_api_key}"
+    if dp_rank is not None:
+        headers["X-data-parallel-rank"] = str(dp_rank)
+    return headers
+
+
+def prefill_leg(
+    request: ClientRequest, prefill: Target, decode: Target, ids: TransferIds, engine_api_key: str | None
+) -> Leg:
+    """§3.1 + §3.3 + §9.1 item 3: one token, not streamed, no minimum length, D's address and sizes."""
+    body = dict(request.body)
+    body["stream"] = False
+    body.pop("stream_options", None)
+    body["max_tokens"] = 1
+    if "max_completion_tokens" in body:
+        body["max_completion_tokens"] = 1
+    body.pop("min_tokens", None)
+    body.pop("min_completion_tokens", None)
+    body["kv_transfer_params"] = prefill_leg_params(decode.instance, ids.transfer_id)
+    return Leg(request.path, _headers(ids.request_id, prefill.dp_rank, engine_api_key), body)
+
+
+def decode_leg(
+    request: ClientRequest,
+    prefill: Target,
+    decode: Target,
+    ids: TransferIds,
+    policy: MaxTokensPolicy,
+    engine_api_key: str | None,
+    prefill_params: dict[str, Any] | None = None,
+) -> Leg:
+    """§3.4 + §9.1 item 4: the client's body (its ``stream`` kept) plus P's address and sizes.
+
+    ``prefill_params`` is P's returned kv_transfer_params in read mode, None in write mode.
+    """
+    body = decode_token_limits(request.body, policy)
+    body["kv_transfer_params"] = decode_leg_params(
+        prefill.instance,
+        ids.transfer_id,
+        prefill_response=prefill_params,
+        prefill_dp_rank=prefill.dp_rank if prefill.instance.dp_size > 1 else None,
+    )
+    return Leg(request.path, _headers(ids.request_id, decode.dp_rank, engine_api_key), body)
+
+
+def plain_leg(request: ClientRequest, target: Target, request_id: str, engine_api_key: str | None) -> Leg:
+    """A request without KV transfer: colocated mode, and the read-mode fallback to decode-only."""
+    return Leg(request.path, _headers(request_id, target.dp_rank, engine_api_key), dict(request.body))
+
+
+def decode_token_limits(body: dict[str, Any], policy: MaxTokensPolicy) -> dict[str, Any]:
+    """The decode leg's token limits under the configured policy (docs/proxy.md, "max_tokens").
+
+    ``exact`` (default) forwards the client's limits unchanged: the decode engine recomputes the last
+    prompt token and samples the first output token itself, P's token is discarded (§3.1), so the
+    client gets what it asked for. ``decrement`` mimics vLLM's toy proxy (limit - 1), floored at 1 so a
+    request for one token never becomes an invalid ``max_tokens=0``. Absent limits stay absent.
+    """
+    out = dict(body)
+    if policy == "decrement":
+        for key in TOKEN_LIMIT_KEYS:
+            if out.get(key) is not None:
+                out[key] = max(1, out[key] - 1)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Response ids
+# ---------------------------------------------------------------------------------------------
+
+
+class IdRewriter:
+    """Replaces the internal X-Request-Id (which carries engine addresses, §6.4 item 12) with the uid.
+
+    For streams it rewrites only complete SSE events and holds back a partial one, so an id split
+    across two reads is still replaced; reads from vLLM end on event boundaries, so nothing waits.
+    """
+
+    def __init__(self, internal_id: str, public_id: str) -> None:
+        self._internal = internal_id.encode()
+        self._public = public_id.encode()
+        self._active = internal_id != public_id
+        self._pending = b""
+
+    def whole(self, body: bytes) -> bytes:
+        return body.replace(self._internal, self._public) if self._active else body
+
+    def feed(self, data: bytes) -> bytes:
+        if not self._active:
+            return data
+        if self._pending:
+            data = self._pending + data
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self._pending = data
+            return b""
+        self._pending = data[end + 2 :]
+        return data[: end + 2].replace(self._internal, self._public)
+
+    def flush(self) -> bytes:
+        rest, self._pending = self._pending, b""
+        return rest.replace(self._internal, self._public)
+
+
+def upstream_error_for_client(status: int, body: bytes, leg: str, rewriter: IdRewriter) -> ApiError:
+    """What a failed leg means for the client: an engine 4xx is about the request and passes through
+    (its body, ids rewritten); anything else is a 502 that names the leg, never the engine's text."""
+    if 400 <= status < 500:
+        return ApiError(status, f"{leg} engine rejected the request", raw_body=rewriter.whole(body))
+    return ApiError(502, f"{leg} engine answered HTTP {status}", type="upstream_error", code=f"{leg}_failed")

@@ -1,0 +1,166 @@
+"""Instance liveness as data (no I/O): registrations, heartbeat TTL, /health results, transfer modes.
+
+The ZMQ listener and the /health prober (``listener``) feed it; routing and /status read it. Time is
+passed in (``now``, monotonic seconds) so every rule is unit-testable.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pd_runtime.protocol import PING_INTERVAL_S, Registration, TransferMode
+from pd_runtime.proxy.legs import ProxyMode
+
+log = logging.getLogger(__name__)
+
+InstanceRole = Literal["P", "D", "E"]
+InstanceGeneration = Literal["G1", "G2", "static"]
+TransferModeSetting = Literal["auto", "write", "read"]
+
+# An instance counts as unhealthy after this many consecutive failed /health probes; one success heals.
+# A new instance starts at the threshold: vLLM heartbeats from its workers before its HTTP server is up,
+# so an instance enters the rotation only after its first successful probe (sent as it registers).
+HEALTH_FAILURE_THRESHOLD = 2
+# TTL = this many heartbeat intervals of the instance's generation unless --heartbeat-ttl is given.
+DEFAULT_TTL_BEATS = 3
+
+
+@dataclass
+class Instance:
+    registration: Registration
+    role: InstanceRole
+    generation: InstanceGeneration
+    transfer_mode: TransferMode | None
+    last_heartbeat: float | None  # monotonic; None for static engines, which never expire
+    health_failures: int = HEALTH_FAILURE_THRESHOLD
+    key: str = field(init=False)  # http_address, computed once: routing reads it on every request
+
+    def __post_init__(self) -> None:
+        self.key = self.registration.http_address
+
+    @property
+    def base_url(self) -> str:
+        return self.registration.base_url
+
+    @property
+    def healthy(self) -> bool:
+        return self.health_failures < HEALTH_FAILURE_THRESHOLD
+
+    def heartbeat_age(self, now: float) -> float | None:
+        return None if self.last_heartbeat is None else max(0.0, now - self.last_heartbeat)
+
+
+def static_engine(url: str) -> Instance:
+    """An engine listed with --engine: colocated engines have no KV connector, so they never register.
+
+    The synthetic registration carries only the HTTP address; side-channel ports are unused.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname or parts.port is None or parts.path not in ("", "/"):
+        raise ValueError(f"--engine wants http://host:port, got {url!r}")
+    registration = Registration(
+        role="D",
+        host=parts.hostname,
+        http_port=parts.port,
+        handshake_port=0,
+        notify_port=0,
+        dp_size=1,
+        tp_size=1,
+        transfer_mode="WRITE",
+        generation="G2",
+    )
+    return Instance(registration, role="E", generation="static", transfer_mode=None, last_heartbeat=None)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one registration frame did to the registry."""
+
+    outcome: Literal["added", "refreshed", "refused"]
+    reason: str = ""
+
+
+class Registry:
+    def __init__(
+        self, mode: ProxyMode, transfer_mode: TransferModeSetting, ttl_s: float | None, static: list[Instance]
+    ) -> None:
+        self.mode = mode
+        self.transfer_mode_setting = transfer_mode
+        self.ttl_override = ttl_s
+        self.instances: dict[str, Instance] = {inst.key: inst for inst in static}
+        self._auto_mode: TransferMode | None = None
+
+    @property
+    def transfer_mode(self) -> TransferMode | None:
+        """The cluster's transfer mode: configured, or taken from the first accepted registration."""
+        if self.mode == "colocated":
+            return None
+        if self.transfer_mode_setting == "auto":
+            return self._auto_mode
+        return "WRITE" if self.transfer_mode_setting == "write" else "READ"
+
+    def ttl(self, inst: Instance) -> float:
+        if self.ttl_override is not None:
+            return self.ttl_override
+        interval = PING_INTERVAL_S["G1"] if inst.generation == "G1" else PING_INTERVAL_S["G2"]
+        return DEFAULT_TTL_BEATS * interval
+
+    def observe(self, reg: Registration, now: float) -> Observation:
+        """One heartbeat: upsert by http_address, unless its transfer mode conflicts (then only it is refused)."""
+        conflict = self._mode_conflict(reg)
+        if conflict:
+            return Observation("refused", conflict)
+        if self.mode == "disaggregated" and self.transfer_mode_setting == "auto" and self._auto_mode is None:
+            self._auto_mode = reg.transfer_mode
+            log.info("transfer mode set to %s by the first registration (%s)", reg.transfer_mode, reg.http_address)
+        known = self.instances.get(reg.http_address)
+        if known is not None and known.generation == "static":
+            return Observation("refused", f"{reg.http_address} is a statically listed engine")
+        fresh = Instance(
+            reg, role=reg.role, generation=reg.generation, transfer_mode=reg.transfer_mode, last_heartbeat=now
+        )
+        if known is not None and known.registration == reg:
+            known.last_heartbeat = now
+            return Observation("refreshed")
+        if known is not None:
+            fresh.health_failures = known.health_failures
+        self.instances[reg.http_address] = fresh
+        return Observation("added")
+
+    def _mode_conflict(self, reg: Registration) -> str:
+        expected = self.transfer_mode
+        if self.mode == "colocated" or expected is None or reg.transfer_mode == expected:
+            return ""
+        return f"{reg.http_address} registered transfer_mode {reg.transfer_mode}, the proxy uses {expected}"
+
+    def sweep(self, now: float) -> list[Instance]:
+        """Remove instances whose last heartbeat is older than their TTL; returns the evicted ones."""
+        evicted = [
+            inst
+            for inst in self.instances.values()
+            if inst.last_heartbeat is not None and now - inst.last_heartbeat > self.ttl(inst)
+        ]
+        for inst in evicted:
+            del self.instances[inst.key]
+        if evicted and not any(inst.last_heartbeat is not None for inst in self.instances.values()):
+            self._auto_mode = None  # every registered instance is gone: the next one may set the mode again
+        return evicted
+
+    def record_health(self, key: str, ok: bool) -> Instance | None:
+        inst = self.instances.get(key)
+        if inst is not None:
+            inst.health_failures = 0 if ok else inst.health_failures + 1
+        return inst
+
+    def is_live(self, inst: Instance, now: float) -> bool:
+        age = inst.heartbeat_age(now)
+        return inst.healthy and (age is None or age <= self.ttl(inst))
+
+    def live(self, role: InstanceRole | None, now: float) -> list[Instance]:
+        """Routable instances of a role (None: every instance, as colocated mode routes)."""
+        return [
+            inst for inst in self.instances.values() if (role is None or inst.role == role) and self.is_live(inst, now)
+        ]

@@ -1,0 +1,250 @@
+"""The proxy process: API port (OpenAI routes, /health, /ready) and admin port (/status, /metrics).
+
+Handlers only gather inputs and call the core; ``ProxyServer`` wires the parts and owns start/stop,
+including the graceful drain on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from pd_runtime.proxy.canary import Canary
+from pd_runtime.proxy.config import ProxyConfig
+from pd_runtime.proxy.errors import ApiError, unavailable
+from pd_runtime.proxy.flows import ProxyCore
+from pd_runtime.proxy.legs import Endpoint, parse_client_request
+from pd_runtime.proxy.listener import Housekeeping, RegistrationListener
+from pd_runtime.proxy.metrics import ProxyMetrics
+from pd_runtime.proxy.registry import Registry, static_engine
+from pd_runtime.proxy.routing import Router
+from pd_runtime.proxy.sinks import ClientSink
+from pd_runtime.proxy.status import build_status
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def json_response(document: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=json.dumps(document).encode(), content_type="application/json")
+
+
+def error_response(err: ApiError) -> web.Response:
+    return web.Response(status=err.status, body=err.json_bytes(), headers=err.headers())
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure, including aiohttp's own 404/405/413, leaves as an OpenAI-style JSON body."""
+    try:
+        return await handler(request)
+    except ApiError as err:
+        return error_response(err)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status)
+        return error_response(ApiError(exc.status, exc.reason, code=code))
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("unexpected error serving %s %s", request.method, request.path)
+        return error_response(ApiError(500, "internal proxy error", type="server_error", code="internal_error"))
+
+
+def _listen(host: str, port: int, backlog: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(backlog)
+    sock.setblocking(False)
+    return sock
+
+
+class ProxyServer:
+    def __init__(self, config: ProxyConfig) -> None:
+        self.config = config
+        static = [static_engine(url) for url in config.engines]
+        self.registry = Registry(config.mode, config.transfer_mode, config.heartbeat_ttl_s, static)
+        self.metrics = ProxyMetrics(self.registry)
+        self.core = ProxyCore(config, self.registry, Router(config.policy), self.metrics)
+        self.listener = RegistrationListener(config.registration_address, self.registry, self.metrics)
+        self.canary: Canary | None = None
+        self.housekeeping: Housekeeping | None = None
+        self._runners: list[web.AppRunner] = []
+        self.api_port = 0
+        self.admin_port: int | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.core.start()
+        assert self.core.session is not None
+        self.listener.start()
+        self.housekeeping = Housekeeping(
+            self.registry,
+            self.metrics,
+            self.core.session,
+            self.config.health_interval_s,
+            self.config.timeouts.health,
+            self.config.engine_api_key,
+        )
+        self.housekeeping.start()
+        self.listener.on_added = self.housekeeping.probe_soon
+        self.canary = Canary(self.core, self.config)
+        self.canary.start()
+        self.api_port = await self._serve(self._api_app(), self.config.host, self.config.port)
+        if self.config.admin_port is not None:
+            admin_host = self.config.admin_host or self.config.host
+            self.admin_port = await self._serve(self._admin_app(), admin_host, self.config.admin_port)
+        log.info(
+            "proxy ready to serve mode=%s transfer_mode=%s api=%s:%d admin=%s",
+            self.config.mode,
+            self.config.transfer_mode,
+            self.config.host,
+            self.api_port,
+            self.admin_port,
+        )
+
+    async def _serve(self, app: web.Application, host: str, port: int) -> int:
+        runner = web.AppRunner(
+            app, handler_cancellation=True, shutdown_timeout=self.config.drain_timeout_s, access_log=None
+        )
+        await runner.setup()
+        sock = _listen(host, port, self.config.backlog)
+        await web.SockSite(runner, sock, backlog=self.config.backlog).start()
+        self._runners.append(runner)
+        bound: int = sock.getsockname()[1]
+        return bound
+
+    async def stop(self) -> None:
+        """Graceful: stop taking requests (503, /ready false), let in-flight streams finish, then close."""
+        self.core.draining = True
+        log.info("draining in_flight=%d timeout=%gs", self.core.in_flight, self.config.drain_timeout_s)
+        if self.canary is not None:
+            await self.canary.stop()
+        for runner in self._runners:  # the API port first: /status stays readable while streams drain
+            await runner.cleanup()
+        if self.housekeeping is not None:
+            await self.housekeeping.stop()
+        await self.listener.stop()
+        await self.core.close()
+        log.info("proxy stopped")
+
+    # -- API port ------------------------------------------------------------------------------
+
+    def _api_app(self) -> web.Application:
+        app = web.Application(middlewares=[openai_errors], client_max_size=self.config.max_body_bytes)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat_completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/ready", self._ready)
+        return app
+
+    def _authorize(self, request: web.Request) -> None:
+        expected = self.config.api_key
+        if not expected:
+            return
+        supplied = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(supplied.encode(), f"Bearer {expected}".encode()):
+            raise ApiError(401, "invalid or missing API key", type="authentication_error", code="invalid_api_key")
+
+    def _admit(self) -> None:
+        """Admission control: past --max-in-flight, shed load with 503 + Retry-After instead of collapsing."""
+        limit = self.config.max_in_flight
+        if limit and self.core.in_flight >= limit:
+            raise unavailable(f"the proxy is at its limit of {limit} requests in flight", "overloaded")
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._relay(request, "completions")
+
+    async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._relay(request, "chat/completions")
+
+    async def _relay(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        try:
+            self._authorize(request)
+            self._admit()
+            raw = await request.read()
+            client_request = parse_client_request(raw, endpoint, self.config.mode, self.config.max_tokens_limit)
+        except (ApiError, web.HTTPRequestEntityTooLarge) as err:
+            self.metrics.requests.labels(endpoint, "rejected").inc()
+            raise err
+        sink = ClientSink(request)
+        await self.core.handle(client_request, sink)
+        assert sink.response is not None
+        return sink.response
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        """The engines' own model list, from a live decode engine (or any engine when colocated)."""
+        self._authorize(request)
+        now = time.monotonic()
+        live = self.registry.live("D", now) or self.registry.live(None, now)
+        if not live:
+            raise unavailable("no live engine to list models", "no_engine")
+        assert self.core.session is not None
+        headers = {"Authorization": f"Bearer {self.config.engine_api_key}"} if self.config.engine_api_key else {}
+        try:
+            async with asyncio.timeout(self.config.timeouts.health):
+                async with self.core.session.get(f"{live[0].base_url}/v1/models", headers=headers) as resp:
+                    body, status = await resp.read(), resp.status
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise ApiError(
+                502, "engine did not answer /v1/models", type="upstream_error", code="upstream_error"
+            ) from exc
+        return web.Response(status=status, body=body, content_type="application/json")
+
+    async def _health(self, request: web.Request) -> web.StreamResponse:
+        return json_response({"status": "ok"})
+
+    async def _ready(self, request: web.Request) -> web.StreamResponse:
+        reason = self.not_ready_reason()
+        if reason:
+            return json_response({"ready": False, "reason": reason}, status=503)
+        return json_response({"ready": True})
+
+    def not_ready_reason(self) -> str:
+        if self.core.draining:
+            return "shutting down"
+        now = time.monotonic()
+        if self.config.mode == "colocated":
+            return "" if self.registry.live(None, now) else "no live engine"
+        missing = [
+            name
+            for name, live in (("prefill", self.registry.live("P", now)), ("decode", self.registry.live("D", now)))
+            if not live
+        ]
+        return f"no live {' or '.join(missing)} instance" if missing else ""
+
+    # -- admin port ----------------------------------------------------------------------------
+
+    def _admin_app(self) -> web.Application:
+        app = web.Application(middlewares=[openai_errors])
+        app.router.add_get("/status", self._status)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    def status(self) -> dict[str, Any]:
+        assert self.canary is not None
+        return build_status(
+            self.registry, time.monotonic(), self.core.in_flight, self.core.last_transfer, self.canary.state
+        )
+
+    async def _status(self, request: web.Request) -> web.StreamResponse:
+        return json_response(self.status())
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})

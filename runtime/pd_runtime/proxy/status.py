@@ -1,0 +1,82 @@
+"""Pure: the admin ``GET /status`` document (contract 3 of the team brief; the operator reads it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pd_runtime.proxy.registry import Instance, Registry
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+@dataclass(frozen=True)
+class LastTransfer:
+    """The newest transfer id whose prefill AND decode legs both succeeded."""
+
+    transfer_id: str
+    completed_at: datetime
+    prefill: str
+    decode: str
+    source: Literal["request", "canary"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "transfer_id": self.transfer_id,
+            "completed_at": rfc3339(self.completed_at),
+            "prefill": self.prefill,
+            "decode": self.decode,
+            "source": self.source,
+        }
+
+
+@dataclass(frozen=True)
+class CanaryState:
+    enabled: bool
+    ok: bool | None = None
+    at: datetime | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "enabled": self.enabled,
+            "ok": self.ok,
+            "at": None if self.at is None else rfc3339(self.at),
+            "error": self.error,
+        }
+
+
+def instance_json(registry: Registry, inst: Instance, now: float) -> dict[str, Any]:
+    age = inst.heartbeat_age(now)
+    return {
+        "role": inst.role,
+        "http_address": inst.key,
+        "zmq_address": None if inst.generation == "static" else inst.registration.zmq_address,
+        "heartbeat_age_s": None if age is None else round(age, 3),
+        "healthy": registry.is_live(inst, now),
+        "dp_size": inst.registration.dp_size,
+        "tp_size": inst.registration.tp_size,
+        "transfer_mode": inst.transfer_mode,
+        "generation": inst.generation,
+    }
+
+
+def build_status(
+    registry: Registry, now: float, in_flight: int, last_transfer: LastTransfer | None, canary: CanaryState
+) -> dict[str, Any]:
+    return {
+        "mode": registry.mode,
+        "transfer_mode": None if registry.transfer_mode is None else registry.transfer_mode.lower(),
+        "instances": [instance_json(registry, inst, now) for inst in registry.instances.values()],
+        "counts": {
+            "prefill": len(registry.live("P", now)),
+            "decode": len(registry.live("D", now)),
+            "engines": len(registry.live(None, now)),
+            "in_flight": in_flight,
+        },
+        "last_transfer": None if last_transfer is None else last_transfer.to_json(),
+        "canary": canary.to_json(),
+    }

@@ -1,0 +1,250 @@
+"""Recording fake engines and a real ZMQ DEALER, for driving the proxy over loopback.
+
+Formats here are written from moriio-protocol.md (§2.2, §2.3, §3.5), not imported from protocol.py,
+so the contract tests check the proxy against the reference rather than against itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import zmq
+import zmq.asyncio
+from aiohttp import web
+from multidict import CIMultiDict
+
+from pd_runtime.proxy.config import ProxyConfig
+from pd_runtime.proxy.server import ProxyServer
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class Recorded:
+    """One request as an engine received it."""
+
+    path: str
+    headers: CIMultiDict[str]
+    body: dict[str, Any]
+    received: float
+    answered: float | None = None
+    cancelled: bool = False
+
+
+@dataclass
+class FakeEngine:
+    """An aiohttp server answering like vLLM's OpenAI API, with fault knobs.
+
+    ``events`` is shared between engines of one test so the order of upstream requests is observable.
+    """
+
+    role: str  # "P", "D" or "E"
+    events: list[str]
+    handshake_port: int = 6301
+    notify_port: int = 6105
+    dp_size: int = 1
+    tp_size: int = 4
+    # behaviour
+    status: int = 200
+    null_params: bool = False
+    prefill_gate: asyncio.Event | None = None  # P waits for it before answering
+    prefill_delay: float = 0.0
+    chunks: int = 5
+    chunk_interval: float = 0.0
+    die_after: int | None = None  # close the connection abruptly after this many chunks
+    hang: bool = False  # never answer
+    first_chunk_delay: float = 0.0
+    # observations
+    requests: list[Recorded] = field(default_factory=list)
+    port: int = 0
+    _runner: web.AppRunner | None = None
+
+    @property
+    def http_address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def g2_registration(self, mode: str = "WRITE") -> dict[str, Any]:
+        """§2.3, literally."""
+        return {
+            "type": self.role,
+            "http_address": self.http_address,
+            "zmq_address": f"host:127.0.0.1,handshake:{self.handshake_port},notify:{self.notify_port}",
+            "dp_size": self.dp_size,
+            "tp_size": self.tp_size,
+            "transfer_mode": mode,
+        }
+
+    def g1_registration(self, mode: str = "WRITE", index: int = 0) -> dict[str, Any]:
+        """§2.2, literally."""
+        return {
+            "type": "register",
+            "role": self.role,
+            "index": str(index),
+            "request_address": f"http://{self.http_address}/v1/completions",
+            "handshake_port": self.handshake_port,
+            "notify_port": self.notify_port,
+            "dp_size": self.dp_size,
+            "tp_size": self.tp_size,
+            "transfer_mode": mode,
+        }
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._completion)
+        app.router.add_post("/v1/chat/completions", self._completion)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        self.port = free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+
+    async def _completion(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        record = Recorded(request.path, CIMultiDict(request.headers), body, time.monotonic())
+        self.requests.append(record)
+        self.events.append(f"{self.role}:recv")
+        try:
+            return await self._answer(request, record)
+        except asyncio.CancelledError:
+            record.cancelled = True
+            self.events.append(f"{self.role}:cancelled")
+            raise
+
+    async def _answer(self, request: web.Request, record: Recorded) -> web.StreamResponse:
+        if self.hang:
+            await asyncio.sleep(3600)
+        if self.status != 200:
+            self.events.append(f"{self.role}:done")
+            return web.json_response(
+                {"error": {"message": "engine failure", "type": "BadRequestError", "param": None, "code": self.status}},
+                status=self.status,
+            )
+        request_id = request.headers.get("X-Request-Id", "none")
+        if self.role == "P":
+            return await self._prefill_answer(record, request_id)
+        if record.body.get("stream"):
+            return await self._stream(request, record, request_id)
+        record.answered = time.monotonic()
+        self.events.append(f"{self.role}:done")
+        return web.json_response(
+            {"id": f"cmpl-{request_id}-0-0a1b2c3d", "object": "text_completion", "choices": [{"text": "hi"}]}
+        )
+
+    async def _prefill_answer(self, record: Recorded, request_id: str) -> web.Response:
+        if self.prefill_gate is not None:
+            await asyncio.wait_for(self.prefill_gate.wait(), timeout=10)
+        await asyncio.sleep(self.prefill_delay)
+        params = record.body.get("kv_transfer_params") or {}
+        returned = None
+        if not self.null_params:
+            # §3.5 (G2): ports as strings, as extra_config often gives them.
+            returned = {
+                "do_remote_prefill": True,
+                "do_remote_decode": False,
+                "remote_block_ids": [1, 2, 3],
+                "remote_engine_id": f"127.0.0.1:{self.handshake_port}",
+                "remote_host": "127.0.0.1",
+                "remote_handshake_port": str(self.handshake_port),
+                "remote_notify_port": str(self.notify_port),
+                "remote_dp_size": self.dp_size,
+                "tp_size": self.tp_size,
+                "transfer_id": params.get("transfer_id"),
+            }
+        record.answered = time.monotonic()
+        self.events.append("P:done")
+        return web.json_response(
+            {
+                "id": f"cmpl-{request_id}-0-11223344",
+                "object": "text_completion",
+                "choices": [{"index": 0, "text": "x", "finish_reason": "length" if returned else "stop"}],
+                "kv_transfer_params": returned,
+            }
+        )
+
+    async def _stream(self, request: web.Request, record: Recorded, request_id: str) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await asyncio.sleep(self.first_chunk_delay)
+        for index in range(self.chunks):
+            if self.die_after is not None and index == self.die_after:
+                assert request.transport is not None
+                request.transport.abort()
+                self.events.append(f"{self.role}:died")
+                return response
+            chunk = {"id": f"cmpl-{request_id}-0-0a1b2c3d", "choices": [{"index": 0, "text": f"t{index}"}]}
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            if self.chunk_interval:
+                await asyncio.sleep(self.chunk_interval)
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        record.answered = time.monotonic()
+        self.events.append(f"{self.role}:done")
+        return response
+
+
+class Registrar:
+    """A real ZMQ DEALER, as an engine's heartbeat thread uses (§2.1)."""
+
+    def __init__(self, address: str) -> None:
+        self._context = zmq.asyncio.Context()
+        self._socket = self._context.socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.connect(address)
+
+    async def send(self, payload: Any) -> None:
+        await self._socket.send(msgpack.packb(payload))
+
+    async def send_raw(self, frames: list[bytes]) -> None:
+        await self._socket.send_multipart(frames)
+
+    def close(self) -> None:
+        self._socket.close(0)
+        self._context.term()
+
+
+def proxy_config(**overrides: Any) -> ProxyConfig:
+    settings: dict[str, Any] = {
+        "port": 0,
+        "admin_port": 0,
+        "registration_address": f"tcp://127.0.0.1:{free_port()}",
+        "health_interval_s": 0.2,
+    }
+    settings.update(overrides)
+    return ProxyConfig(**settings)
+
+
+async def wait_for(predicate: Any, timeout: float = 5.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def start_proxy(config: ProxyConfig) -> ProxyServer:
+    server = ProxyServer(config)
+    await server.start()
+    return server

@@ -1,0 +1,259 @@
+"""Fault tests: failing engines, lost heartbeats, garbage frames, disconnecting clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+
+import aiohttp
+import msgpack
+from conftest import SetupFactory
+from proxy_fakes import wait_for
+
+BODY = {"model": "m", "prompt": "Hello", "max_tokens": 8}
+
+
+def _sse_events(text: str) -> list[str]:
+    return [event.removeprefix("data: ") for event in text.split("\n\n") if event]
+
+
+async def test_decode_killed_mid_stream_ends_with_an_error_event(pd_setup: SetupFactory) -> None:
+    setup = await pd_setup(mode="WRITE")
+    setup.decode.chunks, setup.decode.die_after = 10, 2
+    status, text = await setup.stream(BODY)
+    assert status == 200
+    events = _sse_events(text)
+    assert len(events) == 4  # two tokens, the error, [DONE]
+    error = json.loads(events[2])["error"]
+    assert error["type"] == "upstream_error" and error["code"] == "decode_failed"
+    assert set(error) == {"message", "type", "param", "code"}
+    assert events[3] == "[DONE]"
+    assert setup.proxy.core.last_transfer is None
+
+
+async def test_prefill_500_in_write_mode_cancels_decode_and_answers_502(pd_setup: SetupFactory) -> None:
+    setup = await pd_setup(mode="WRITE")
+    setup.prefill.status = 500
+    setup.decode.hang = True  # D would wait for KV that never comes
+    started = time.monotonic()
+    status, body = await setup.post("/v1/completions", {**BODY, "stream": True})
+    assert time.monotonic() - started < 5
+    assert status == 502
+    assert body["error"]["code"] == "prefill_failed"
+    assert "engine failure" not in body["error"]["message"]  # the engine's 5xx text is not leaked
+    await wait_for(lambda: setup.decode.requests[0].cancelled, what="decode leg closed")
+
+
+async def test_prefill_failing_after_stream_began_gives_an_sse_error(pd_setup: SetupFactory) -> None:
+    setup = await pd_setup(mode="WRITE")
+    setup.prefill.status, setup.prefill.hang = 500, False
+    setup.prefill.prefill_delay = 0.0
+    setup.decode.chunks, setup.decode.chunk_interval = 200, 0.02
+    gate = asyncio.Event()
+    setup.prefill.prefill_gate = gate
+
+    async def fail_prefill_after_tokens() -> None:
+        await wait_for(lambda: "D:recv" in setup.events)
+        await asyncio.sleep(0.2)
+        gate.set()
+
+    opener = asyncio.create_task(fail_prefill_after_tokens())
+    status, text = await setup.stream(BODY)
+    await opener
+    assert status == 200
+    events = _sse_events(text)
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["code"] == "prefill_failed"
+    assert len(events) < 200
+    await wait_for(lambda: setup.decode.requests[0].cancelled, what="decode leg closed")
+
+
+async def test_prefill_4xx_passes_through_with_the_engine_body(pd_setup: SetupFactory) -> None:
+    setup = await pd_setup(mode="READ")
+    setup.prefill.status = 400
+    status, body = await setup.post("/v1/completions", BODY)
+    assert status == 400
+    assert body["error"]["message"] == "engine failure"
+    assert setup.decode.requests == []
+
+
+async def test_prefill_500_in_read_mode_never_reaches_decode(pd_setup: SetupFactory) -> None:
+    setup = await pd_setup(mode="READ")
+    setup.prefill.status = 500
+    status, body = await setup.post("/v1/completions", BODY)
+    assert status == 502 and body["error"]["code"] == "prefill_failed"
+    assert setup.decode.requests == []
+
+
+async def test_null_kv_params_in_read_mode_fall_back_to_decode_only(pd_setup: SetupFactory) -> None:
+    setup = await pd_setup(mode="READ")
+    setup.prefill.null_params = True
+    status, _ = await setup.post("/v1/completions", BODY)
+    assert status == 200
+    (d_req,) = setup.decode.requests
+    assert "kv_transfer_params" not in d_req.body
+    assert d_req.body["max_tokens"] == 8
+    assert setup.proxy.core.last_transfer is None
+
+
+async def test_null_kv_params_in_read_mode_can_be_an_error(pd_setup: SetupFactory) -> None:
+    setup = await pd_setup(mode="READ", read_fallback="error")
+    setup.prefill.null_params = True
+    status, body = await setup.post("/v1/completions", BODY)
+    assert status == 502 and body["error"]["code"] == "prefill_no_kv"
+    assert setup.decode.requests == []
+
+
+async def test_null_kv_params_in_write_mode_cancel_the_waiting_decode(pd_setup: SetupFactory) -> None:
+    setup = await pd_setup(mode="WRITE")
+    setup.prefill.null_params = True
+    setup.decode.first_chunk_delay = 0.5
+    status, text = await setup.stream(BODY)
+    assert status == 200 and text.endswith("data: [DONE]\n\n")
+    first, fallback = setup.decode.requests
+    assert first.cancelled and "kv_transfer_params" in first.body
+    assert "kv_transfer_params" not in fallback.body
+
+
+async def test_decode_500_before_first_byte_cancels_prefill(pd_setup: SetupFactory) -> None:
+    setup = await pd_setup(mode="WRITE")
+    setup.decode.status = 500
+    setup.prefill.hang = True
+    status, body = await setup.post("/v1/completions", BODY)
+    assert status == 502 and body["error"]["code"] == "decode_failed"
+    await wait_for(lambda: bool(setup.prefill.requests) and setup.prefill.requests[0].cancelled, what="P closed")
+
+
+async def test_first_byte_and_idle_timeouts(pd_setup: SetupFactory) -> None:
+    from pd_runtime.proxy.config import Timeouts
+
+    setup = await pd_setup(mode="READ", timeouts=Timeouts(first_byte=0.3, idle=0.3))
+    setup.decode.first_chunk_delay = 2
+    status, body = await setup.post("/v1/completions", {**BODY, "stream": True})
+    assert status == 504 and body["error"]["code"] == "upstream_timeout"
+
+    setup.decode.first_chunk_delay, setup.decode.chunk_interval, setup.decode.chunks = 0, 1.0, 5
+    status, text = await setup.stream(BODY)
+    events = _sse_events(text)
+    assert status == 200 and json.loads(events[-2])["error"]["code"] == "upstream_timeout"
+
+
+async def test_no_live_prefill_or_decode_gets_503_at_once(pd_setup: SetupFactory) -> None:
+    setup = await pd_setup(register=False)
+    started = time.monotonic()
+    status, body = await setup.post("/v1/completions", BODY)
+    assert time.monotonic() - started < 1
+    assert status == 503
+    assert body["error"]["code"] == "no_prefill_instance"
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    await setup.registrar.send(setup.prefill.g2_registration())
+    await wait_for(lambda: len(setup.proxy.registry.instances) == 1)
+    status, body = await setup.post("/v1/completions", BODY)
+    assert status == 503 and body["error"]["code"] == "no_decode_instance"
+
+
+async def test_admission_limit_sheds_load_with_retry_after(pd_setup: SetupFactory) -> None:
+    setup = await pd_setup(mode="WRITE", max_in_flight=1)
+    setup.decode.chunks, setup.decode.chunk_interval = 20, 0.05
+    first = asyncio.create_task(setup.stream(BODY))
+    await wait_for(lambda: setup.proxy.core.in_flight == 1, what="first request in flight")
+    async with setup.client.post(setup.url + "/v1/completions", json=BODY) as resp:
+        assert resp.status == 503 and resp.headers["Retry-After"] == "1"
+        assert json.loads(await resp.read())["error"]["code"] == "overloaded"
+    assert (await first)[0] == 200
+
+
+async def test_heartbeats_stop_then_evicted_within_the_ttl(pd_setup: SetupFactory) -> None:
+    ttl = 0.6
+    setup = await pd_setup(mode="WRITE", heartbeat_ttl_s=ttl)
+    # Beats keep it alive well past the TTL.
+    for _ in range(8):
+        await setup.registrar.send(setup.prefill.g2_registration())
+        await setup.registrar.send(setup.decode.g2_registration())
+        await asyncio.sleep(ttl / 4)
+    assert setup.proxy.not_ready_reason() == ""
+    stopped = time.monotonic()
+    await wait_for(lambda: not setup.proxy.registry.instances, timeout=5, what="eviction")
+    assert time.monotonic() - stopped < ttl * 2.5  # TTL + one sweep (TTL/4) + generous slack
+    status, _body = await setup.post("/v1/completions", BODY)
+    assert status == 503
+    async with setup.client.get(setup.url + "/ready") as resp:
+        assert resp.status == 503
+
+
+async def test_failed_health_checks_take_an_instance_out_of_rotation(pd_setup: SetupFactory) -> None:
+    setup = await pd_setup(mode="WRITE", heartbeat_ttl_s=60)
+    await setup.decode.stop()  # registered, heartbeat fresh, but dead
+    await wait_for(lambda: setup.proxy.not_ready_reason() == "no live decode instance", what="health failure")
+    status, body = await setup.post("/v1/completions", BODY)
+    assert status == 503 and body["error"]["code"] == "no_decode_instance"
+
+
+async def test_a_thousand_garbage_frames_are_counted_and_never_fatal(pd_setup: SetupFactory) -> None:
+    setup = await pd_setup(register=False)
+    garbage: list[list[bytes]] = []
+    for i in range(1000):
+        kind = i % 5
+        if kind == 0:
+            garbage.append([os.urandom(1 + i % 64)])
+        elif kind == 1:
+            garbage.append([msgpack.packb([1, 2, i])])
+        elif kind == 2:
+            garbage.append([msgpack.packb({"type": "P", "http_address": i})])
+        elif kind == 3:
+            garbage.append([msgpack.packb({"type": "register", "role": "X", "request_address": "ftp://x"})])
+        else:
+            garbage.append([b"a", b"b"])  # a multi-part message: not one frame
+    for frames in garbage:
+        await setup.registrar.send_raw(frames)
+    frames_metric = setup.proxy.metrics.registration_frames
+    await wait_for(lambda: frames_metric.labels("malformed")._value.get() >= 1000, what="all frames seen")
+    assert frames_metric.labels("malformed")._value.get() == 1000
+    assert setup.proxy.listener._task is not None and not setup.proxy.listener._task.done()
+    await setup.registrar.send(setup.prefill.g2_registration())
+    await setup.registrar.send(setup.decode.g1_registration())
+    await wait_for(lambda: not setup.proxy.not_ready_reason(), what="valid registrations after garbage")
+    status, _ = await setup.post("/v1/completions", BODY)
+    assert status == 200
+
+
+async def test_conflicting_transfer_mode_is_refused_without_poisoning_others(pd_setup: SetupFactory) -> None:
+    setup = await pd_setup(register=False, transfer_mode="auto")
+    await setup.registrar.send(setup.decode.g2_registration("WRITE"))
+    await setup.registrar.send(setup.prefill.g2_registration("READ"))
+    await setup.registrar.send(setup.prefill.g2_registration("READ"))
+    frames = setup.proxy.metrics.registration_frames
+    await wait_for(lambda: frames.labels("refused")._value.get() == 2, what="refusals")
+    assert list(setup.proxy.registry.instances) == [setup.decode.http_address]
+    assert setup.proxy.registry.transfer_mode == "WRITE"
+    await setup.registrar.send(setup.prefill.g2_registration("WRITE"))
+    await wait_for(lambda: not setup.proxy.not_ready_reason(), what="matching prefill")
+
+
+async def test_client_disconnect_closes_both_upstream_requests(pd_setup: SetupFactory) -> None:
+    setup = await pd_setup(mode="WRITE")
+    setup.prefill.hang = True
+    setup.decode.chunks, setup.decode.chunk_interval = 1000, 0.05
+    async with aiohttp.ClientSession() as client:
+        resp = await client.post(setup.url + "/v1/completions", json={**BODY, "stream": True})
+        assert resp.status == 200
+        await resp.content.readuntil(b"\n\n")
+        resp.close()  # the client goes away mid-stream
+    await wait_for(
+        lambda: setup.decode.requests[0].cancelled and setup.prefill.requests[0].cancelled,
+        what="both legs closed",
+    )
+    await wait_for(lambda: setup.proxy.core.in_flight == 0, what="request finished")
+
+
+async def test_client_disconnect_while_waiting_for_prefill_in_read_mode(pd_setup: SetupFactory) -> None:
+    setup = await pd_setup(mode="READ")
+    setup.prefill.hang = True
+    async with aiohttp.ClientSession() as client:
+        task = asyncio.create_task(client.post(setup.url + "/v1/completions", json=BODY))
+        await wait_for(lambda: bool(setup.prefill.requests), what="prefill leg")
+        task.cancel()
+    await wait_for(lambda: setup.prefill.requests[0].cancelled, what="prefill closed")
+    assert setup.decode.requests == []
