@@ -1,0 +1,950 @@
+"""The PDDeployment API (pd.serving.dev/v1alpha1) as pydantic models: the single source of truth.
+
+The CRD (crd.py), its documentation (docs/crd-reference.md) and the offline validation of
+``pdctl render`` are all generated from these classes. Every field carries a description, because it
+becomes what ``kubectl explain pdd.spec...`` prints. Cross-field rules live next to the model they
+constrain as :class:`~pd_operator.rules.Rule` objects (CEL for the API server, Python for pydantic,
+one message); see ``_rules`` on each class.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
+
+from pd_operator.rules import (
+    GPU_RANGE_MAX_LENGTH,
+    Rule,
+    cel_count,
+    cel_first,
+    cel_last,
+    cel_range_ok,
+    cel_ranges_disjoint,
+    gpu_count,
+    parse_gpu_range,
+    ranges_disjoint,
+    violations,
+)
+from pd_runtime import protocol
+
+GROUP = "pd.serving.dev"
+VERSION = "v1alpha1"
+KIND = "PDDeployment"
+PLURAL = "pddeployments"
+SINGULAR = "pddeployment"
+SHORT_NAME = "pdd"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+DEFAULT_IMAGE = "ghcr.io/pd-serving/pd-runtime:0.1.0"
+DEFAULT_PROXY_PORT = 8000
+DEFAULT_ADMIN_PORT = 8001
+MI300X_NODE_SELECTOR = {"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM"}
+RUN_PROBE_ANNOTATION = f"{GROUP}/run-goodput-probe"
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=253)]
+Text = Annotated[str, StringConstraints(max_length=1024)]
+Quantity = Annotated[str, StringConstraints(max_length=32, pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P|m)?$")]
+GpuRange = Annotated[str, StringConstraints(min_length=1, max_length=GPU_RANGE_MAX_LENGTH)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+Arg = Annotated[str, StringConstraints(max_length=4096)]
+EnvName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")]
+Timestamp = Annotated[str, StringConstraints(max_length=64)]
+
+# Flags and variables the operator renders itself; setting them through extraArgs/env would fight it.
+MANAGED_FLAGS = (
+    "--port",
+    "-tp",
+    "--tensor-parallel-size",
+    "--tensor_parallel_size",
+    "-dp",
+    "--data-parallel-size",
+    "--data_parallel_size",
+    "--kv-transfer-config",
+    "--kv_transfer_config",
+    "--served-model-name",
+    "--served_model_name",
+)
+MANAGED_ENV = (
+    "CUDA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "POD_IP",
+    "VLLM_HOST_IP",
+    "VLLM_MORIIO_CONNECTOR_READ_MODE",
+    "VLLM_ENGINE_READY_TIMEOUT_S",
+)
+
+
+def _cel_list(values: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+class ApiModel(BaseModel):
+    """Base of every API object: camelCase on the wire, unknown fields rejected, CEL rules checked."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        extra="forbid",
+        use_attribute_docstrings=False,
+    )
+    _rules: ClassVar[tuple[Rule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> ApiModel:
+        failed = violations(type(self)._rules, self)
+        if failed:
+            raise PydanticCustomError(
+                "spec_rule",
+                "{summary}",
+                {"summary": "; ".join(v.message for v in failed), "violations": failed},
+            )
+        return self
+
+
+# ---- engines ------------------------------------------------------------------------------------
+
+
+class EnvVar(ApiModel):
+    """An environment variable for an engine container (literal value)."""
+
+    name: EnvName = Field(description="Variable name.")
+    value: Text = Field("", description="Literal value.")
+
+
+class Resources(ApiModel):
+    """Compute resources of a container, as in a Pod (GPU and RDMA resources are added by the operator)."""
+
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Minimum resources, e.g. cpu: 16, memory: 256Gi.",
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Maximum resources. Memory-backed /dev/shm counts against the memory limit.",
+    )
+
+
+def _role_count_check(role: EngineSettings) -> bool:
+    bounds = parse_gpu_range(role.gpus)
+    return bounds is None or gpu_count(role.gpus) == role.tensor_parallel_size * role.data_parallel_size
+
+
+class EngineSettings(ApiModel):
+    """What every vLLM engine of the deployment shares: GPUs, parallelism, batching, extra args."""
+
+    gpus: GpuRange = Field(
+        description=(
+            'GPU indices for this engine: one index ("5") or an inclusive range ("0-3"). With '
+            "gpuAllocation.strategy devicePlugin only the count matters (the plugin picks the devices); "
+            "hostDevices and dra pin exactly these indices."
+        )
+    )
+    tensor_parallel_size: int = Field(4, ge=1, le=64, description="vLLM -tp: GPUs one model replica spans.")
+    data_parallel_size: int = Field(
+        1, ge=1, le=64, description="vLLM --data-parallel-size: replicas inside this engine (rendered when > 1)."
+    )
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, le=1048576, description="vLLM --max-num-batched-tokens: token budget of one scheduler step."
+    )
+    max_num_seqs: int | None = Field(
+        None, ge=1, le=65536, description="vLLM --max_num_seqs: sequences running at once; unset = vLLM default."
+    )
+    max_model_len: int | None = Field(
+        None, ge=1, le=10485760, description="vLLM --max-model-len: context length; unset = the model's."
+    )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0.0, le=1.0, description="vLLM --gpu_memory_utilization: fraction of GPU memory vLLM may use."
+    )
+    enable_expert_parallel: bool = Field(
+        False, description="vLLM --enable-expert-parallel (MoE models such as Qwen3-235B-A22B)."
+    )
+    enable_prefix_caching: bool = Field(
+        False,
+        description=(
+            "vLLM prefix caching. false renders --no-enable-prefix-caching, which the MoRI-IO connector "
+            "needed as of 2026-04; true renders --enable-prefix-caching."
+        ),
+    )
+    extra_args: list[Arg] = Field(
+        default_factory=list,
+        max_length=64,
+        description=(
+            "More `vllm serve` arguments, appended verbatim. Flags the operator renders itself (--port, -tp, "
+            "--kv-transfer-config, ...) are refused."
+        ),
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=64,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        description=(
+            "Extra environment variables; a name the operator also sets (e.g. VLLM_ROCM_USE_AITER) replaces "
+            "its value. GPU visibility and advertised-address variables are refused."
+        ),
+    )
+    resources: Resources = Field(
+        default_factory=Resources,
+        description="CPU and memory of the container; GPUs and RDMA devices are added by the operator.",
+    )
+    shm_size: Quantity = Field(
+        "32Gi", description="Size of the memory-backed /dev/shm emptyDir (tensor-parallel workers share memory)."
+    )
+
+    _rules = (
+        Rule(
+            cel=cel_range_ok("self.gpus"),
+            message='gpus must be a GPU index or an inclusive range like "0-3" (first <= last)',
+            check=lambda s: parse_gpu_range(s.gpus) is not None,
+            field_path=".gpus",
+        ),
+        Rule(
+            cel=f"!{cel_range_ok('self.gpus')} || "
+            f"{cel_count('self.gpus')} == self.tensorParallelSize * self.dataParallelSize",
+            message="gpus must contain exactly tensorParallelSize * dataParallelSize GPUs",
+            check=_role_count_check,
+            field_path=".gpus",
+        ),
+        Rule(
+            cel=f"!has(self.extraArgs) || self.extraArgs.all(a, !(a.split('=')[0] in {_cel_list(MANAGED_FLAGS)}))",
+            message="extraArgs must not set flags the operator renders (--port, -tp, --data-parallel-size, "
+            "--kv-transfer-config, --served-model-name): use their fields",
+            check=lambda s: all(a.split("=")[0] not in MANAGED_FLAGS for a in s.extra_args),
+            field_path=".extraArgs",
+        ),
+        Rule(
+            cel=f"!has(self.env) || self.env.all(e, !(e.name in {_cel_list(MANAGED_ENV)}))",
+            message="env must not set variables the operator manages (CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, "
+            "ROCR_VISIBLE_DEVICES, POD_IP, VLLM_HOST_IP, VLLM_MORIIO_CONNECTOR_READ_MODE, "
+            "VLLM_ENGINE_READY_TIMEOUT_S)",
+            check=lambda s: all(e.name not in MANAGED_ENV for e in s.env),
+            field_path=".env",
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _unique_env(self) -> EngineSettings:
+        names = [e.name for e in self.env]
+        if len(names) != len(set(names)):
+            raise PydanticCustomError("duplicate_env", "Duplicate value: env names must be unique")
+        return self
+
+
+class RolePorts(ApiModel):
+    """Base ports of one engine; handshake and notify listeners add the rank offset (tp rank + dp rank)."""
+
+    http: Port = Field(description="vLLM --port and http_port of kv_connector_extra_config.")
+    handshake: Port = Field(description="handshake_port base (MoRI-IO metadata exchange between engines).")
+    notify: Port = Field(description="notify_port base (KV-transfer completion messages between engines).")
+
+
+class PrefillPorts(RolePorts):
+    """Prefill ports; defaults are the seed experiment's (20005, 6301, 6105)."""
+
+    http: Port = Field(protocol.PREFILL_PORTS.http, description="vLLM --port and http_port of the extra config.")
+    handshake: Port = Field(protocol.PREFILL_PORTS.handshake, description="handshake_port base.")
+    notify: Port = Field(protocol.PREFILL_PORTS.notify, description="notify_port base.")
+
+
+class DecodePorts(RolePorts):
+    """Decode ports; defaults are the seed experiment's (40005, 7301, 7501)."""
+
+    http: Port = Field(protocol.DECODE_PORTS.http, description="vLLM --port and http_port of the extra config.")
+    handshake: Port = Field(protocol.DECODE_PORTS.handshake, description="handshake_port base.")
+    notify: Port = Field(protocol.DECODE_PORTS.notify, description="notify_port base.")
+
+
+class PrefillSpec(EngineSettings):
+    """The prefill engine (kv_producer), in disaggregated mode."""
+
+    gpus: GpuRange = Field("0-3", description=EngineSettings.model_fields["gpus"].description)
+    ports: PrefillPorts = Field(default_factory=PrefillPorts, description="Listening ports of the prefill engine.")
+
+
+class DecodeSpec(EngineSettings):
+    """The decode engine (kv_consumer), in disaggregated mode."""
+
+    gpus: GpuRange = Field("4-7", description=EngineSettings.model_fields["gpus"].description)
+    ports: DecodePorts = Field(default_factory=DecodePorts, description="Listening ports of the decode engine.")
+
+
+class ColocatedEngineSpec(EngineSettings):
+    """One standard (non-disaggregated) engine, prefill and decode mixed, behind the round-robin proxy."""
+
+    port: Port = Field(description="vLLM --port of this engine.")
+
+
+def _default_colocated_engines() -> list[ColocatedEngineSpec]:
+    """The seed's standard-serving baseline: two TP4 engines on GPUs 0-3 and 4-7, ports 8100 and 8200."""
+    return [ColocatedEngineSpec(gpus="0-3", port=8100), ColocatedEngineSpec(gpus="4-7", port=8200)]
+
+
+class ColocatedSpec(ApiModel):
+    """Settings of mode colocated (the seed's baseline): one or two engines, named engine-0 and engine-1."""
+
+    engines: list[ColocatedEngineSpec] = Field(
+        default_factory=_default_colocated_engines,
+        min_length=1,
+        max_length=2,
+        description='Engines; two TP4 engines ("0-3", "4-7") by default, or one TP8 engine ("0-7").',
+    )
+
+
+# ---- KV transfer, GPUs, node --------------------------------------------------------------------
+
+
+class RdmaSpec(ApiModel):
+    """How the engines reach an RDMA NIC for MoRI-IO (needed even on one node: KV moves by NIC loopback)."""
+
+    resource_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(
+        None,
+        description=(
+            "Extended resource that mounts /dev/infiniband, e.g. rdma/hca_shared_devices_a "
+            "(Mellanox shared-device plugin) or amd.com/nic (AMD network operator)."
+        ),
+    )
+    resource_count: int = Field(1, ge=1, le=16, description="How many of resourceName each engine requests.")
+    host_network: bool = Field(
+        False,
+        description=(
+            "Run the pod in the host network namespace, where RoCE GIDs live (the least risky choice for "
+            "single-node loopback). NetworkPolicies do not apply to host-network pods."
+        ),
+    )
+
+
+class KVTransferSpec(ApiModel):
+    """The KV-cache connector between prefill and decode (disaggregated mode only)."""
+
+    connector: Literal["MoRIIOConnector"] = Field("MoRIIOConnector", description="vLLM kv_connector.")
+    transfer_mode: Literal["write", "read"] = Field(
+        "write",
+        description=(
+            "write: prefill pushes KV layer by layer while decode waits (default, slightly better TTFT); "
+            "read: the proxy waits for prefill and decode pulls the blocks."
+        ),
+    )
+    backend: Literal["rdma", "xgmi"] = Field(
+        "rdma",
+        description=(
+            "MoRI-IO backend: rdma (default, through the NIC even on one node) or xgmi (experimental; needs "
+            "every GPU visible to both containers, i.e. gpuAllocation.strategy hostDevices)."
+        ),
+    )
+    transfer_timeout_seconds: float = Field(
+        protocol.DEFAULT_TRANSFER_TIMEOUT_S,
+        gt=0,
+        le=3600,
+        description="transfer_timeout: seconds to wait for an RDMA completion or handshake.",
+    )
+    defer_timeout_seconds: float = Field(
+        protocol.DEFAULT_DEFER_TIMEOUT_S,
+        gt=0,
+        le=86400,
+        description="defer_timeout: seconds before un-acknowledged KV blocks held for a peer are freed.",
+    )
+    rdma: RdmaSpec = Field(default_factory=RdmaSpec, description="NIC access for backend rdma.")
+
+    _rules = (
+        Rule(
+            cel="self.deferTimeoutSeconds >= self.transferTimeoutSeconds",
+            message="deferTimeoutSeconds must be >= transferTimeoutSeconds",
+            check=lambda s: s.defer_timeout_seconds >= s.transfer_timeout_seconds,
+            field_path=".deferTimeoutSeconds",
+        ),
+    )
+
+
+class DraSpec(ApiModel):
+    """Dynamic Resource Allocation settings (strategy dra): one ResourceClaimTemplate, one request per engine."""
+
+    device_class_name: Name = Field("gpu.amd.com", description="DeviceClass of the AMD GPU DRA driver.")
+    index_attribute: Annotated[
+        str, StringConstraints(min_length=1, max_length=63, pattern=r"^[A-Za-z][A-Za-z0-9]*$")
+    ] = Field(
+        "cardIndex",
+        description=(
+            "Device attribute (in the gpu.amd.com domain) compared with the GPU indices when pciAddresses is "
+            "empty. Check the node's ResourceSlices: card indices need not start at 0."
+        ),
+    )
+    pci_addresses: list[Annotated[str, StringConstraints(max_length=16, pattern=r"^[0-9a-fA-F:.]+$")]] = Field(
+        default_factory=list,
+        max_length=64,
+        description=(
+            "PCI bus addresses of GPU 0..N-1 on the node (from its ResourceSlices); when set, GPUs are "
+            "selected by pciAddr, the most stable identity."
+        ),
+    )
+
+
+class GpuAllocationSpec(ApiModel):
+    """How engine containers get their GPUs (see docs: device plugin, host devices, DRA)."""
+
+    strategy: Literal["devicePlugin", "hostDevices", "dra"] = Field(
+        "devicePlugin",
+        description=(
+            "devicePlugin: amd.com/gpu per container, the plugin picks the devices, no privileges (default). "
+            "hostDevices: exact ranges via privileged containers and CUDA/HIP_VISIBLE_DEVICES while the pod "
+            "still requests the node's GPUs for scheduler accounting. dra: a ResourceClaimTemplate pins devices."
+        ),
+    )
+    resource_name: Name = Field("amd.com/gpu", description="Extended resource of the GPU device plugin.")
+    dra: DraSpec = Field(default_factory=DraSpec, description="Settings of strategy dra.")
+
+
+class NodeSpec(ApiModel):
+    """The node the pod lands on: its size (for admission checks) and placement."""
+
+    gpus_per_node: int = Field(8, ge=1, le=64, description="GPUs of the node; every GPU range must lie inside it.")
+    node_selector: dict[str, Annotated[str, StringConstraints(max_length=63)]] | None = Field(
+        None,
+        max_length=16,
+        description=(
+            "Node labels the pod requires. Unset: the MI300X product label "
+            "(amd.com/gpu.product-name=AMD_Instinct_MI300X_OAM) for engine vllm, none for engine simulated."
+        ),
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list,
+        max_length=32,
+        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+        description="Pod tolerations, as in a Pod spec.",
+    )
+    affinity: dict[str, Any] | None = Field(
+        None,
+        json_schema_extra={"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        description="Pod affinity, as in a Pod spec.",
+    )
+    priority_class_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(
+        None, description="PriorityClass of the pod."
+    )
+
+
+# ---- model storage, proxy, simulation, probe -------------------------------------------------------
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the PDDeployment's namespace."""
+
+    name: Name = Field(description="Secret name.")
+    key: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field("token", description="Key.")
+
+
+class ModelStorageSpec(ApiModel):
+    """Where weights come from and how long loading may take."""
+
+    persistent_volume_claim: Annotated[str, StringConstraints(max_length=253)] | None = Field(
+        None, description="PVC holding the Hugging Face cache (mounted at mountPath)."
+    )
+    host_path: Annotated[str, StringConstraints(max_length=1024, pattern=r"^/")] | None = Field(
+        None, description="Node-local cache directory (mounted at mountPath)."
+    )
+    mount_path: Annotated[str, StringConstraints(max_length=1024, pattern=r"^/")] = Field(
+        "/models", description="Mount point inside engine containers; HF_HOME points here when a volume is set."
+    )
+    read_only: bool = Field(False, description="Mount the weights read-only (the cache must be complete).")
+    hub_token_secret: SecretKeyRef | None = Field(
+        None, description="Secret with a Hugging Face token, passed as HF_TOKEN."
+    )
+    load_timeout_seconds: int = Field(
+        1800,
+        ge=60,
+        le=86400,
+        description=(
+            "Budget for downloading and loading the model: sizes the startup probe (failureThreshold = "
+            "budget / 10 s) and VLLM_ENGINE_READY_TIMEOUT_S. A 235B model takes many minutes."
+        ),
+    )
+
+    _rules = (
+        Rule(
+            cel="!(has(self.persistentVolumeClaim) && has(self.hostPath))",
+            message="set at most one of persistentVolumeClaim and hostPath",
+            check=lambda s: not (s.persistent_volume_claim and s.host_path),
+        ),
+    )
+
+
+class ProxyTimeouts(ApiModel):
+    """Proxy timeouts in seconds; unset ones keep the proxy's defaults (which never cut a healthy stream)."""
+
+    connect_seconds: float | None = Field(None, gt=0, le=3600, description="Connecting to an engine.")
+    prefill_seconds: float | None = Field(None, gt=0, le=86400, description="Whole prefill leg.")
+    decode_first_byte_seconds: float | None = Field(
+        None, gt=0, le=86400, description="Until the decode leg's first byte."
+    )
+    idle_seconds: float | None = Field(None, gt=0, le=86400, description="Longest gap between streamed chunks.")
+    response_seconds: float | None = Field(None, gt=0, le=86400, description="Whole non-streaming decode answer.")
+
+
+class ProxySpec(ApiModel):
+    """The proxy: the only component clients talk to."""
+
+    port: Port = Field(DEFAULT_PROXY_PORT, description="OpenAI API port, the only port the Service exposes.")
+    admin_port: Port = Field(
+        DEFAULT_ADMIN_PORT, description="Admin port (/status, /metrics); reachable only from the operator."
+    )
+    registration_port: Port = Field(
+        protocol.REGISTRATION_PORT,
+        description="ZMQ registration (proxy_ping_port); bound to 127.0.0.1 inside the pod.",
+    )
+    policy: Literal["round_robin", "least_outstanding"] = Field(
+        "round_robin", description="How the proxy picks engines."
+    )
+    heartbeat_ttl_seconds: float | None = Field(
+        None, gt=0, le=3600, description="Registration TTL; unset = three heartbeat intervals."
+    )
+    timeouts: ProxyTimeouts = Field(default_factory=ProxyTimeouts, description="Upstream timeouts.")
+    canary_interval_seconds: float = Field(
+        300,
+        ge=0,
+        le=86400,
+        description=(
+            "Disaggregated mode: seconds between the proxy's canary requests (one token through prefill and "
+            "decode), which keep KVTransferVerified meaningful without user traffic; 0 disables the canary."
+        ),
+    )
+    api_key_secret: SecretKeyRef | None = Field(
+        None, description="Secret whose value clients must send as a bearer token (and the probe uses)."
+    )
+    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        "ClusterIP", description="Type of the Service in front of the proxy."
+    )
+    resources: Resources = Field(default_factory=Resources, description="CPU and memory of the proxy.")
+    extra_args: list[Arg] = Field(
+        default_factory=list, max_length=32, description="More `pdctl proxy` arguments, appended verbatim."
+    )
+
+
+class SimulationSpec(ApiModel):
+    """Settings of engine simulated (CPU-only engines speaking vLLM's HTTP API and the MoRI-IO protocol)."""
+
+    profile: Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9._-]*$")] = Field(
+        "instant", description="Timing profile: instant, or qwen3-235b-mi300x (the seed's experiment)."
+    )
+    time_scale: float = Field(1.0, gt=0, le=10000, description="Run every modelled duration this many times faster.")
+    reserve_gpus: bool = Field(
+        False,
+        description="Request GPU and RDMA resources as engine vllm would (to exercise scheduling on a GPU node).",
+    )
+
+
+class SloSpec(ApiModel):
+    """A request is good when both its TTFT and its ITL are within bounds (the seed: 1 s and 50 ms)."""
+
+    ttft_ms: float = Field(1000.0, gt=0, le=3.6e6, description="Time to first token bound, ms.")
+    itl_ms: float = Field(50.0, gt=0, le=3.6e6, description="Per-request mean inter-token latency bound, ms.")
+    target: float = Field(0.9, gt=0, le=1, description="Attainment (fraction of good requests) that counts as met.")
+
+
+class GoodputProbeSpec(ApiModel):
+    """Periodic goodput probes: a Job runs `pdctl bench` against the Service and the result lands in status."""
+
+    enabled: bool = Field(False, description="Run probes once Ready, every intervalSeconds and on demand.")
+    rate: float = Field(8.0, gt=0, le=10000, description="Request rate, requests per second (seed: 8).")
+    requests: int = Field(100, ge=1, le=100000, description="Requests per probe (seed: 100).")
+    prompt_tokens: int = Field(2000, ge=1, le=1048576, description="Prompt length in tokens (seed: 2000).")
+    output_tokens: int = Field(1000, ge=1, le=1048576, description="Output length in tokens (seed: 1000).")
+    slo: SloSpec = Field(default_factory=SloSpec, description="Latency SLO and attainment target.")
+    search: bool = Field(False, description="Also search the highest rate meeting the target (goodput rate).")
+    interval_seconds: int = Field(3600, ge=60, le=604800, description="Seconds between periodic probes.")
+    timeout_seconds: int = Field(1800, ge=30, le=86400, description="activeDeadlineSeconds of the probe Job.")
+    seed: int | None = Field(None, ge=0, le=2**31 - 1, description="Random seed of the arrivals and prompts.")
+
+
+# ---- the spec ---------------------------------------------------------------------------------------
+
+
+def _ports_of(role: PrefillSpec | DecodeSpec) -> list[tuple[int, int]]:
+    span = role.tensor_parallel_size + role.data_parallel_size - 1
+    p = role.ports
+    return [(p.http, p.http), (p.handshake, p.handshake + span - 1), (p.notify, p.notify + span - 1)]
+
+
+def _proxy_ports(proxy: ProxySpec) -> list[tuple[int, int]]:
+    return [(port, port) for port in (proxy.port, proxy.admin_port, proxy.registration_port)]
+
+
+def _cel_role_ports(role: str) -> str:
+    span = f"(self.{role}.tensorParallelSize + self.{role}.dataParallelSize - 1)"
+    p = f"self.{role}.ports"
+    return f"[{p}.http, {p}.http], [{p}.handshake, {p}.handshake + {span} - 1], [{p}.notify, {p}.notify + {span} - 1]"
+
+
+_CEL_PROXY_PORTS = (
+    "[self.proxy.port, self.proxy.port], [self.proxy.adminPort, self.proxy.adminPort], "
+    "[self.proxy.registrationPort, self.proxy.registrationPort]"
+)
+_CEL_DISAGG_PORTS = f"[{_cel_role_ports('prefill')}, {_cel_role_ports('decode')}, {_CEL_PROXY_PORTS}]"
+_CEL_COLOC_PORTS = f"(self.colocated.engines.map(e, [e.port, e.port]) + [{_CEL_PROXY_PORTS}])"
+
+
+def _disaggregated(s: PDDeploymentSpec) -> bool:
+    return s.mode == "disaggregated"
+
+
+def _within_node(gpus: str, gpus_per_node: int) -> bool:
+    bounds = parse_gpu_range(gpus)
+    return bounds is None or bounds[1] < gpus_per_node
+
+
+def _cel_within_node(expr: str) -> str:
+    return f"!{cel_range_ok(expr)} || {cel_last(expr)} < self.node.gpusPerNode"
+
+
+def _role_within_node_rule(role: str) -> Rule:
+    return Rule(
+        cel=f"self.mode != 'disaggregated' || {_cel_within_node(f'self.{role}.gpus')}",
+        message=f"{role}.gpus must lie within 0 .. node.gpusPerNode - 1",
+        check=lambda s: not _disaggregated(s) or _within_node(getattr(s, role).gpus, s.node.gpus_per_node),
+        field_path=f".{role}.gpus",
+    )
+
+
+def _pd_disjoint(s: PDDeploymentSpec) -> bool:
+    p, d = parse_gpu_range(s.prefill.gpus), parse_gpu_range(s.decode.gpus)
+    return p is None or d is None or ranges_disjoint([p, d])
+
+
+def _colocated_gpus_ok(s: PDDeploymentSpec) -> bool:
+    ranges = [parse_gpu_range(e.gpus) for e in s.colocated.engines]
+    if any(r is None for r in ranges):
+        return True
+    bounded = [r for r in ranges if r is not None]
+    return all(r[1] < s.node.gpus_per_node for r in bounded) and ranges_disjoint(bounded)
+
+
+_CEL_COLOC_GPUS = (
+    "self.colocated.engines.all(e, " + _cel_within_node("e.gpus") + ") && "
+    "(size(self.colocated.engines) < 2 || !"
+    + cel_range_ok("self.colocated.engines[0].gpus")
+    + " || !"
+    + cel_range_ok("self.colocated.engines[1].gpus")
+    + " || "
+    + cel_last("self.colocated.engines[0].gpus")
+    + " < "
+    + cel_first("self.colocated.engines[1].gpus")
+    + " || "
+    + cel_last("self.colocated.engines[1].gpus")
+    + " < "
+    + cel_first("self.colocated.engines[0].gpus")
+    + ")"
+)
+
+
+def _needs_nic(s: PDDeploymentSpec) -> bool:
+    return s.engine == "vllm" and _disaggregated(s) and s.kv_transfer.backend == "rdma"
+
+
+class PDDeploymentSpec(ApiModel):
+    """Desired state: one pod on one GPU node running prefill, decode and proxy (or colocated engines)."""
+
+    model: Annotated[str, StringConstraints(min_length=1, max_length=256)] = Field(
+        description="Model to serve: a Hugging Face id (Qwen/Qwen3-235B-A22B-FP8) or a path under the model mount."
+    )
+    served_model_name: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = Field(
+        None, description="Name clients use in requests (vLLM --served-model-name); unset = model."
+    )
+    engine: Literal["vllm", "simulated"] = Field(
+        "vllm",
+        description=(
+            "vllm: real engines on GPUs. simulated: the CPU simulated engine with the same pod shape, only the "
+            "executable after `--` changes (for laptops and end-to-end tests)."
+        ),
+    )
+    mode: Literal["disaggregated", "colocated"] = Field(
+        "disaggregated",
+        description=(
+            "disaggregated: prefill and decode engines joined by the KV connector (containers prefill, decode, "
+            "proxy). colocated: the seed's standard-serving baseline (containers engine-0 [, engine-1], proxy)."
+        ),
+    )
+    image: Annotated[str, StringConstraints(min_length=1, max_length=512)] = Field(
+        DEFAULT_IMAGE, description="Runtime image (vLLM with MoRI-IO plus pdctl) used by every container."
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Pull policy of the runtime image."
+    )
+    model_storage: ModelStorageSpec = Field(
+        default_factory=ModelStorageSpec, description="Model weights volume, hub token and load-time budget."
+    )
+    prefill: PrefillSpec = Field(default_factory=PrefillSpec, description="The prefill engine (disaggregated mode).")
+    decode: DecodeSpec = Field(default_factory=DecodeSpec, description="The decode engine (disaggregated mode).")
+    colocated: ColocatedSpec = Field(default_factory=ColocatedSpec, description="The engines of colocated mode.")
+    kv_transfer: KVTransferSpec = Field(
+        default_factory=KVTransferSpec, description="KV-cache transfer between prefill and decode."
+    )
+    gpu_allocation: GpuAllocationSpec = Field(default_factory=GpuAllocationSpec, description="How containers get GPUs.")
+    node: NodeSpec = Field(default_factory=NodeSpec, description="Node size and placement.")
+    proxy: ProxySpec = Field(default_factory=ProxySpec, description="The proxy and its Service.")
+    simulation: SimulationSpec = Field(
+        default_factory=SimulationSpec, description="Settings of engine simulated (ignored for vllm)."
+    )
+    goodput_probe: GoodputProbeSpec = Field(
+        default_factory=GoodputProbeSpec, description="Goodput probes written to status.goodput."
+    )
+    termination_grace_period_seconds: int = Field(
+        300, ge=0, le=86400, description="Time for in-flight requests and KV transfers to drain on deletion."
+    )
+
+    _rules = (
+        _role_within_node_rule("prefill"),
+        _role_within_node_rule("decode"),
+        Rule(
+            cel=f"self.mode != 'disaggregated' || !{cel_range_ok('self.prefill.gpus')} || "
+            f"!{cel_range_ok('self.decode.gpus')} || "
+            f"{cel_last('self.prefill.gpus')} < {cel_first('self.decode.gpus')} || "
+            f"{cel_last('self.decode.gpus')} < {cel_first('self.prefill.gpus')}",
+            message="prefill.gpus and decode.gpus must not overlap",
+            check=lambda s: not _disaggregated(s) or _pd_disjoint(s),
+            field_path=".decode.gpus",
+        ),
+        Rule(
+            cel=f"self.mode != 'colocated' || ({_CEL_COLOC_GPUS})",
+            message="colocated.engines[*].gpus must lie within 0 .. node.gpusPerNode - 1 and must not overlap",
+            check=lambda s: _disaggregated(s) or _colocated_gpus_ok(s),
+            field_path=".colocated.engines",
+        ),
+        Rule(
+            cel=f"self.mode != 'disaggregated' || {cel_ranges_disjoint(_CEL_DISAGG_PORTS)}",
+            message="ports must be distinct: prefill.ports, decode.ports (handshake and notify reserve "
+            "tensorParallelSize + dataParallelSize - 1 ports from their base) and proxy port, adminPort, "
+            "registrationPort",
+            check=lambda s: (
+                not _disaggregated(s)
+                or ranges_disjoint(_ports_of(s.prefill) + _ports_of(s.decode) + _proxy_ports(s.proxy))
+            ),
+        ),
+        Rule(
+            cel=f"self.mode != 'colocated' || {cel_ranges_disjoint(_CEL_COLOC_PORTS)}",
+            message="ports must be distinct: colocated.engines[*].port and proxy port, adminPort, registrationPort",
+            check=lambda s: (
+                _disaggregated(s)
+                or ranges_disjoint([(e.port, e.port) for e in s.colocated.engines] + _proxy_ports(s.proxy))
+            ),
+        ),
+        Rule(
+            cel="self.engine != 'vllm' || self.mode != 'disaggregated' || self.kvTransfer.backend != 'rdma' || "
+            "has(self.kvTransfer.rdma.resourceName) || self.kvTransfer.rdma.hostNetwork",
+            message="kvTransfer.rdma must set resourceName or hostNetwork: true when kvTransfer.backend is rdma "
+            "(MoRI-IO needs an RDMA NIC inside the pod)",
+            check=lambda s: (
+                not _needs_nic(s) or bool(s.kv_transfer.rdma.resource_name) or s.kv_transfer.rdma.host_network
+            ),
+            field_path=".kvTransfer.rdma",
+        ),
+        Rule(
+            cel="self.mode != 'disaggregated' || self.kvTransfer.backend != 'xgmi' || "
+            "self.gpuAllocation.strategy == 'hostDevices'",
+            message="kvTransfer.backend xgmi needs gpuAllocation.strategy hostDevices: with devicePlugin or dra "
+            "each container sees only its own GPUs, so MoRI-IO cannot reach the peer over XGMI",
+            check=lambda s: (
+                not _disaggregated(s) or s.kv_transfer.backend != "xgmi" or s.gpu_allocation.strategy == "hostDevices"
+            ),
+            field_path=".kvTransfer.backend",
+        ),
+        Rule(
+            cel="!has(self.gpuAllocation.dra.pciAddresses) || size(self.gpuAllocation.dra.pciAddresses) == 0 || "
+            "size(self.gpuAllocation.dra.pciAddresses) == self.node.gpusPerNode",
+            message="gpuAllocation.dra.pciAddresses must list one address per GPU (node.gpusPerNode) or none",
+            check=lambda s: len(s.gpu_allocation.dra.pci_addresses) in (0, s.node.gpus_per_node),
+            field_path=".gpuAllocation.dra.pciAddresses",
+        ),
+        Rule(
+            cel="!self.goodputProbe.enabled || self.mode != 'disaggregated' || !has(self.decode.maxModelLen) || "
+            "self.goodputProbe.promptTokens + self.goodputProbe.outputTokens <= self.decode.maxModelLen",
+            message="goodputProbe.promptTokens + goodputProbe.outputTokens must fit in decode.maxModelLen",
+            check=lambda s: (
+                not (s.goodput_probe.enabled and _disaggregated(s) and s.decode.max_model_len)
+                or s.goodput_probe.prompt_tokens + s.goodput_probe.output_tokens <= (s.decode.max_model_len or 0)
+            ),
+            field_path=".goodputProbe",
+        ),
+    )
+
+    @property
+    def served_name(self) -> str:
+        return self.served_model_name or self.model
+
+    def effective_node_selector(self) -> dict[str, str]:
+        if self.node.node_selector is not None:
+            return dict(self.node.node_selector)
+        return dict(MI300X_NODE_SELECTOR) if self.engine == "vllm" else {}
+
+
+# ---- status -------------------------------------------------------------------------------------------
+
+
+Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class Condition(ApiModel):
+    """A Kubernetes-style condition."""
+
+    type: Annotated[str, StringConstraints(min_length=1, max_length=64)] = Field(
+        description="SpecValid, PrefillReady, DecodeReady, EngineReady, ProxyReady, Ready, KVTransferVerified, "
+        "GoodputMet."
+    )
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: Annotated[str, StringConstraints(max_length=128)] = Field("", description="CamelCase reason.")
+    message: Annotated[str, StringConstraints(max_length=4096)] = Field("", description="Human-readable detail.")
+    last_transition_time: Timestamp | None = Field(None, description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(None, ge=0, description="metadata.generation this was computed for.")
+
+
+class RoleGpus(ApiModel):
+    """The GPUs one engine container got."""
+
+    count: int = Field(0, ge=0, le=64, description="Number of GPUs.")
+    devices: Annotated[str, StringConstraints(max_length=64)] | None = Field(
+        None, description='Exact physical indices ("0-3") when pinned (hostDevices, dra); unset for devicePlugin.'
+    )
+
+
+class RoleStatus(ApiModel):
+    """One container of the serving pod."""
+
+    name: Annotated[str, StringConstraints(max_length=63)] = Field(description="Container name.")
+    role: Literal["prefill", "decode", "engine", "proxy"] = Field(description="What the container does.")
+    ready: bool = Field(False, description="The container passes its readiness probe.")
+    started: bool = Field(False, description="The container passed its startup probe.")
+    restart_count: int = Field(0, ge=0, description="Container restarts.")
+    state: Literal["waiting", "running", "terminated", "unknown"] = Field("unknown", description="Container state.")
+    reason: Annotated[str, StringConstraints(max_length=128)] = Field("", description="Reason of the state.")
+    message: Annotated[str, StringConstraints(max_length=4096)] = Field(
+        "", description="Last termination message (e.g. a failed preflight) or waiting message."
+    )
+    gpus: RoleGpus | None = Field(None, description="GPUs of this container (engines only).")
+
+
+class GpuAssignment(ApiModel):
+    """Which GPUs the engines use, and how certain that is."""
+
+    strategy: Literal["devicePlugin", "hostDevices", "dra", "none"] = Field(
+        description="gpuAllocation.strategy (none for simulated engines that reserve no GPUs)."
+    )
+    prefill: Annotated[str, StringConstraints(max_length=64)] = Field(
+        "-", description='Prefill GPUs ("0-3" pinned, "4 (plugin-chosen)" with the device plugin, "-" if none).'
+    )
+    decode: Annotated[str, StringConstraints(max_length=64)] = Field("-", description="Decode GPUs, same format.")
+    engines: list[Annotated[str, StringConstraints(max_length=64)]] = Field(
+        default_factory=list, max_length=2, description="GPUs of engine-0 [, engine-1] in colocated mode."
+    )
+    note: Annotated[str, StringConstraints(max_length=1024)] = Field("", description="How exact the assignment is.")
+
+
+class LatencyStats(ApiModel):
+    """Percentiles of one latency, in milliseconds."""
+
+    p50: float | None = Field(None, description="Median (unset when no request succeeded).")
+    p90: float | None = Field(None, description="90th percentile.")
+    p99: float | None = Field(None, description="99th percentile.")
+    mean: float | None = Field(None, description="Mean.")
+
+
+class ProbeSlo(ApiModel):
+    """The SLO a probe measured against."""
+
+    ttft_ms: float = Field(description="TTFT bound, ms.")
+    itl_ms: float = Field(description="ITL bound, ms.")
+    target: float = Field(description="Attainment target.")
+
+
+class ProbeMeasured(ApiModel):
+    """What configuration the probe measured, so results stay comparable after spec changes."""
+
+    mode: Annotated[str, StringConstraints(max_length=32)] = Field(description="disaggregated or colocated.")
+    transfer_mode: Annotated[str, StringConstraints(max_length=32)] = Field(
+        description="write, read, or none (colocated)."
+    )
+    engine: Annotated[str, StringConstraints(max_length=32)] = Field(description="vllm or simulated.")
+    gpu_split: Annotated[str, StringConstraints(max_length=128)] = Field(
+        description='GPU split, e.g. "prefill 0-3 TP4, decode 4-7 TP4".'
+    )
+    generation: int = Field(ge=0, description="metadata.generation the probe ran against.")
+
+
+class GoodputStatus(ApiModel):
+    """The latest goodput probe result (summary written by `pdctl bench --result-file`)."""
+
+    time: Timestamp = Field(description="When the probe finished (RFC 3339).")
+    rate: float = Field(description="Offered request rate, requests per second.")
+    requests: int = Field(ge=0, description="Requests sent.")
+    good: int = Field(ge=0, description="Requests meeting both TTFT and ITL bounds.")
+    errors: int = Field(ge=0, description="Failed requests (counted as not good).")
+    attainment: float = Field(ge=0, le=1, description="good / requests.")
+    attainment_low: float | None = Field(None, description="Wilson 95% interval, lower bound.")
+    attainment_high: float | None = Field(None, description="Wilson 95% interval, upper bound.")
+    ttft_ms: LatencyStats = Field(description="Time to first token.")
+    itl_ms: LatencyStats = Field(description="Per-request mean inter-token latency.")
+    goodput_rate: float | None = Field(None, description="Highest rate meeting the target (probe search only).")
+    slo: ProbeSlo = Field(description="SLO of the probe.")
+    met: bool = Field(description="attainment >= slo.target.")
+    measured: ProbeMeasured = Field(description="What was measured.")
+    summary: Annotated[str, StringConstraints(max_length=64)] = Field(
+        description='Short form for `kubectl get pdd`, e.g. "92% @8/s".'
+    )
+
+
+class ProbeState(ApiModel):
+    """Bookkeeping of probe Jobs (so that probes never overlap)."""
+
+    job_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(None, description="Running probe Job.")
+    trigger: Annotated[str, StringConstraints(max_length=32)] | None = Field(
+        None, description="Why it runs: ready, interval or annotation."
+    )
+    started_at: Timestamp | None = Field(None, description="When the running Job was created.")
+    last_finished_at: Timestamp | None = Field(None, description="When the last probe finished.")
+    last_annotation: Annotated[str, StringConstraints(max_length=256)] | None = Field(
+        None, description=f"Value of the {RUN_PROBE_ANNOTATION} annotation last honoured."
+    )
+    last_error: Annotated[str, StringConstraints(max_length=4096)] | None = Field(
+        None, description="Why the last probe produced no result."
+    )
+
+
+class PDDeploymentStatus(ApiModel):
+    """Observed state, written by the operator."""
+
+    observed_generation: int | None = Field(None, ge=0, description="Last metadata.generation reconciled.")
+    phase: Phase | None = Field(None, description="Pending, Progressing, Ready, Degraded or Failed.")
+    message: Annotated[str, StringConstraints(max_length=4096)] = Field("", description="Why the phase is what it is.")
+    ready: Annotated[str, StringConstraints(max_length=16)] = Field("", description='Ready containers, e.g. "3/3".')
+    transfer: Annotated[str, StringConstraints(max_length=16)] = Field(
+        "", description="KV transfer mode in effect: write, read, or none (colocated)."
+    )
+    pod_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(None, description="Serving pod.")
+    pod_uid: Annotated[str, StringConstraints(max_length=64)] | None = Field(None, description="Its UID.")
+    pod_ip: Annotated[str, StringConstraints(max_length=64)] | None = Field(None, description="Its IP.")
+    node_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(None, description="Its node.")
+    roles: list[RoleStatus] = Field(default_factory=list, max_length=8, description="Per-container readiness.")
+    gpu_assignment: GpuAssignment | None = Field(None, description="GPUs per engine.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        description="SpecValid, role readiness, Ready, KVTransferVerified, GoodputMet.",
+    )
+    goodput: GoodputStatus | None = Field(None, description="Latest goodput probe result.")
+    probe: ProbeState = Field(default_factory=ProbeState, description="Probe Job bookkeeping.")
+
+
+class PDDeployment(ApiModel):
+    """A prefill/decode disaggregated (or colocated) vLLM deployment on one GPU node."""
+
+    api_version: Literal["pd.serving.dev/v1alpha1"] = Field(
+        "pd.serving.dev/v1alpha1", description="pd.serving.dev/v1alpha1"
+    )
+    kind: Literal["PDDeployment"] = Field("PDDeployment", description="PDDeployment")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Standard object metadata.")
+    spec: PDDeploymentSpec = Field(description="Desired state.")
+    status: PDDeploymentStatus | None = Field(None, description="Observed state.")

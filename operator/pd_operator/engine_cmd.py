@@ -1,0 +1,275 @@
+"""Pure: a PDDeployment spec -> the exact command lines and environment of each container.
+
+The engine command follows the seed experiment's appendix flag for flag (and its spellings, e.g.
+``--gpu_memory_utilization``), wrapped by the launcher: ``pdctl engine <preflight flags> -- vllm serve
+...``. The simulated engine receives the very same arguments; only the executable after ``--``
+changes. Everything is visible in the pod spec: nothing is hidden in a file or a wrapper script.
+
+The advertised address is the pod IP, passed as ``$(POD_IP)`` inside the kv-transfer config, which
+the kubelet expands from the container's ``POD_IP`` variable (a downward-API fieldRef).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pd_operator.api import ColocatedEngineSpec, EngineSettings, PDDeploymentSpec
+from pd_operator.rules import gpu_indices
+
+EngineRoleName = Literal["prefill", "decode", "engine"]
+EnvEntry = dict[str, Any]
+
+PROXY_IP = "127.0.0.1"  # the proxy's registration socket binds loopback; engines dial it there
+POD_IP_REF = "$(POD_IP)"
+PROXY_API_KEY_ENV = "PD_PROXY_API_KEY"
+BENCH_API_KEY_ENV = "PDCTL_BENCH_API_KEY"
+TERMINATION_LOG = "/dev/termination-log"
+
+
+@dataclass(frozen=True)
+class EngineContainer:
+    """One engine container of the pod, with its resolved ports (handshake/notify only with a connector)."""
+
+    name: str
+    role: EngineRoleName
+    settings: EngineSettings
+    http_port: int
+    handshake_port: int | None = None
+    notify_port: int | None = None
+
+    @property
+    def gpus(self) -> list[int]:
+        return gpu_indices(self.settings.gpus)
+
+    @property
+    def ports(self) -> list[int]:
+        return [p for p in (self.http_port, self.handshake_port, self.notify_port) if p is not None]
+
+
+def engine_containers(spec: PDDeploymentSpec) -> list[EngineContainer]:
+    """The engines of the pod: prefill and decode, or engine-0 [, engine-1] in colocated mode."""
+    if spec.mode == "colocated":
+        return [_colocated(i, e) for i, e in enumerate(spec.colocated.engines)]
+    p, d = spec.prefill, spec.decode
+    return [
+        EngineContainer("prefill", "prefill", p, p.ports.http, p.ports.handshake, p.ports.notify),
+        EngineContainer("decode", "decode", d, d.ports.http, d.ports.handshake, d.ports.notify),
+    ]
+
+
+def _colocated(index: int, engine: ColocatedEngineSpec) -> EngineContainer:
+    return EngineContainer(f"engine-{index}", "engine", engine, engine.port)
+
+
+# ---- vllm serve ------------------------------------------------------------------------------------
+
+
+def kv_transfer_config(spec: PDDeploymentSpec, eng: EngineContainer) -> dict[str, Any]:
+    """``--kv-transfer-config`` of a prefill (kv_producer) or decode (kv_consumer) engine.
+
+    Port values are strings, as in the seed's appendix (vLLM calls int() on them).
+    """
+    kv = spec.kv_transfer
+    extra: dict[str, Any] = {
+        "proxy_ip": PROXY_IP,
+        "proxy_ping_port": str(spec.proxy.registration_port),
+        "http_port": str(eng.http_port),
+        "handshake_port": str(eng.handshake_port),
+        "notify_port": str(eng.notify_port),
+        "host_ip": POD_IP_REF,
+        "backend": kv.backend,
+        "transfer_timeout": kv.transfer_timeout_seconds,
+        "defer_timeout": kv.defer_timeout_seconds,
+    }
+    if kv.transfer_mode == "read":
+        extra["read_mode"] = True
+    return {
+        "kv_connector": kv.connector,
+        "kv_role": "kv_producer" if eng.role == "prefill" else "kv_consumer",
+        "kv_connector_extra_config": extra,
+    }
+
+
+def vllm_serve_args(spec: PDDeploymentSpec, eng: EngineContainer) -> list[str]:
+    """The arguments after ``vllm serve`` (the model first), in the seed appendix's order."""
+    s = eng.settings
+    args = [spec.model, "-tp", str(s.tensor_parallel_size)]
+    if s.data_parallel_size > 1:
+        args += ["--data-parallel-size", str(s.data_parallel_size)]
+    if s.enable_expert_parallel:
+        args.append("--enable-expert-parallel")
+    args += ["--port", str(eng.http_port)]
+    if spec.served_model_name:
+        args += ["--served-model-name", spec.served_model_name]
+    if s.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
+    args += ["--distributed-executor-backend", "mp", "--gpu_memory_utilization", _number(s.gpu_memory_utilization)]
+    if s.max_model_len is not None:
+        args += ["--max-model-len", str(s.max_model_len)]
+    if s.max_num_seqs is not None:
+        args += ["--max_num_seqs", str(s.max_num_seqs)]
+    args.append("--enable-prefix-caching" if s.enable_prefix_caching else "--no-enable-prefix-caching")
+    if eng.role != "engine":
+        config = kv_transfer_config(spec, eng)
+        args += ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
+    return args + list(s.extra_args)
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+def _launcher_args(spec: PDDeploymentSpec, eng: EngineContainer) -> list[str]:
+    real = spec.engine == "vllm"
+    backend = spec.kv_transfer.backend if real and eng.role != "engine" else "none"
+    gpus = len(eng.gpus) if real else 0
+    ports = ",".join(str(p) for p in eng.ports)
+    return ["pdctl", "engine", "--role", eng.role, "--gpus", str(gpus), "--backend", backend, "--ports", ports]
+
+
+def engine_command(spec: PDDeploymentSpec, eng: EngineContainer) -> list[str]:
+    """The full container command: launcher preflight, ``--``, then vllm (or the simulated engine)."""
+    serve = vllm_serve_args(spec, eng)
+    if spec.engine == "vllm":
+        executable = ["vllm", "serve", *serve]
+    else:
+        sim = spec.simulation
+        executable = ["pdctl", "sim-engine", *serve, "--profile", sim.profile, "--time-scale", _number(sim.time_scale)]
+    return [*_launcher_args(spec, eng), "--", *executable]
+
+
+# ---- environment ------------------------------------------------------------------------------------
+
+
+def _literal(name: str, value: str) -> EnvEntry:
+    return {"name": name, "value": value}
+
+
+def _field_ref(name: str, path: str) -> EnvEntry:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _secret_ref(name: str, secret: str, key: str) -> EnvEntry:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
+def engine_env(spec: PDDeploymentSpec, eng: EngineContainer) -> list[EnvEntry]:
+    """Environment of an engine container, in the seed appendix's order, then the user's entries.
+
+    A user entry with the name of an operator entry replaces its value in place (one entry per name).
+    """
+    disaggregated = eng.role != "engine"
+    kv = spec.kv_transfer
+    env: list[EnvEntry] = []
+    if disaggregated and kv.transfer_mode == "read":
+        env.append(_literal("VLLM_MORIIO_CONNECTOR_READ_MODE", "1"))  # vLLM before extra_config read_mode
+    env.append(_literal("VLLM_ROCM_USE_AITER", "1"))
+    if spec.gpu_allocation.strategy == "hostDevices":
+        visible = ",".join(str(i) for i in eng.gpus)
+        env += [_literal("CUDA_VISIBLE_DEVICES", visible), _literal("HIP_VISIBLE_DEVICES", visible)]
+    if disaggregated:
+        if kv.backend == "rdma":
+            env.append(_literal("MORI_DISABLE_AUTO_XGMI", "1"))
+        env.append(_literal("MORI_IO_ENABLE_NOTIFICATION", "0"))
+    env += [
+        _field_ref("POD_IP", "status.podIP"),
+        _field_ref("VLLM_HOST_IP", "status.podIP"),
+        _literal("VLLM_ENGINE_READY_TIMEOUT_S", str(spec.model_storage.load_timeout_seconds)),
+    ]
+    storage = spec.model_storage
+    if storage.persistent_volume_claim or storage.host_path:
+        env.append(_literal("HF_HOME", storage.mount_path))
+    if storage.hub_token_secret:
+        env.append(_secret_ref("HF_TOKEN", storage.hub_token_secret.name, storage.hub_token_secret.key))
+    return _merge_env(env, [_literal(e.name, e.value) for e in eng.settings.env])
+
+
+def _merge_env(base: list[EnvEntry], overrides: list[EnvEntry]) -> list[EnvEntry]:
+    by_name = {e["name"]: e for e in overrides}
+    merged = [by_name.pop(e["name"], e) for e in base]
+    return merged + [e for e in overrides if e["name"] in by_name]
+
+
+# ---- proxy and probe --------------------------------------------------------------------------------
+
+
+def proxy_command(spec: PDDeploymentSpec) -> list[str]:
+    """``pdctl proxy``: API on all addresses, registration on loopback, admin on its own port."""
+    p = spec.proxy
+    cmd = [
+        "pdctl",
+        "proxy",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(p.port),
+        "--registration-address",
+        f"tcp://{PROXY_IP}:{p.registration_port}",
+        "--mode",
+        spec.mode,
+    ]
+    if spec.mode == "disaggregated":
+        cmd += ["--transfer-mode", spec.kv_transfer.transfer_mode]
+    else:
+        for eng in engine_containers(spec):
+            cmd += ["--engine", f"http://127.0.0.1:{eng.http_port}"]
+    cmd += ["--policy", p.policy, "--admin-port", str(p.admin_port)]
+    if spec.mode == "disaggregated" and p.canary_interval_seconds:
+        cmd += ["--canary-interval", _number(p.canary_interval_seconds)]
+    if p.heartbeat_ttl_seconds is not None:
+        cmd += ["--heartbeat-ttl", _number(p.heartbeat_ttl_seconds)]
+    timeouts = {
+        "--connect-timeout": p.timeouts.connect_seconds,
+        "--prefill-timeout": p.timeouts.prefill_seconds,
+        "--first-byte-timeout": p.timeouts.decode_first_byte_seconds,
+        "--idle-timeout": p.timeouts.idle_seconds,
+        "--response-timeout": p.timeouts.response_seconds,
+    }
+    for flag, value in timeouts.items():
+        if value is not None:
+            cmd += [flag, _number(value)]
+    return cmd + list(p.extra_args)
+
+
+def proxy_env(spec: PDDeploymentSpec) -> list[EnvEntry]:
+    secret = spec.proxy.api_key_secret
+    return [_secret_ref(PROXY_API_KEY_ENV, secret.name, secret.key)] if secret else []
+
+
+def bench_command(spec: PDDeploymentSpec, url: str) -> list[str]:
+    """The goodput probe: ``pdctl bench`` writing its summary where the kubelet reads termination messages."""
+    g = spec.goodput_probe
+    cmd = [
+        "pdctl",
+        "bench",
+        "--url",
+        url,
+        "--model",
+        spec.served_name,
+        "--rate",
+        _number(g.rate),
+        "--requests",
+        str(g.requests),
+        "--prompt-tokens",
+        str(g.prompt_tokens),
+        "--output-tokens",
+        str(g.output_tokens),
+        "--slo-ttft-ms",
+        _number(g.slo.ttft_ms),
+        "--slo-itl-ms",
+        _number(g.slo.itl_ms),
+        "--target",
+        _number(g.slo.target),
+    ]
+    if g.search:
+        cmd.append("--search")
+    if g.seed is not None:
+        cmd += ["--seed", str(g.seed)]
+    return [*cmd, "--quiet", "--result-file", TERMINATION_LOG]
+
+
+def bench_env(spec: PDDeploymentSpec) -> list[EnvEntry]:
+    secret = spec.proxy.api_key_secret
+    return [_secret_ref(BENCH_API_KEY_ENV, secret.name, secret.key)] if secret else []

@@ -1,0 +1,28 @@
+"""`pdctl operator` flags (the run itself is exercised by the e2e suite against a real API server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pd_operator.commands.operator import build_parser
+
+
+def test_namespaces_repeat_and_defaults() -> None:
+    args = build_parser().parse_args(["--namespace", "a", "--namespace", "b"])
+    assert args.namespace == ["a", "b"] and not args.all_namespaces
+    assert (args.liveness_port, args.metrics_port, args.peering, args.standalone) == (8080, 9090, None, False)
+
+
+def test_cluster_wide_with_peering() -> None:
+    args = build_parser().parse_args(["--all-namespaces", "--peering", "pd-operator", "--verbose"])
+    assert args.all_namespaces and args.peering == "pd-operator" and args.verbose
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["--namespace", "a", "--all-namespaces"], ["-A", "--peering", "x", "--standalone"]],
+)
+def test_conflicting_or_missing_scope_is_a_usage_error(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as err:
+        build_parser().parse_args(argv)
+    assert err.value.code == 2

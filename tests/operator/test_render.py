@@ -1,0 +1,363 @@
+"""Rendering: the engine command lines match the seed's appendix flag for flag; the pod is safe by default."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import EXAMPLES, load_example
+
+from pd_operator import render
+from pd_operator.commands import render as render_command
+from pd_operator.engine_cmd import engine_command, engine_containers
+from pd_operator.validation import validate_spec
+
+GOLDEN = Path(__file__).with_name("golden") / "seed_appendix.sh"
+ALLOWED_EXTRA_CONFIG = {"host_ip", "backend", "transfer_timeout", "defer_timeout", "read_mode"}
+OWNER = render.Owner(name="qwen", namespace="llm", uid="1234-uid", generation=3)
+
+
+def seed_sections() -> dict[str, tuple[dict[str, str], list[str]]]:
+    """Each appendix section as (environment, argv after `vllm serve`)."""
+    sections: dict[str, list[str]] = {}
+    current = ""
+    for line in GOLDEN.read_text().splitlines():
+        if line.startswith("### "):
+            current = line[4:]
+            sections[current] = []
+        elif current and not line.startswith("#"):
+            sections[current].append(line.split("    #")[0])
+    parsed = {}
+    for name, lines in sections.items():
+        words = shlex.split("\n".join(lines).replace("\\\n", " ").replace("export ", ""))
+        serve = words.index("vllm")
+        env = dict(w.split("=", 1) for w in words[:serve])
+        parsed[name] = (env, words[serve + 2 :])
+    return parsed
+
+
+def pairs(args: list[str]) -> list[tuple[str, str | None]]:
+    """[model, -tp, 4, --flag, ...] -> [(flag, value-or-None)] (the model excluded)."""
+    out: list[tuple[str, str | None]] = []
+    for word in args[1:]:
+        if word.startswith("-"):
+            out.append((word, None))
+        else:
+            out[-1] = (out[-1][0], word)
+    return out
+
+
+def spec_of(example: str, **changes: Any) -> Any:
+    doc = load_example(example)
+    doc["spec"].update(changes)
+    return validate_spec(doc["spec"])
+
+
+def container(spec: Any, name: str) -> dict[str, Any]:
+    pod = render.pod(OWNER, spec)
+    return next(c for c in pod["spec"]["containers"] if c["name"] == name)
+
+
+def serve_args(cmd: list[str]) -> list[str]:
+    return cmd[cmd.index("serve") + 1 :]
+
+
+def env_values(c: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "<ref>") for e in c["env"]}
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+@pytest.mark.parametrize("mode", ["write", "read"])
+def test_engine_command_matches_the_seed_flag_for_flag(role: str, mode: str) -> None:
+    _seed_env, seed_args = seed_sections()[role]
+    spec = spec_of("qwen3-235b-write.yaml", kvTransfer={"transferMode": mode, "rdma": {"hostNetwork": True}})
+    args = serve_args(container(spec, role)["command"])
+    assert args[0] == seed_args[0] == "Qwen/Qwen3-235B-A22B-FP8"
+    rendered, seed = pairs(args), pairs(seed_args)
+    assert sorted(f for f, _ in rendered) == sorted(f for f, _ in seed)
+    if role == "prefill":
+        assert [f for f, _ in rendered] == [f for f, _ in seed], "same order as the appendix"
+    config, seed_config = dict(rendered).pop("--kv-transfer-config"), dict(seed).pop("--kv-transfer-config")
+    assert {k: v for k, v in rendered if k != "--kv-transfer-config"} == {
+        k: v for k, v in seed if k != "--kv-transfer-config"
+    }
+    ours, theirs = json.loads(str(config)), json.loads(str(seed_config))
+    extra, seed_extra = ours.pop("kv_connector_extra_config"), theirs.pop("kv_connector_extra_config")
+    assert ours == theirs
+    assert {k: extra[k] for k in seed_extra} == seed_extra
+    assert set(extra) - set(seed_extra) <= ALLOWED_EXTRA_CONFIG
+    assert extra["host_ip"] == "$(POD_IP)"
+    assert ("read_mode" in extra) == (mode == "read")
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+@pytest.mark.parametrize("mode", ["write", "read"])
+def test_engine_env_matches_the_seed_with_pinned_gpus(role: str, mode: str) -> None:
+    seed_env, _ = seed_sections()[role]
+    if mode == "write":
+        del seed_env["VLLM_MORIIO_CONNECTOR_READ_MODE"]  # "unset for write mode"
+    spec = spec_of(
+        "qwen3-235b-write.yaml",
+        kvTransfer={"transferMode": mode, "rdma": {"hostNetwork": True}},
+        gpuAllocation={"strategy": "hostDevices"},
+    )
+    env = env_values(container(spec, role))
+    assert {k: env[k] for k in seed_env} == seed_env
+    assert list(env)[: len(seed_env)] == list(seed_env), "same order as the appendix"
+    assert env["VLLM_HOST_IP"] == env["POD_IP"] == "<ref>"
+
+
+def test_device_plugin_leaves_visible_devices_unset() -> None:
+    env = env_values(container(spec_of("qwen3-235b-write.yaml"), "prefill"))
+    assert not {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"} & env.keys()
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_colocated_engines_match_the_seed_standard_serving(index: int) -> None:
+    seed_env, seed_args = seed_sections()[f"standard-{index}"]
+    c = container(spec_of("qwen3-235b-colocated.yaml", gpuAllocation={"strategy": "hostDevices"}), f"engine-{index}")
+    rendered = dict(pairs(serve_args(c["command"])))
+    assert {k: rendered[k] for k, _ in pairs(seed_args)} == dict(pairs(seed_args))
+    assert set(rendered) - {f for f, _ in pairs(seed_args)} == {"--gpu_memory_utilization"}
+    env = env_values(c)
+    assert {k: env[k] for k in seed_env} == seed_env
+    assert c["command"][:10] == [
+        "pdctl",
+        "engine",
+        "--role",
+        "engine",
+        "--gpus",
+        "4",
+        "--backend",
+        "none",
+        "--ports",
+        str(8100 + 100 * index),
+    ]
+
+
+def test_launcher_wraps_vllm_with_preflight_flags() -> None:
+    cmd = container(spec_of("qwen3-235b-write.yaml"), "prefill")["command"]
+    assert cmd[: cmd.index("--") + 3] == [
+        "pdctl",
+        "engine",
+        "--role",
+        "prefill",
+        "--gpus",
+        "4",
+        "--backend",
+        "rdma",
+        "--ports",
+        "20005,6301,6105",
+        "--",
+        "vllm",
+        "serve",
+    ]
+
+
+@pytest.mark.parametrize("example", ["simulated-write.yaml", "simulated-read.yaml", "simulated-colocated.yaml"])
+def test_simulated_engine_swaps_only_the_executable(example: str) -> None:
+    sim = validate_spec(load_example(example)["spec"])
+    real = sim.model_copy(update={"engine": "vllm"})
+    for eng in engine_containers(sim):
+        sim_cmd, real_cmd = engine_command(sim, eng), engine_command(real, eng)
+        sep = sim_cmd.index("--")
+        assert sim_cmd[:sep] == [
+            *real_cmd[: real_cmd.index("--")][:4],
+            "--gpus",
+            "0",
+            "--backend",
+            "none",
+            *real_cmd[8:sep],
+        ]
+        after, real_after = sim_cmd[sep + 1 :], real_cmd[sep + 1 :]
+        assert after[:2] == ["pdctl", "sim-engine"] and real_after[:2] == ["vllm", "serve"]
+        assert after[2 : len(real_after)] == real_after[2:]
+        assert after[len(real_after) :] == [
+            "--profile",
+            sim.simulation.profile,
+            "--time-scale",
+            f"{sim.simulation.time_scale:g}",
+        ]
+
+
+def test_simulated_pod_requests_no_gpus_unless_asked() -> None:
+    spec = validate_spec(load_example("simulated-write.yaml")["spec"])
+    for c in render.pod(OWNER, spec)["spec"]["containers"]:
+        assert "amd.com/gpu" not in c.get("resources", {}).get("limits", {})
+    reserved = spec.model_copy(update={"simulation": spec.simulation.model_copy(update={"reserve_gpus": True})})
+    limits = [c["resources"].get("limits", {}) for c in render.pod(OWNER, reserved)["spec"]["containers"][:2]]
+    assert limits == [{"amd.com/gpu": "4"}, {"amd.com/gpu": "4"}]
+
+
+def test_proxy_command_follows_the_contract() -> None:
+    spec = spec_of("qwen3-235b-write.yaml")
+    cmd = container(spec, "proxy")["command"]
+    assert cmd == [
+        "pdctl",
+        "proxy",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--registration-address",
+        "tcp://127.0.0.1:36367",
+        "--mode",
+        "disaggregated",
+        "--transfer-mode",
+        "write",
+        "--policy",
+        "round_robin",
+        "--admin-port",
+        "8001",
+        "--canary-interval",
+        "300",
+    ]
+    colocated = container(spec_of("qwen3-235b-colocated.yaml"), "proxy")["command"]
+    assert colocated[colocated.index("--mode") : colocated.index("--policy")] == [
+        "--mode",
+        "colocated",
+        "--engine",
+        "http://127.0.0.1:8100",
+        "--engine",
+        "http://127.0.0.1:8200",
+    ]
+
+
+def test_engines_dial_the_proxy_on_loopback_only() -> None:
+    spec = spec_of("qwen3-235b-write.yaml")
+    for name in ("prefill", "decode"):
+        args = serve_args(container(spec, name)["command"])
+        config = json.loads(args[args.index("--kv-transfer-config") + 1])
+        assert config["kv_connector_extra_config"]["proxy_ip"] == "127.0.0.1"
+
+
+def test_pod_shape_probes_and_security() -> None:
+    spec = spec_of("qwen3-235b-write.yaml")
+    pod = render.pod(OWNER, spec)
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["prefill", "decode", "proxy"]
+    assert pod["metadata"]["ownerReferences"][0] == {
+        "apiVersion": "pd.serving.dev/v1alpha1",
+        "kind": "PDDeployment",
+        "name": "qwen",
+        "uid": "1234-uid",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    assert pod["spec"]["hostNetwork"] is True and pod["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
+    prefill = pod["spec"]["containers"][0]
+    assert prefill["resources"]["limits"] == {"amd.com/gpu": "4"}
+    assert prefill["startupProbe"]["failureThreshold"] * prefill["startupProbe"]["periodSeconds"] >= 3600
+    assert {"IPC_LOCK", "SYS_PTRACE"} == set(prefill["securityContext"]["capabilities"]["add"])
+    assert prefill["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    shm = {v["name"]: v for v in pod["spec"]["volumes"]}["dshm-prefill"]
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
+    proxy = pod["spec"]["containers"][2]
+    assert proxy["securityContext"]["runAsNonRoot"] is True and proxy["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert pod["metadata"]["annotations"][render.ANNOTATION_SPEC_HASH] == render.spec_hash(pod["spec"])
+
+
+def test_spec_change_changes_the_hash() -> None:
+    a = render.pod(OWNER, spec_of("simulated-write.yaml"))
+    b = render.pod(OWNER, spec_of("simulated-write.yaml", image="other:1"))
+    assert (
+        a["metadata"]["annotations"][render.ANNOTATION_SPEC_HASH]
+        != b["metadata"]["annotations"][render.ANNOTATION_SPEC_HASH]
+    )
+
+
+def test_nic_resource_is_requested_by_engines_only() -> None:
+    pod = render.pod(OWNER, spec_of("qwen3-235b-read.yaml"))
+    limits = [c.get("resources", {}).get("limits", {}) for c in pod["spec"]["containers"]]
+    assert limits[0] == limits[1] == {"amd.com/gpu": "4", "rdma/hca_shared_devices_a": "1"}
+    assert "rdma/hca_shared_devices_a" not in limits[2] and "hostNetwork" not in pod["spec"]
+
+
+def test_host_devices_pin_ranges_and_reserve_the_whole_node() -> None:
+    spec = spec_of(
+        "qwen3-235b-write.yaml",
+        gpuAllocation={"strategy": "hostDevices"},
+        prefill={"gpus": "0-1", "tensorParallelSize": 2},
+        decode={"gpus": "4-7"},
+    )
+    pod = render.pod(OWNER, spec)
+    prefill, decode = pod["spec"]["containers"][:2]
+    assert (
+        env_values(prefill)["CUDA_VISIBLE_DEVICES"] == "0,1" and env_values(decode)["HIP_VISIBLE_DEVICES"] == "4,5,6,7"
+    )
+    assert prefill["securityContext"]["privileged"] is True
+    total = sum(int(c["resources"]["limits"]["amd.com/gpu"]) for c in (prefill, decode))
+    assert total == 8
+
+
+def test_dra_renders_a_claim_template_selecting_by_index_or_pci_address() -> None:
+    spec = spec_of("qwen3-235b-write.yaml", gpuAllocation={"strategy": "dra"})
+    objs = render.children(OWNER, spec)
+    template = objs[0]
+    assert template["kind"] == "ResourceClaimTemplate" and template["metadata"]["name"] == "qwen-gpus"
+    requests = template["spec"]["spec"]["devices"]["requests"]
+    assert [r["name"] for r in requests] == ["prefill", "decode"]
+    assert requests[1]["exactly"]["selectors"][0]["cel"]["expression"] == (
+        'device.attributes["gpu.amd.com"].cardIndex in [4, 5, 6, 7]'
+    )
+    pod = objs[-1]
+    assert pod["spec"]["resourceClaims"] == [{"name": "gpus", "resourceClaimTemplateName": "qwen-gpus"}]
+    assert pod["spec"]["containers"][0]["resources"]["claims"] == [{"name": "gpus", "request": "prefill"}]
+    addresses = [f"0000:{i:02x}:00.0" for i in range(8)]
+    pinned = spec_of("qwen3-235b-write.yaml", gpuAllocation={"strategy": "dra", "dra": {"pciAddresses": addresses}})
+    expr = render.claim_template(OWNER, pinned)["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]
+    assert expr["cel"]["expression"].endswith(
+        'pciAddr in ["0000:00:00.0", "0000:01:00.0", "0000:02:00.0", "0000:03:00.0"]'
+    )
+
+
+def test_service_exposes_only_the_proxy_api_port() -> None:
+    svc = render.service(OWNER, spec_of("qwen3-235b-write.yaml"))
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+    assert svc["spec"]["selector"] == {"pd.serving.dev/deployment": "qwen", "app.kubernetes.io/component": "serving"}
+
+
+def test_network_policy_admits_api_from_anywhere_and_admin_from_the_operator() -> None:
+    policy = render.network_policy(OWNER, spec_of("qwen3-235b-write.yaml"))
+    api_rule, admin_rule, self_rule = policy["spec"]["ingress"]
+    assert api_rule == {"ports": [{"port": 8000, "protocol": "TCP"}]}
+    assert admin_rule["ports"] == [{"port": 8001, "protocol": "TCP"}]
+    assert admin_rule["from"][0]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "pd-operator"}}
+    assert self_rule["from"][0]["podSelector"]["matchLabels"] == policy["spec"]["podSelector"]["matchLabels"]
+
+
+def test_probe_job_runs_bench_against_the_service() -> None:
+    job = render.probe_job(OWNER, spec_of("simulated-write.yaml"), "qwen-goodput-1")
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"][:4] == ["pdctl", "bench", "--url", "http://qwen.llm.svc:8000"]
+    assert c["command"][-2:] == ["--result-file", "/dev/termination-log"]
+    assert c["terminationMessagePolicy"] == "File" and job["spec"]["backoffLimit"] == 0
+    assert job["metadata"]["ownerReferences"][0]["uid"] == "1234-uid"
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_pdctl_render_prints_every_object(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert render_command.main([str(path)]) == 0
+    kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
+    assert kinds[:3] == ["Service", "NetworkPolicy", "Pod"] and kinds[-1] == "Job"
+
+
+def test_pdctl_render_refuses_an_invalid_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = load_example("simulated-write.yaml")
+    doc["spec"]["prefill"]["gpus"] = "0-2"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    assert render_command.main([str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "spec.prefill.gpus: gpus must contain exactly tensorParallelSize * dataParallelSize GPUs" in err
+
+
+def test_pdctl_render_reports_unreadable_files(tmp_path: Path) -> None:
+    assert render_command.main([str(tmp_path / "missing.yaml")]) == 2
+    (tmp_path / "junk.yaml").write_text("kind: [unclosed")
+    assert render_command.main([str(tmp_path / "junk.yaml")]) == 2
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    assert render_command.main([str(tmp_path / "list.yaml")]) == 2

@@ -1,0 +1,67 @@
+"""The API's validation: every invalid spec of the shared table is refused with its message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import EXAMPLES, load_example
+from spec_table import load_cases, load_table, merge_patch, patched
+
+from pd_operator.api import PDDeploymentSpec
+from pd_operator.validation import SpecError, validate_spec
+
+CASES = load_cases()
+
+
+def test_table_is_large_enough() -> None:
+    assert len(CASES) >= 20
+    assert len({c["name"] for c in CASES}) == len(CASES)
+
+
+def test_base_of_the_table_is_valid() -> None:
+    validate_spec(load_table()["base"])
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_invalid_spec_is_refused_with_its_message(case: dict[str, Any]) -> None:
+    with pytest.raises(SpecError) as err:
+        validate_spec(patched(case))
+    lines = err.value.problems
+    assert any(line.startswith(case["field"] + ":") and case["message"] in line for line in lines), lines
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_examples_are_valid(path: Any) -> None:
+    validate_spec(load_example(path.name)["spec"])
+
+
+def test_merge_patch_removes_keys_with_null() -> None:
+    assert merge_patch({"a": 1, "b": {"c": 2}}, {"a": None, "b": {"d": 3}}) == {"b": {"c": 2, "d": 3}}
+
+
+def test_defaults_are_the_seed_experiment() -> None:
+    spec = PDDeploymentSpec.model_validate({"model": "m", "kvTransfer": {"rdma": {"hostNetwork": True}}})
+    assert (spec.prefill.gpus, spec.decode.gpus) == ("0-3", "4-7")
+    assert (spec.prefill.ports.http, spec.prefill.ports.handshake, spec.prefill.ports.notify) == (20005, 6301, 6105)
+    assert (spec.decode.ports.http, spec.decode.ports.handshake, spec.decode.ports.notify) == (40005, 7301, 7501)
+    assert spec.proxy.registration_port == 36367
+    assert (spec.kv_transfer.transfer_mode, spec.kv_transfer.backend) == ("write", "rdma")
+    assert spec.gpu_allocation.strategy == "devicePlugin" and spec.node.gpus_per_node == 8
+
+
+def test_every_problem_is_reported_not_only_the_first() -> None:
+    with pytest.raises(SpecError) as err:
+        validate_spec({"model": "m", "engine": "simulated", "mode": "sideways", "proxy": {"port": 0}})
+    assert len(err.value.problems) == 2
+
+
+def test_non_mapping_spec_is_an_error_not_a_crash() -> None:
+    with pytest.raises(SpecError):
+        validate_spec(["not", "a", "mapping"])
+
+
+def test_user_env_replaces_operator_value_but_duplicates_are_refused() -> None:
+    with pytest.raises(SpecError) as err:
+        validate_spec({"model": "m", "engine": "simulated", "prefill": {"env": [{"name": "A"}, {"name": "A"}]}})
+    assert "Duplicate value" in str(err.value)
