@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import random
 import sys
 from collections.abc import Sequence
 
@@ -36,6 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
     peering = parser.add_mutually_exclusive_group()
     peering.add_argument("--peering", metavar="NAME", help="kopf peering object shared by replicas")
     peering.add_argument("--standalone", action="store_true", help="no peering: the only replica")
+    parser.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="peering priority: the highest-priority replica serves, the others stand by "
+        "(default: random per process, so replicas never tie; kopf pauses every replica on a tie)",
+    )
     parser.add_argument(
         "--resync-seconds", type=float, default=None, help="period of the status timer per PDDeployment (default 5)"
     )
@@ -69,6 +77,7 @@ def main(argv: Sequence[str]) -> int:
         namespaces=args.namespace or (),
         standalone=True if args.standalone else None,
         peering_name=args.peering,
+        priority=args.priority if args.priority is not None else random.SystemRandom().randint(1, 2**30),
         liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz",
     )
     return 0

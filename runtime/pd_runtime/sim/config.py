@@ -1,0 +1,284 @@
+"""Pure: the `pdctl sim-engine MODEL [vllm serve arguments...]` command line -> an EngineConfig.
+
+The simulator accepts the exact argv the operator renders for `vllm serve`, so swapping the executable
+is the only difference between a real and a simulated pod. vLLM spells flags ``--a-b`` and ``--a_b``
+interchangeably and accepts ``--flag=value``; both are normalised first. Flags that change nothing in
+the simulation are accepted and reported back so the CLI can log them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pd_runtime import protocol
+
+# vLLM V1's defaults for the OpenAI server on GPUs with >= 70 GiB (MI300X): see docs/simulator.md.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+DEFAULT_MAX_NUM_SEQS = 1024
+DEFAULT_MAX_MODEL_LEN = 32768
+# §2.5 `_set_port_defaults`.
+DEFAULT_HANDSHAKE_PORT = 6301
+DEFAULT_NOTIFY_PORT = 61005
+
+ENV_PREFIX = "PD_SIM_"
+READ_MODE_ENV = "VLLM_MORIIO_CONNECTOR_READ_MODE"
+
+
+class ConfigError(ValueError):
+    """A command line the simulator cannot run with (the CLI exits 2 with this message)."""
+
+
+@dataclass(frozen=True)
+class ConnectorConfig:
+    """The MoRIIOConnector part of --kv-transfer-config (§5.2)."""
+
+    role: protocol.Role
+    read_mode: bool
+    host_ip: str
+    proxy_ip: str
+    proxy_ping_port: int
+    http_port: int
+    handshake_port: int
+    notify_port: int
+    transfer_timeout_s: float
+    defer_timeout_s: float
+
+    @property
+    def transfer_mode(self) -> protocol.TransferMode:
+        return "READ" if self.read_mode else "WRITE"
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Failure knobs for testing the proxy and the operator (flags, or PD_SIM_<NAME> in the environment)."""
+
+    no_register: bool = False
+    unresponsive: bool = False
+    """Register (heartbeats keep flowing) but never answer HTTP: a hung engine."""
+    first_byte_delay_s: float = 0.0
+    prefill_error: int = 0
+    """HTTP status returned to every producer (P-leg) request instead of serving it; 0 = off."""
+    eos_first_token: bool = False
+    """The producer's single token is EOS: finish_reason stop and null kv_transfer_params (§3.5)."""
+    drop_notify: float = 0.0
+    """Fraction of incoming notify messages silently dropped."""
+    crash_after: int = 0
+    """Exit abruptly after this many finished requests; 0 = never."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    served_model_names: tuple[str, ...]
+    host: str
+    port: int
+    tp: int
+    dp: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    chunked_prefill: bool
+    connector: ConnectorConfig | None
+    profile: str
+    time_scale: float
+    registration: protocol.Generation
+    request_id_suffix: bool
+    require_transfer_id: bool
+    faults: Faults
+    ignored_flags: tuple[str, ...] = field(default=())
+
+
+def normalise_argv(argv: Sequence[str]) -> list[str]:
+    """``--a_b=v`` -> ``--a-b``, ``v``: one spelling per flag before argparse sees it."""
+    out: list[str] = []
+    for arg in argv:
+        if arg.startswith("--") and len(arg) > 2:
+            name, sep, value = arg.partition("=")
+            out.append(name.replace("_", "-"))
+            if sep:
+                out.append(value)
+        else:
+            out.append(arg)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pdctl sim-engine",
+        description="Simulated vLLM engine: OpenAI API, MoRI-IO protocol, prefill/decode timing model.",
+        allow_abbrev=False,
+    )
+    vllm = parser.add_argument_group("vllm serve arguments (others are accepted and ignored)")
+    vllm.add_argument("--model", dest="model_flag")
+    vllm.add_argument("--served-model-name", nargs="+")
+    vllm.add_argument("--host", default="0.0.0.0")
+    vllm.add_argument("--port", type=int, default=8000)
+    vllm.add_argument("-tp", "--tensor-parallel-size", dest="tp", type=int, default=1)
+    vllm.add_argument("-dp", "--data-parallel-size", dest="dp", type=int, default=1)
+    vllm.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    vllm.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS)
+    vllm.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
+    vllm.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+    vllm.add_argument("--kv-transfer-config")
+    sim = parser.add_argument_group("simulator")
+    sim.add_argument("--profile", default="instant", help="timing profile: instant, qwen3-235b-mi300x")
+    sim.add_argument("--time-scale", type=float, default=1.0, help="run modelled durations X times faster")
+    sim.add_argument("--sim-registration", choices=("g1", "g2"), default=None, help="heartbeat format")
+    sim.add_argument("--sim-request-id-suffix", action=argparse.BooleanOptionalAction, default=None)
+    sim.add_argument("--sim-require-transfer-id", action=argparse.BooleanOptionalAction, default=None)
+    faults = parser.add_argument_group("fault knobs (also PD_SIM_<NAME>, e.g. PD_SIM_CRASH_AFTER=10)")
+    faults.add_argument("--sim-no-register", action="store_true", default=None)
+    faults.add_argument("--sim-unresponsive", action="store_true", default=None)
+    faults.add_argument("--sim-first-byte-delay", type=float, default=None, metavar="SECONDS")
+    faults.add_argument("--sim-prefill-error", type=int, default=None, metavar="STATUS")
+    faults.add_argument("--sim-eos-first-token", action="store_true", default=None)
+    faults.add_argument("--sim-drop-notify", type=float, default=None, metavar="FRACTION")
+    faults.add_argument("--sim-crash-after", type=int, default=None, metavar="N")
+    return parser
+
+
+def _env_value(env: Mapping[str, str], flag: str, value: Any, kind: type) -> Any:
+    """A flag left unset falls back to PD_SIM_<NAME>; then to the kind's zero."""
+    if value is not None:
+        return value
+    raw = env.get(ENV_PREFIX + flag.upper().replace("-", "_"))
+    if raw is None or raw == "":
+        return None
+    if kind is bool:
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ConfigError(f"{ENV_PREFIX}{flag.upper().replace('-', '_')}={raw!r} is not a {kind.__name__}") from None
+
+
+def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> EngineConfig:
+    env = os.environ if env is None else env
+    args = normalise_argv(argv)
+    model = args.pop(0) if args and not args[0].startswith("-") else None
+    parser = build_parser()
+    ns, unknown = parser.parse_known_args(args)
+    model = model or ns.model_flag
+    if not model:
+        raise ConfigError("a MODEL is required: pdctl sim-engine MODEL [vllm serve arguments...]")
+    _check_positive(ns)
+    connector = _connector(ns.kv_transfer_config, ns.port, env) if ns.kv_transfer_config else None
+
+    def knob(name: str, kind: type, default: Any) -> Any:
+        value = _env_value(env, name, getattr(ns, "sim_" + name.replace("-", "_")), kind)
+        return default if value is None else value
+
+    faults = Faults(
+        no_register=knob("no-register", bool, False),
+        unresponsive=knob("unresponsive", bool, False),
+        first_byte_delay_s=knob("first-byte-delay", float, 0.0),
+        prefill_error=knob("prefill-error", int, 0),
+        eos_first_token=knob("eos-first-token", bool, False),
+        drop_notify=knob("drop-notify", float, 0.0),
+        crash_after=knob("crash-after", int, 0),
+    )
+    if faults.prefill_error and not 400 <= faults.prefill_error <= 599:
+        raise ConfigError(f"--sim-prefill-error must be an HTTP error status (400-599), got {faults.prefill_error}")
+    if not 0.0 <= faults.drop_notify <= 1.0:
+        raise ConfigError(f"--sim-drop-notify is a fraction in [0, 1], got {faults.drop_notify}")
+    registration: protocol.Generation = "G1" if knob("registration", str, "g2").lower() == "g1" else "G2"
+    return EngineConfig(
+        model=model,
+        served_model_names=tuple(ns.served_model_name or [model]),
+        host=ns.host,
+        port=ns.port,
+        tp=ns.tp,
+        dp=ns.dp,
+        max_num_batched_tokens=ns.max_num_batched_tokens,
+        max_num_seqs=ns.max_num_seqs,
+        max_model_len=ns.max_model_len,
+        chunked_prefill=ns.enable_chunked_prefill,
+        connector=connector,
+        profile=ns.profile,
+        time_scale=ns.time_scale,
+        registration=registration,
+        request_id_suffix=knob("request-id-suffix", bool, True),
+        require_transfer_id=knob("require-transfer-id", bool, True),
+        faults=faults,
+        ignored_flags=tuple(unknown),
+    )
+
+
+def _check_positive(ns: argparse.Namespace) -> None:
+    for name in ("tp", "dp", "max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+        if getattr(ns, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+    if ns.time_scale <= 0:
+        raise ConfigError("--time-scale must be positive")
+    if not 0 < ns.port < 65536:
+        raise ConfigError(f"--port {ns.port} is out of range")
+
+
+def _connector(raw: str, port: int, env: Mapping[str, str]) -> ConnectorConfig:
+    try:
+        config = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--kv-transfer-config is not JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ConfigError("--kv-transfer-config must be a JSON object")
+    roles: dict[str, protocol.Role] = {"kv_producer": "P", "kv_consumer": "D"}
+    role = roles.get(str(config.get("kv_role")))
+    if role is None:
+        raise ConfigError(f"kv_role must be kv_producer or kv_consumer, got {config.get('kv_role')!r}")
+    extra = config.get("kv_connector_extra_config") or {}
+    if not isinstance(extra, dict):
+        raise ConfigError("kv_connector_extra_config must be a JSON object")
+    return ConnectorConfig(
+        role=role,
+        read_mode=_truthy(extra.get("read_mode")) or _truthy(env.get(READ_MODE_ENV)),
+        host_ip=str(extra.get("host_ip") or env.get("VLLM_HOST_IP") or "127.0.0.1"),
+        proxy_ip=str(extra.get("proxy_ip") or ""),
+        proxy_ping_port=_int(extra, "proxy_ping_port", protocol.REGISTRATION_PORT),
+        http_port=_int(extra, "http_port", port),
+        handshake_port=_int(extra, "handshake_port", DEFAULT_HANDSHAKE_PORT),
+        notify_port=_int(extra, "notify_port", DEFAULT_NOTIFY_PORT),
+        transfer_timeout_s=_float(extra, "transfer_timeout", protocol.DEFAULT_TRANSFER_TIMEOUT_S),
+        defer_timeout_s=_float(extra, "defer_timeout", protocol.DEFAULT_DEFER_TIMEOUT_S),
+    )
+
+
+def _truthy(value: Any) -> bool:
+    """§5.2: ``"true"``/``"1"`` (any case) selects read mode; JSON true and 1 too."""
+    return str(value).strip().lower() in ("true", "1")
+
+
+def _int(extra: dict[str, Any], key: str, default: int) -> int:
+    value = extra.get(key)
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"kv_connector_extra_config.{key}={value!r} is not an integer") from None
+    if not 0 < number < 65536:
+        raise ConfigError(f"kv_connector_extra_config.{key}={number} is not a port")
+    return number
+
+
+def _float(extra: dict[str, Any], key: str, default: float) -> float:
+    value = extra.get(key)
+    if value is None or value == "":
+        return default
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"kv_connector_extra_config.{key}={value!r} is not a number") from None
+
+
+Mode = Literal["colocated", "producer", "consumer"]
+
+
+def engine_mode(config: EngineConfig) -> Mode:
+    if config.connector is None:
+        return "colocated"
+    return "producer" if config.connector.role == "P" else "consumer"

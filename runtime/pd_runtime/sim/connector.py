@@ -1,0 +1,195 @@
+"""The simulated MoRIIOConnector: KV handoffs between a producer (P) and a consumer (D) engine.
+
+Every handoff really crosses the ZMQ side channels with the §4.3 messages; only the RDMA data movement
+is replaced by waiting the modelled transfer time. Write mode (§3.7): D sends ``remote_blocks`` to P's
+notify ports and waits; P, once its prefill is done and D's blocks are known, "writes" and sends
+``write_done``; then both free. Read mode (§3.6): D handshakes with P, "reads", and sends ``release``
+so P frees its held blocks. Held producer blocks are reaped after ``defer_timeout`` (G2 behaviour).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from pd_runtime import protocol
+from pd_runtime.sim.clock import ScaledClock
+from pd_runtime.sim.config import ConnectorConfig
+from pd_runtime.sim.metrics import EngineMetrics
+from pd_runtime.sim.profiles import Profile
+from pd_runtime.sim.sidechannel import SideChannel
+from pd_runtime.sim.timing import kv_transfer_time, write_tail_time
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Mailbox:
+    """Notifies for one transfer id; they may arrive before the request they belong to."""
+
+    created: float
+    count: int = 0
+    first_at: float | None = None
+    decode_rank: int = 0
+    claimed: bool = False
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(frozen=True)
+class ProducerJob:
+    transfer_id: str
+    blocks: int
+    prompt_tokens: int
+    prefill_started: float
+    prefill_ended: float
+    peer: protocol.PeerAddress | None
+    peer_tp: int
+
+
+@dataclass(frozen=True)
+class ConsumerJob:
+    transfer_id: str
+    req_id: str
+    prompt_tokens: int
+    block_ids: list[int]
+    dp_rank: int
+    peer: protocol.PeerAddress
+    peer_tp: int
+    peer_dp_rank: int
+
+
+class Connector:
+    def __init__(
+        self, config: ConnectorConfig, tp: int, profile: Profile, clock: ScaledClock, metrics: EngineMetrics
+    ) -> None:
+        self.config = config
+        self._tp = tp
+        self._profile = profile
+        self._clock = clock
+        self._metrics = metrics
+        self._mail: dict[str, _Mailbox] = {}
+        self.side: SideChannel | None = None
+
+    # -- incoming notifies ------------------------------------------------------------------------
+
+    def on_notify(self, message: dict[str, Any] | str) -> None:
+        """Record a notify; a raw string is a G1/G1b completion (write_done on D, release on P)."""
+        if isinstance(message, str):
+            self._post(message, 0)
+            return
+        self._post(message["transfer_id"], int(message.get("decode_rank", 0) or 0))
+
+    def _box(self, transfer_id: str) -> _Mailbox:
+        box = self._mail.get(transfer_id)
+        if box is None:
+            box = self._mail[transfer_id] = _Mailbox(created=self._clock.now())
+        return box
+
+    def _post(self, transfer_id: str, decode_rank: int) -> None:
+        box = self._box(transfer_id)
+        box.count += 1
+        box.decode_rank = decode_rank
+        if box.first_at is None:
+            box.first_at = self._clock.now()
+        box.changed.set()
+
+    async def _await_count(self, transfer_id: str, count: int, timeout_model_s: float | None) -> _Mailbox:
+        box = self._box(transfer_id)
+        box.claimed = True
+
+        async def wait() -> None:
+            while box.count < count:
+                box.changed.clear()
+                await box.changed.wait()
+
+        if timeout_model_s is None:
+            await wait()
+        else:
+            await asyncio.wait_for(wait(), self._clock.wall(timeout_model_s))
+        return box
+
+    def sweep(self) -> int:
+        """Drop mailboxes nobody claimed within the defer timeout (stale or unknown transfers)."""
+        horizon = self._clock.now() - self.config.defer_timeout_s
+        stale = [tid for tid, box in self._mail.items() if box.created < horizon and not box.claimed]
+        for tid in stale:
+            del self._mail[tid]
+        return len(stale)
+
+    def _rank_ports(self, base: int, dp_rank: int, ranks: int) -> list[int]:
+        return [protocol.side_channel_port(base, dp_rank, r) for r in range(ranks)]
+
+    def _require_side(self) -> SideChannel:
+        if self.side is None:
+            raise RuntimeError("connector used before its side channel started")
+        return self.side
+
+    # -- producer -----------------------------------------------------------------------------------
+
+    async def produce(self, job: ProducerJob) -> None:
+        """Hold the request's blocks until the handoff completes or the defer timeout reaps them."""
+        self._metrics.blocks_held.inc(job.blocks)
+        try:
+            if self.config.read_mode:
+                await self._await_count(job.transfer_id, min(self._tp, job.peer_tp), self.config.defer_timeout_s)
+            else:
+                await self._write(job)
+            self._metrics.transfers.labels("completed").inc()
+        except TimeoutError:
+            self._metrics.transfers.labels("expired").inc()
+            log.warning(
+                "transfer %s: no %s within defer_timeout %.0f s, blocks freed",
+                job.transfer_id,
+                "release" if self.config.read_mode else "remote_blocks",
+                self.config.defer_timeout_s,
+            )
+        except Exception:
+            self._metrics.transfers.labels("failed").inc()
+            log.exception("transfer %s failed", job.transfer_id)
+        finally:
+            self._metrics.blocks_held.dec(job.blocks)
+            self._mail.pop(job.transfer_id, None)
+
+    async def _write(self, job: ProducerJob) -> None:
+        if job.peer is None:
+            raise RuntimeError("write mode needs the decode engine's address")
+        side = self._require_side()
+        box = await self._await_count(job.transfer_id, 1, self.config.defer_timeout_s)
+        ranks = min(self._tp, job.peer_tp)
+        await side.handshake(job.peer.host, self._rank_ports(job.peer.handshake_port, box.decode_rank, ranks))
+        arrived = box.first_at if box.first_at is not None else self._clock.now()
+        prefill = job.prefill_ended - job.prefill_started
+        done = max(
+            job.prefill_ended + write_tail_time(self._profile, job.prompt_tokens, prefill),
+            arrived + kv_transfer_time(self._profile, job.prompt_tokens),
+        )
+        await self._clock.sleep_until(done)
+        ports = self._rank_ports(job.peer.notify_port, box.decode_rank, ranks)
+        await side.notify(job.peer.host, ports, protocol.write_done_message(job.transfer_id), "write_done")
+        log.debug("transfer %s written to %s", job.transfer_id, job.peer.host)
+
+    # -- consumer -----------------------------------------------------------------------------------
+
+    async def consume(self, job: ConsumerJob) -> None:
+        """Return once the request's KV is in place (write: write_done arrived; read: read + release)."""
+        side = self._require_side()
+        peer_ranks = min(self._tp, job.peer_tp)
+        if self.config.read_mode:
+            handshake = self._rank_ports(job.peer.handshake_port, job.peer_dp_rank, peer_ranks)
+            await side.handshake(job.peer.host, handshake)
+            await self._clock.sleep_until(self._clock.now() + kv_transfer_time(self._profile, job.prompt_tokens))
+            ports = self._rank_ports(job.peer.notify_port, job.peer_dp_rank, self._tp)
+            await side.notify(job.peer.host, ports, protocol.release_message(job.transfer_id, self._tp), "release")
+        else:
+            waiting = asyncio.ensure_future(self._await_count(job.transfer_id, peer_ranks, None))
+            try:
+                message = protocol.remote_blocks_message(job.req_id, job.transfer_id, job.block_ids, job.dp_rank)
+                ports = self._rank_ports(job.peer.notify_port, job.peer_dp_rank, self._tp)
+                await side.notify(job.peer.host, ports, message, "remote_blocks")
+                await waiting
+            finally:
+                waiting.cancel()
+                self._mail.pop(job.transfer_id, None)
+        self._metrics.transfers.labels("completed").inc()

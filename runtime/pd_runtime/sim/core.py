@@ -1,0 +1,89 @@
+"""One engine core (one DP rank): the pure scheduler driven on a scaled real clock.
+
+Steps run back to back while there is work, each lasting what ``timing.step_time`` says; tokens are
+handed to each request's queue when its step ends, which is when a real engine would emit them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from pd_runtime.sim.clock import ScaledClock
+from pd_runtime.sim.metrics import EngineMetrics
+from pd_runtime.sim.profiles import Profile
+from pd_runtime.sim.scheduler import Scheduler, Sequence
+from pd_runtime.sim.timing import step_time
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Emitted:
+    index: int
+    finished: bool
+    model_time: float
+
+
+class EngineCore:
+    def __init__(
+        self, rank: int, profile: Profile, tp: int, scheduler: Scheduler, clock: ScaledClock, metrics: EngineMetrics
+    ) -> None:
+        self.rank = rank
+        self._profile = profile
+        self._tp = tp
+        self._scheduler = scheduler
+        self._clock = clock
+        self._metrics = metrics
+        self._wake = asyncio.Event()
+        self._sinks: dict[int, asyncio.Queue[Emitted | str]] = {}
+        self.first_scheduled: dict[int, float] = {}
+
+    @property
+    def load(self) -> int:
+        return len(self._scheduler.running) + len(self._scheduler.waiting)
+
+    def submit(self, seq: Sequence) -> asyncio.Queue[Emitted | str]:
+        """Queue a sequence; its tokens (or, put there by others, an error message) arrive in the sink."""
+        sink: asyncio.Queue[Emitted | str] = asyncio.Queue()
+        self._sinks[id(seq)] = sink
+        self._scheduler.add(seq)
+        self._wake.set()
+        return sink
+
+    def landed(self, seq: Sequence) -> None:
+        """Remote KV arrived for a waiting consumer sequence: it may now be scheduled."""
+        if id(seq) in self._sinks:
+            self._scheduler.remote_kv_landed(seq)
+            self._wake.set()
+
+    def release(self, seq: Sequence) -> None:
+        """Forget a sequence (finished, or aborted because its client went away)."""
+        self._scheduler.abort(seq)
+        self._sinks.pop(id(seq), None)
+        self.first_scheduled.pop(id(seq), None)
+
+    def _gauges(self) -> None:
+        self._metrics.running.set(len(self._scheduler.running))
+        self._metrics.waiting.set(len(self._scheduler.waiting))
+
+    async def run(self) -> None:
+        deadline = self._clock.now()
+        while True:
+            step = self._scheduler.plan()
+            self._gauges()
+            if step is None:
+                self._wake.clear()
+                await self._wake.wait()
+                deadline = self._clock.now()
+                continue
+            start = max(deadline, self._clock.now())
+            for seq, _ in step.entries:
+                self.first_scheduled.setdefault(id(seq), start)
+            deadline = start + step_time(self._profile, self._tp, step.shape)
+            await self._clock.sleep_until(deadline)
+            for event in self._scheduler.commit(step):
+                sink = self._sinks.get(id(event.seq))
+                if sink is not None:
+                    sink.put_nowait(Emitted(event.index, event.finished, deadline))

@@ -1,0 +1,71 @@
+"""Prometheus metrics under vLLM's names, plus the simulator's own KV-handoff counters.
+
+Latencies are wall-clock seconds as this process lived them (with --time-scale 10 a modelled 1 s TTFT
+shows as 0.1 s), so they compare directly with what a client measured.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
+_ITL_BUCKETS = (0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+
+
+class EngineMetrics:
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        reg = self.registry
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds", "Time to first token.", labels, buckets=_LATENCY_BUCKETS, registry=reg
+        ).labels(model_name)
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds", "Inter-token latency.", labels, buckets=_ITL_BUCKETS, registry=reg
+        ).labels(model_name)
+        self.tpot = Histogram(
+            "vllm:time_per_output_token_seconds",
+            "Mean time per output token of each request.",
+            labels,
+            buckets=_ITL_BUCKETS,
+            registry=reg,
+        ).labels(model_name)
+        self.queue = Histogram(
+            "vllm:request_queue_time_seconds", "Time in WAITING.", labels, buckets=_LATENCY_BUCKETS, registry=reg
+        ).labels(model_name)
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds", "End-to-end latency.", labels, buckets=_LATENCY_BUCKETS, registry=reg
+        ).labels(model_name)
+        self.running = Gauge("vllm:num_requests_running", "Requests in a batch.", labels, registry=reg).labels(
+            model_name
+        )
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting.", labels, registry=reg).labels(model_name)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens.", labels, registry=reg).labels(model_name)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", labels, registry=reg).labels(
+            model_name
+        )
+        self._success = Counter(
+            "vllm:request_success", "Finished requests.", [*labels, "finished_reason"], registry=reg
+        )
+        self._model = model_name
+        self.handshakes = Counter(
+            "pd_sim_kv_handshakes", "MoRI-IO handshakes over ZMQ (get_meta_msg).", ["direction"], registry=reg
+        )
+        self.notify = Counter(
+            "pd_sim_kv_notify_messages", "Notify messages over ZMQ.", ["direction", "type"], registry=reg
+        )
+        self.transfers = Counter(
+            "pd_sim_kv_transfers",
+            "KV handoffs whose notify exchange finished (completed) or timed out (expired).",
+            ["outcome"],
+            registry=reg,
+        )
+        self.blocks_held = Gauge(
+            "pd_sim_kv_blocks_held", "Producer blocks kept for a decode engine (delay-freed).", registry=reg
+        )
+
+    def success(self, reason: str) -> None:
+        self._success.labels(self._model, reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,143 @@
+"""Pure continuous-batching scheduler, the shape of vLLM V1's: one token budget per step, running
+sequences first (decodes and unfinished prefill chunks), then waiting ones in arrival order while
+both the budget and ``max_num_seqs`` allow, with long prompts split into chunks (chunked prefill).
+
+The scheduler only decides; the caller times the step (``timing.step_time``) and then commits it. The
+live engine and the discrete-event simulation drive the same class, so calibration results carry over.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from pd_runtime.sim.timing import BatchShape
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request inside an engine."""
+
+    seq_id: str
+    prompt_tokens: int
+    output_tokens: int
+    """Tokens to generate before the sequence finishes (max_tokens, or where EOS falls)."""
+    ready: bool = True
+    """False while the KV cache is still coming from a prefill engine (WAITING_FOR_REMOTE_KVS)."""
+    computed: int = 0
+    """Tokens whose KV is in the cache."""
+    generated: int = 0
+
+    @property
+    def length(self) -> int:
+        return self.prompt_tokens + self.generated
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.generated == 0
+
+    @property
+    def finished(self) -> bool:
+        return self.generated >= self.output_tokens
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """A token sampled for ``seq`` in a committed step (``index`` counts from 1)."""
+
+    seq: Sequence
+    index: int
+    finished: bool
+
+
+@dataclass(frozen=True)
+class Step:
+    entries: tuple[tuple[Sequence, int], ...]
+    shape: BatchShape
+    decode_seqs: int
+
+
+@dataclass
+class Scheduler:
+    max_batched_tokens: int
+    max_num_seqs: int
+    chunked_prefill: bool = True
+    waiting: deque[Sequence] = field(default_factory=deque)
+    running: list[Sequence] = field(default_factory=list)
+
+    def add(self, seq: Sequence) -> None:
+        if seq.output_tokens < 1:
+            raise ValueError("a sequence must generate at least one token")
+        self.waiting.append(seq)
+
+    def remote_kv_landed(self, seq: Sequence) -> None:
+        """The prompt's KV arrived from the prefill engine: only its last token is recomputed (vLLM
+        resamples the first output token itself), then the sequence decodes."""
+        seq.computed = max(seq.computed, seq.prompt_tokens - 1)
+        seq.ready = True
+
+    def abort(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running) or any(seq.ready for seq in self.waiting)
+
+    def plan(self) -> Step | None:
+        """The next step's batch, or None when nothing can run."""
+        budget = self.max_batched_tokens
+        entries: list[tuple[Sequence, int]] = []
+        for seq in self.running:
+            if budget <= 0:
+                break
+            take = min(seq.length - seq.computed, budget)
+            entries.append((seq, take))
+            budget -= take
+        for seq in list(self.waiting):
+            if budget <= 0 or len(self.running) >= self.max_num_seqs:
+                break
+            if not seq.ready:
+                continue
+            need = seq.length - seq.computed
+            if need > budget and not self.chunked_prefill:
+                break
+            take = min(need, budget)
+            self.waiting.remove(seq)
+            self.running.append(seq)
+            entries.append((seq, take))
+            budget -= take
+        if not entries:
+            return None
+        return _make_step(entries)
+
+    def commit(self, step: Step) -> list[TokenEvent]:
+        """Apply a planned step: advance KV, sample a token for every sequence that caught up."""
+        events: list[TokenEvent] = []
+        for seq, count in step.entries:
+            seq.computed += count
+            if seq.computed < seq.length:
+                continue  # a prefill chunk that has not reached the end of the prompt yet
+            seq.generated += 1
+            events.append(TokenEvent(seq=seq, index=seq.generated, finished=seq.finished))
+            if seq.finished:
+                self.running.remove(seq)
+        return events
+
+
+def _make_step(entries: list[tuple[Sequence, int]]) -> Step:
+    tokens = decode_context = prefill_pairs = prefill_tokens = decode_seqs = 0
+    for seq, count in entries:
+        tokens += count
+        if count == 1 and seq.computed > 0:
+            decode_context += seq.computed + 1
+            decode_seqs += 1
+        else:
+            prefill_tokens += count
+            prefill_pairs += count * (seq.computed + count // 2)
+    shape = BatchShape(
+        tokens=tokens, prefill_tokens=prefill_tokens, decode_context=decode_context, prefill_pairs=prefill_pairs
+    )
+    return Step(entries=tuple(entries), shape=shape, decode_seqs=decode_seqs)

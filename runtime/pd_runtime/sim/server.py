@@ -1,0 +1,187 @@
+"""The OpenAI-compatible HTTP surface of the simulated engine (aiohttp), shaped like vLLM's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from pd_runtime.sim import openai
+from pd_runtime.sim.engine import RequestHandle, SimEngine
+
+log = logging.getLogger(__name__)
+
+ENGINE_KEY = web.AppKey("engine", SimEngine)
+DP_RANK_HEADER = "X-data-parallel-rank"
+
+
+def _dumps(payload: Any) -> str:
+    return json.dumps(payload, separators=(",", ":"))
+
+
+def error_response(status: int, message: str, err_type: str, param: str | None = None) -> web.Response:
+    return web.json_response(openai.error_body(status, message, err_type, param), status=status, dumps=_dumps)
+
+
+@web.middleware
+async def _errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Nothing a client sends may crash the engine: every failure becomes an OpenAI-style error body."""
+    engine = request.app[ENGINE_KEY]
+    if engine.config.faults.unresponsive:
+        await engine.stopping.wait()  # fault knob: registered, but never answers (until shutdown)
+        return error_response(503, "engine is shutting down", "ServiceUnavailableError")
+    try:
+        return await handler(request)
+    except openai.RequestError as exc:
+        return error_response(exc.status, exc.message, exc.err_type, exc.param)
+    except web.HTTPException as exc:
+        return error_response(exc.status, exc.reason, "NotFoundError" if exc.status == 404 else "BadRequestError")
+    except Exception as exc:
+        log.exception("request %s %s failed", request.method, request.path)
+        return error_response(500, f"internal error: {type(exc).__name__}", "InternalServerError")
+
+
+def _dp_rank(request: web.Request) -> int | None:
+    raw = request.headers.get(DP_RANK_HEADER)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise openai.RequestError(400, f"{DP_RANK_HEADER} must be an integer, got {raw!r}") from None
+
+
+async def _body(request: web.Request) -> Any:
+    try:
+        return await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise openai.RequestError(400, "request body is not valid JSON") from None
+
+
+async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
+    engine = request.app[ENGINE_KEY]
+    parsed = openai.parse_request(await _body(request), chat, engine.config.max_model_len)
+    names = engine.config.served_model_names
+    if parsed.model is not None and parsed.model not in names:
+        raise openai.RequestError(404, f"The model `{parsed.model}` does not exist.", "model", "NotFoundError")
+    handle = engine.open(parsed, request.headers.get("X-Request-Id"), _dp_rank(request))
+    delay = engine.config.faults.first_byte_delay_s
+    if delay > 0:
+        await asyncio.sleep(delay)
+    envelope = openai.Envelope.new(handle.record.id, parsed.model or names[0], chat)
+    if parsed.stream:
+        return await _stream(request, handle, envelope, parsed)
+    return await _complete(handle, envelope, parsed)
+
+
+async def _complete(handle: RequestHandle, env: openai.Envelope, req: openai.GenerationRequest) -> web.Response:
+    parts: list[str] = []
+    finish = "length"
+    async for out in handle.outputs():
+        parts.append(out.text)
+        finish = out.finish_reason or finish
+    body = openai.full_response(
+        env, "".join(parts), finish, req.prompt_tokens, handle.record.completion_tokens, handle.kv_transfer_params
+    )
+    return web.json_response(body, dumps=_dumps)
+
+
+async def _stream(
+    request: web.Request, handle: RequestHandle, env: openai.Envelope, req: openai.GenerationRequest
+) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+
+    async def send(payload: Any) -> None:
+        await response.write(f"data: {_dumps(payload)}\n\n".encode())
+
+    try:
+        async for out in handle.outputs():
+            chunk = openai.chunk(env, out.text, out.finish_reason, first=out.index == 1)
+            if req.continuous_usage:
+                chunk["usage"] = openai.usage(req.prompt_tokens, out.index)
+            await send(chunk)
+    except openai.RequestError as exc:
+        await send(openai.error_body(exc.status, exc.message, exc.err_type, exc.param))
+    else:
+        if req.include_usage:
+            await send(openai.usage_chunk(env, req.prompt_tokens, handle.record.completion_tokens))
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=False)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=True)
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def models(request: web.Request) -> web.Response:
+    config = request.app[ENGINE_KEY].config
+    created = int(time.time())
+    data = [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "vllm",
+            "root": config.model,
+            "parent": None,
+            "max_model_len": config.max_model_len,
+        }
+        for name in config.served_model_names
+    ]
+    return web.json_response({"object": "list", "data": data}, dumps=_dumps)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[ENGINE_KEY].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+async def debug_requests(request: web.Request) -> web.Response:
+    """Server-side timestamps of recent requests (Unix seconds): lets a benchmark measure its own
+    timing error against what the engine actually did."""
+    engine = request.app[ENGINE_KEY]
+    try:
+        limit = int(request.query.get("limit", "1000"))
+    except ValueError:
+        raise openai.RequestError(400, "limit must be an integer", "limit") from None
+    records = list(engine.records)[-max(limit, 0) :] if limit > 0 else []
+    body = {
+        "time_scale": engine.config.time_scale,
+        "profile": engine.profile.name,
+        "requests": [r.as_json() for r in records],
+    }
+    return web.json_response(body, dumps=_dumps)
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": "pd-sim-engine"})
+
+
+def build_app(engine: SimEngine) -> web.Application:
+    app = web.Application(middlewares=[_errors], client_max_size=64 * 1024 * 1024)
+    app[ENGINE_KEY] = engine
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/version", version)
+    app.router.add_get("/debug/requests", debug_requests)
+    return app

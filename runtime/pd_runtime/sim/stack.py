@@ -1,0 +1,163 @@
+"""A local deployment of real processes: `pdctl proxy` plus simulated engines, on loopback.
+
+Used by the end-to-end tests and by bench/calibrate_sim.py to run the seed's configurations as real
+processes (HTTP, ZMQ registration, ZMQ side channels) in scaled time. Every process is started here
+and stopped here, by pid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import aiohttp
+
+from pd_runtime.sim.system import EngineShape, Topology
+
+log = logging.getLogger(__name__)
+
+MODEL = "sim-model"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def free_port_block(count: int) -> int:
+    """A base port with ``count`` consecutive free ports (the side channels bind base + rank)."""
+    for _ in range(100):
+        base = free_port()
+        if base + count < 65536 and all(_is_free(base + i) for i in range(1, count)):
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+@dataclass
+class LocalStack:
+    proxy_url: str
+    admin_url: str
+    engine_urls: dict[str, str]
+    _procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _logs: list[IO[bytes]] = field(default_factory=list)
+
+    async def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Until the proxy says ready (>= 1 live P and D, or an engine in colocated mode)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        async with aiohttp.ClientSession() as session:
+            while True:
+                self._check_alive()
+                try:
+                    async with session.get(self.proxy_url + "/ready") as resp:
+                        if resp.status == 200:
+                            return
+                except aiohttp.ClientError:
+                    pass
+                if asyncio.get_running_loop().time() > deadline:
+                    raise TimeoutError(f"proxy at {self.proxy_url} not ready within {timeout_s} s")
+                await asyncio.sleep(0.2)
+
+    def _check_alive(self) -> None:
+        for proc in self._procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"process {proc.args!r} exited with {proc.returncode}")
+
+    def stop(self) -> None:
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for handle in self._logs:
+            handle.close()
+
+
+def _pdctl(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pd_runtime.cli", *args]
+
+
+def _engine_args(shape: EngineShape, port: int, profile: str, time_scale: float) -> list[str]:
+    return [
+        MODEL, "-tp", str(shape.tp), "--port", str(port), "--host", "127.0.0.1",
+        "--max-num-batched-tokens", str(shape.max_batched_tokens), "--max_num_seqs", str(shape.max_num_seqs),
+        "--profile", profile, "--time-scale", f"{time_scale:g}",
+    ]  # fmt: skip
+
+
+def _kv_config(role: str, port: int, handshake: int, notify: int, registration: int, read: bool) -> str:
+    extra = {
+        "proxy_ip": "127.0.0.1",
+        "proxy_ping_port": str(registration),
+        "http_port": str(port),
+        "handshake_port": str(handshake),
+        "notify_port": str(notify),
+        "host_ip": "127.0.0.1",
+    }
+    if read:
+        extra["read_mode"] = "true"
+    return json.dumps({"kv_connector": "MoRIIOConnector", "kv_role": role, "kv_connector_extra_config": extra})
+
+
+def launch(
+    topology: Topology, profile: str, time_scale: float, log_dir: Path, extra_engine_args: tuple[str, ...] = ()
+) -> LocalStack:
+    """Start the proxy and the engines of ``topology``; call ``wait_ready`` before sending traffic."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    api, admin, registration = free_port(), free_port(), free_port()
+    stack = LocalStack(f"http://127.0.0.1:{api}", f"http://127.0.0.1:{admin}", {})
+    commands: dict[str, list[str]] = {}
+    proxy = ["proxy", "--host", "127.0.0.1", "--port", str(api), "--admin-port", str(admin),
+             "--registration-address", f"tcp://127.0.0.1:{registration}", "--log-level", "WARNING"]  # fmt: skip
+    if topology.kind == "colocated":
+        for index in range(topology.engines):
+            port = free_port()
+            commands[f"engine-{index}"] = _pdctl(
+                "sim-engine", *_engine_args(topology.engine, port, profile, time_scale), *extra_engine_args
+            )
+            stack.engine_urls[f"engine-{index}"] = f"http://127.0.0.1:{port}"
+            proxy += ["--engine", stack.engine_urls[f"engine-{index}"]]
+        proxy += ["--mode", "colocated"]
+    else:
+        read = topology.kind == "read"
+        roles = (("prefill", "kv_producer", topology.prefill), ("decode", "kv_consumer", topology.decode))
+        for name, role, shape in roles:
+            port, handshake, notify = free_port(), free_port_block(shape.tp), free_port_block(shape.tp)
+            kv = _kv_config(role, port, handshake, notify, registration, read)
+            commands[name] = _pdctl(
+                "sim-engine", *_engine_args(shape, port, profile, time_scale), "--kv-transfer-config", kv,
+                *extra_engine_args,
+            )  # fmt: skip
+            stack.engine_urls[name] = f"http://127.0.0.1:{port}"
+        proxy += ["--mode", "disaggregated", "--transfer-mode", topology.kind]
+    commands = {"proxy": _pdctl(*proxy), **commands}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for name, argv in commands.items():
+        handle = (log_dir / f"{name}.log").open("wb")
+        stack._logs.append(handle)
+        stack._procs.append(subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=env))
+        log.info("started %s (pid %d)", name, stack._procs[-1].pid)
+    return stack

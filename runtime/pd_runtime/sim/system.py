@@ -1,0 +1,268 @@
+"""Pure discrete-event simulation of a whole deployment: open-loop arrivals -> proxy -> engines.
+
+It drives the same ``Scheduler`` and ``timing`` functions as the live engine, with a virtual clock, so
+a 100-request, 2-minute experiment runs in well under a second. ``bench/calibrate_sim.py`` tunes the
+calibrated profile with it; the live processes (scaled time) then confirm the numbers end to end.
+
+Topologies: ``colocated`` (N engines behind round robin, each doing prefill and decode), ``write`` and
+``read`` (one prefill and one decode engine, MoRI-IO write or read mode, as in §3.6/§3.7 of the protocol
+reference and the seed article's TTFT decomposition).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pd_runtime.sim.profiles import Profile
+from pd_runtime.sim.scheduler import Scheduler, Sequence, Step, TokenEvent
+from pd_runtime.sim.timing import kv_transfer_time, step_time, write_tail_time
+
+Kind = Literal["colocated", "write", "read"]
+
+
+@dataclass(frozen=True)
+class EngineShape:
+    tp: int = 4
+    max_batched_tokens: int = 8192
+    max_num_seqs: int = 1024
+
+
+@dataclass(frozen=True)
+class Topology:
+    kind: Kind
+    engines: int = 1
+    """Colocated engines behind round robin (ignored for write/read: one P and one D)."""
+    engine: EngineShape = EngineShape()
+    prefill: EngineShape = EngineShape(tp=4, max_batched_tokens=4096, max_num_seqs=64)
+    decode: EngineShape = EngineShape(tp=4, max_batched_tokens=4096, max_num_seqs=64)
+
+
+@dataclass(frozen=True)
+class Workload:
+    rate: float
+    requests: int = 100
+    prompt_tokens: int = 2000
+    output_tokens: int = 1000
+    ignore_eos: bool = True
+    seed: int = 0
+    rescaled: bool = True
+    """Arrivals as `vllm bench serve` sends them (the seed's tool): Poisson gaps rescaled so the last
+    request goes out at requests/rate. False: a plain Poisson process."""
+
+
+@dataclass
+class RequestResult:
+    arrival: float
+    token_times: list[float] = field(default_factory=list)
+
+    @property
+    def ttft(self) -> float:
+        return self.token_times[0] - self.arrival if self.token_times else math.inf
+
+    @property
+    def itl(self) -> float:
+        """Per-request mean inter-token latency, (last - first) / (n - 1); 0 with fewer than 2 tokens."""
+        n = len(self.token_times)
+        return (self.token_times[-1] - self.token_times[0]) / (n - 1) if n >= 2 else 0.0
+
+    def good(self, ttft_slo: float, itl_slo: float) -> bool:
+        return self.ttft < ttft_slo and self.itl < itl_slo
+
+
+def poisson_arrivals(rate: float, count: int, rng: random.Random, rescaled: bool = False) -> list[float]:
+    now, times = 0.0, []
+    for i in range(count):
+        if i:
+            now += rng.expovariate(rate)
+        times.append(now)
+    if rescaled and count > 1 and now > 0:
+        span = count / rate
+        times = [t * span / now for t in times]
+    return times
+
+
+def eos_length(mean: float, max_tokens: int, rng: random.Random) -> int:
+    """Where EOS falls without ignore_eos: 2 + a geometric count (mean ``mean``), capped at max_tokens.
+
+    Never the first token: a prefill-only request would then return no KV at all, a separate failure
+    mode that the ``--sim-eos-first-token`` knob tests on purpose.
+    """
+    if mean <= 0:
+        return max_tokens
+    p = 1.0 / max(mean, 1.0)
+    draw = 2 + (int(math.log(1.0 - rng.random()) / math.log(1.0 - p)) if p < 1 else 0)
+    return min(draw, max_tokens)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = itertools.count()
+
+    def at(self, when: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self._heap, (when, next(self._order), action))
+
+    def run(self) -> None:
+        while self._heap:
+            self.now, _, action = heapq.heappop(self._heap)
+            action()
+
+
+TokenCallback = Callable[[TokenEvent, float], None]
+
+
+class _Engine:
+    """One engine on the virtual clock: steps back to back while the scheduler has work."""
+
+    def __init__(self, clock: _Clock, profile: Profile, shape: EngineShape) -> None:
+        self._clock = clock
+        self._profile = profile
+        self._tp = shape.tp
+        self.scheduler = Scheduler(shape.max_batched_tokens, shape.max_num_seqs)
+        self._busy = False
+        self._on_token: dict[int, TokenCallback] = {}
+        self.first_scheduled: dict[int, float] = {}
+
+    def submit(self, seq: Sequence, on_token: TokenCallback) -> None:
+        self._on_token[id(seq)] = on_token
+        self.scheduler.add(seq)
+        self.kick()
+
+    def kick(self) -> None:
+        if self._busy:
+            return
+        step = self.scheduler.plan()
+        if step is None:
+            return
+        self._busy = True
+        for seq, _ in step.entries:
+            self.first_scheduled.setdefault(id(seq), self._clock.now)
+        duration = step_time(self._profile, self._tp, step.shape)
+        self._clock.at(self._clock.now + duration, lambda: self._finish(step))
+
+    def _finish(self, step: Step) -> None:
+        self._busy = False
+        for event in self.scheduler.commit(step):
+            self._on_token[id(event.seq)](event, self._clock.now)
+        self.kick()
+
+
+def simulate(
+    profile: Profile, topology: Topology, workload: Workload, lengths: list[int] | None = None
+) -> list[RequestResult]:
+    """Run one open-loop stage and return each request's client-side token times.
+
+    ``lengths`` overrides the output length of each request (e.g. the EOS positions a live engine
+    drew for the same prompts), so a live run and the simulation can be compared request by request.
+    """
+    rng = random.Random(f"{workload.seed}/{workload.rate!r}")
+    arrivals = poisson_arrivals(workload.rate, workload.requests, rng, workload.rescaled)
+    eos_mean = 0.0 if workload.ignore_eos else profile.eos_mean_tokens
+    drawn = [eos_length(eos_mean, workload.output_tokens, rng) for _ in arrivals]
+    lengths = drawn if lengths is None else lengths
+    clock = _Clock()
+    results = [RequestResult(arrival=t) for t in arrivals]
+    dispatch = _DISPATCHERS[topology.kind](clock, profile, topology, workload)
+    for index, (arrival, length) in enumerate(zip(arrivals, lengths, strict=True)):
+        clock.at(arrival, _bind(dispatch, index, length, results[index]))
+    clock.run()
+    return results
+
+
+Dispatch = Callable[[int, int, RequestResult], None]
+
+
+def _bind(dispatch: Dispatch, index: int, length: int, result: RequestResult) -> Callable[[], None]:
+    return lambda: dispatch(index, length, result)
+
+
+def _record(clock: _Clock, result: RequestResult, delay: float) -> TokenCallback:
+    return lambda event, when: result.token_times.append(when + delay)
+
+
+def _colocated(clock: _Clock, profile: Profile, topology: Topology, workload: Workload) -> Dispatch:
+    engines = [_Engine(clock, profile, topology.engine) for _ in range(topology.engines)]
+
+    def dispatch(index: int, length: int, result: RequestResult) -> None:
+        engine = engines[index % len(engines)]
+        seq = Sequence(str(index), workload.prompt_tokens, length)
+        clock.at(clock.now + profile.proxy_hop_s, lambda: engine.submit(seq, _record(clock, result, 0.0)))
+
+    return dispatch
+
+
+def _disaggregated(clock: _Clock, profile: Profile, topology: Topology, workload: Workload) -> Dispatch:
+    prefill = _Engine(clock, profile, topology.prefill)
+    decode = _Engine(clock, profile, topology.decode)
+    read_mode = topology.kind == "read"
+    hop = profile.proxy_hop_s
+
+    def dispatch(index: int, length: int, result: RequestResult) -> None:
+        p_seq = Sequence(f"p{index}", workload.prompt_tokens, 1)
+        # our proxy's default max-tokens policy is exact: D generates the client's full length
+        d_seq = Sequence(f"d{index}", workload.prompt_tokens, length, ready=False)
+
+        def landed() -> None:
+            decode.scheduler.remote_kv_landed(d_seq)
+            decode.kick()
+
+        def prefill_done(event: TokenEvent, when: float) -> None:
+            if read_mode:
+                # proxy reads P's response, dispatches D; D pulls the KV, then schedules
+                arrive = when + 2 * hop
+                clock.at(arrive, lambda: decode.submit(d_seq, _record(clock, result, 0.0)))
+                clock.at(arrive + kv_transfer_time(profile, workload.prompt_tokens), landed)
+            else:
+                started = prefill.first_scheduled.get(id(p_seq), when)
+                clock.at(when + write_tail_time(profile, workload.prompt_tokens, when - started), landed)
+
+        clock.at(clock.now + hop, lambda: prefill.submit(p_seq, prefill_done))
+        if not read_mode:
+            clock.at(clock.now + hop, lambda: decode.submit(d_seq, _record(clock, result, 0.0)))
+
+    return dispatch
+
+
+_DISPATCHERS: dict[Kind, Callable[[_Clock, Profile, Topology, Workload], Dispatch]] = {
+    "colocated": _colocated,
+    "write": _disaggregated,
+    "read": _disaggregated,
+}
+
+
+# The seed article's experiment (Qwen3-235B-A22B-FP8, 8x MI300X): its four configurations with the
+# flags of its appendix, its workload and SLOs, and what it measured (goodput-and-proxy.md §1.9).
+_COLOCATED = dict(max_batched_tokens=8192, max_num_seqs=1024)
+SEED_TOPOLOGIES: dict[str, Topology] = {
+    "1xTP8": Topology("colocated", engines=1, engine=EngineShape(tp=8, **_COLOCATED)),
+    "2xTP4": Topology("colocated", engines=2, engine=EngineShape(tp=4, **_COLOCATED)),
+    "read": Topology("read"),
+    "write": Topology("write"),
+}
+SEED_TTFT_SLO_S = 1.0
+SEED_ITL_SLO_S = 0.050
+SEED_RATE = 8.0
+SEED_GOOD_AT_RATE_8 = {"1xTP8": 26, "2xTP4": 29, "read": 70, "write": 73}
+SEED_CURVE_POINTS = {
+    "2xTP4": {0.5: 100.0, 1.0: 60.0, 2.0: 25.0},
+    "read": {5.0: 100.0, 10.0: 44.0},
+    "write": {5.5: 100.0, 10.0: 46.0},
+}
+
+
+def seed_workload(rate: float = SEED_RATE, seed: int = 0) -> Workload:
+    """2000-token prompts, up to 1000 output tokens, 100 requests; `vllm bench serve` without
+    --ignore-eos, so outputs end at EOS (see docs/simulator.md for why this matters)."""
+    return Workload(rate=rate, requests=100, prompt_tokens=2000, output_tokens=1000, ignore_eos=False, seed=seed)
+
+
+def good_count(profile: Profile, name: str, rate: float, seed: int) -> int:
+    results = simulate(profile, SEED_TOPOLOGIES[name], seed_workload(rate, seed))
+    return sum(r.good(SEED_TTFT_SLO_S, SEED_ITL_SLO_S) for r in results)

@@ -1,0 +1,35 @@
+"""Fixtures of the simulator tests (helpers live in sim_helpers, a uniquely named module)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+from sim_helpers import EngineFactory, RunningEngine
+
+from pd_runtime.sim.config import parse_args
+from pd_runtime.sim.engine import SimEngine
+from pd_runtime.sim.profiles import get_profile
+from pd_runtime.sim.server import build_app
+
+
+@pytest.fixture
+async def start_engine() -> AsyncIterator[EngineFactory]:
+    """Factory: ``await start_engine(argv)`` runs a SimEngine and its HTTP server in this event loop."""
+    running: list[RunningEngine] = []
+
+    async def start(argv: list[str]) -> RunningEngine:
+        config = parse_args(argv, env={})
+        engine = SimEngine(config, get_profile(config.profile))
+        await engine.start()
+        runner = web.AppRunner(build_app(engine), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", config.port).start()
+        item = RunningEngine(engine, runner, f"http://127.0.0.1:{config.port}")
+        running.append(item)
+        return item
+
+    yield start
+    for item in running:
+        await item.stop()

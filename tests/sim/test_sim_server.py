@@ -1,0 +1,133 @@
+"""The HTTP surface: vLLM-shaped answers, errors and fault knobs, over real loopback HTTP."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from sim_helpers import EngineFactory, engine_ports, kv_config, metric, scrape
+
+from pd_runtime.sim.stack import free_port
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def call(
+    http: aiohttp.ClientSession,
+    url: str,
+    body: Any,
+    path: str = "/v1/completions",
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any]:
+    async with http.post(url + path, json=body, headers=headers or {}) as resp:
+        return resp.status, await resp.json()
+
+
+def sse_events(raw: str) -> list[Any]:
+    events = [line.removeprefix("data: ") for line in raw.split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+async def test_health_models_metrics_and_version(start_engine: EngineFactory, http: aiohttp.ClientSession) -> None:
+    eng = await start_engine(["my/model", "--port", str(free_port()), "--served-model-name", "a", "b"])
+    async with http.get(eng.url + "/health") as resp:
+        assert resp.status == 200
+    async with http.get(eng.url + "/v1/models") as resp:
+        assert [m["id"] for m in (await resp.json())["data"]] == ["a", "b"]
+    text = await scrape(http, eng.url)
+    for name in (
+        "vllm:time_to_first_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:request_queue_time_seconds",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+    ):
+        assert name in text
+
+
+async def test_streaming_with_usage_and_request_id(start_engine: EngineFactory, http: aiohttp.ClientSession) -> None:
+    eng = await start_engine(["m", "--port", str(free_port())])
+    body = {"prompt": [1, 2, 3], "max_tokens": 5, "stream": True, "stream_options": {"include_usage": True}}
+    async with http.post(eng.url + "/v1/completions", json=body, headers={"X-Request-Id": "abc"}) as resp:
+        assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
+        events = sse_events(await resp.text())
+    assert [e["choices"][0]["finish_reason"] for e in events[:-1]] == [None] * 4 + ["length"]
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 5
+    assert re.fullmatch(r"cmpl-abc-0-[0-9a-f]{8}", events[0]["id"])
+    async with http.get(eng.url + "/debug/requests") as resp:
+        record = (await resp.json())["requests"][-1]
+    assert record["x_request_id"] == "abc" and record["completion_tokens"] == 5
+    assert record["arrival"] <= record["first_token"] <= record["last_token"]
+
+
+async def test_chat_streaming(start_engine: EngineFactory, http: aiohttp.ClientSession) -> None:
+    eng = await start_engine(["m", "--port", str(free_port()), "--no-sim-request-id-suffix"])
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True}
+    async with http.post(eng.url + "/v1/chat/completions", json=body, headers={"X-Request-Id": "q"}) as resp:
+        events = sse_events(await resp.text())
+    assert events[0]["id"] == "chatcmpl-q" and events[0]["choices"][0]["delta"]["role"] == "assistant"
+    status, answer = await call(http, eng.url, {**body, "stream": False}, "/v1/chat/completions")
+    assert status == 200 and answer["object"] == "chat.completion"
+
+
+async def test_bad_input_gets_openai_errors(start_engine: EngineFactory, http: aiohttp.ClientSession) -> None:
+    eng = await start_engine(["m", "--port", str(free_port()), "-dp", "2", "--max-model-len", "100"])
+    async with http.post(eng.url + "/v1/completions", data=b"{not json") as resp:
+        assert resp.status == 400 and "error" in await resp.json()
+    status, body = await call(http, eng.url, {"prompt": "x", "model": "other"})
+    assert status == 404 and body["error"]["type"] == "NotFoundError"
+    status, body = await call(http, eng.url, {"prompt": "x"}, headers={"X-data-parallel-rank": "2"})
+    assert status == 400 and body["error"]["message"] == "data_parallel_rank 2 out of range"
+    status, _ = await call(http, eng.url, {"prompt": "x"}, headers={"X-data-parallel-rank": "1"})
+    assert status == 200
+    status, body = await call(http, eng.url, {"prompt": "x", "max_tokens": 200})
+    assert status == 400 and body["error"]["param"] == "max_tokens"
+    status, _ = await call(http, eng.url, [1, 2])
+    assert status == 400
+
+
+def producer_argv(*extra: str, read: bool = True) -> list[str]:
+    ports = engine_ports()
+    return ["m", "--port", str(ports.http), "--kv-transfer-config", kv_config("kv_producer", ports, read), *extra]
+
+
+P_LEG = {"prompt": [1] * 10, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True, "transfer_id": "tx-1"}}
+
+
+async def test_eos_first_token_gives_null_params(start_engine: EngineFactory, http: aiohttp.ClientSession) -> None:
+    eng = await start_engine(producer_argv("--sim-eos-first-token"))
+    status, body = await call(http, eng.url, P_LEG)
+    assert status == 200 and body["kv_transfer_params"] is None
+    assert body["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("code", [404, 503])
+async def test_prefill_error_knob(start_engine: EngineFactory, http: aiohttp.ClientSession, code: int) -> None:
+    eng = await start_engine(producer_argv("--sim-prefill-error", str(code)))
+    status, body = await call(http, eng.url, P_LEG)
+    assert status == code and body["error"]["code"] == code
+    status, _ = await call(http, eng.url, {"prompt": "plain requests still work"})
+    assert status == 200
+
+
+async def test_producer_needs_a_transfer_id_and_in_write_mode_a_peer(
+    start_engine: EngineFactory, http: aiohttp.ClientSession
+) -> None:
+    eng = await start_engine(producer_argv(read=False))
+    status, body = await call(http, eng.url, {**P_LEG, "kv_transfer_params": {"do_remote_decode": True}})
+    assert status == 500 and "transfer_id" in body["error"]["message"]
+    status, body = await call(http, eng.url, P_LEG, headers={"X-Request-Id": "no-peer-here"})
+    assert status == 400 and "decode engine" in body["error"]["message"]
+    text = await scrape(http, eng.url)
+    assert metric(text, "pd_sim_kv_blocks_held") == 0
