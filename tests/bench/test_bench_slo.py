@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from pd_runtime.bench.arrivals import Arrival
+from pd_runtime.bench.payload import Endpoint
+from pd_runtime.bench.plan import Workload, plan_stage
 from pd_runtime.bench.slo import NO_TOKENS, SHORT_REPLY, RequestTiming, Slo, judge, request_itl_s
 from pd_runtime.bench.stage import error_kind, summarize_stage
 
@@ -109,3 +114,14 @@ def test_empty_stage() -> None:
 def test_error_kind() -> None:
     assert error_kind("http_503: overloaded: try later") == "http_503"
     assert error_kind("weird") == "weird"
+
+
+def test_natural_replies_judge_a_one_token_reply_on_ttft_alone() -> None:
+    """With --no-ignore-eos a reply may end at EOS after one token: that is legitimate, not short."""
+    natural = Workload("m", Endpoint.COMPLETIONS, 1, 0, 10, 100, Arrival.CONSTANT, 0, SLO, ignore_eos=False)
+    exact = Workload("m", Endpoint.COMPLETIONS, 1, 0, 10, 100, Arrival.CONSTANT, 0, SLO)
+    one_token = RequestTiming(0, "r", False, 0.0, 0.0, 0.2, first_token_s=0.1, last_token_s=0.1, completion_tokens=1)
+    assert judge(one_token, SLO, natural.exact_tokens).good
+    assert not judge(one_token, SLO, exact.exact_tokens).good
+    assert json.loads(plan_stage(natural, 1.0, "run")[0].body)["ignore_eos"] is False
+    assert json.loads(plan_stage(exact, 1.0, "run")[0].body)["ignore_eos"] is True

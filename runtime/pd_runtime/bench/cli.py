@@ -73,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     load.add_argument("--prompt-tokens", type=_positive_int, default=2000)
     load.add_argument("--output-tokens", type=_positive_int, default=1000)
+    load.add_argument(
+        "--no-ignore-eos",
+        dest="ignore_eos",
+        action="store_false",
+        help="let replies end at EOS (at most --output-tokens each), as in workloads of natural replies; "
+        "by default every reply has exactly --output-tokens tokens",
+    )
     load.add_argument("--arrival", choices=[a.value for a in Arrival], default=Arrival.POISSON.value)
     load.add_argument("--seed", type=int, default=0, help="seed for arrivals and prompts (default 0)")
     modes = load.add_mutually_exclusive_group()
@@ -165,6 +172,7 @@ def _run_and_report(args: argparse.Namespace) -> int:
         arrival=Arrival(args.arrival),
         seed=args.seed,
         slo=Slo(ttft_ms=args.slo_ttft_ms, itl_ms=args.slo_itl_ms, target=args.target),
+        ignore_eos=args.ignore_eos,
     )
     url = endpoint_url(args.url, workload.endpoint)
     # Read the other results to plot before a long run, so a wrong path fails at once.

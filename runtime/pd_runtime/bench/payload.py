@@ -46,13 +46,19 @@ def prompt_token_ids(length: int, rng: random.Random) -> list[int]:
 
 
 def request_body(
-    endpoint: Endpoint, model: str, prompt_tokens: int, output_tokens: int, rng: random.Random
+    endpoint: Endpoint,
+    model: str,
+    prompt_tokens: int,
+    output_tokens: int,
+    rng: random.Random,
+    ignore_eos: bool = True,
 ) -> dict[str, Any]:
-    """A streaming request for exactly ``output_tokens`` tokens (ignore_eos) with usage reported."""
+    """A streaming request with usage reported: exactly ``output_tokens`` tokens with ``ignore_eos``,
+    else at most that many (the model may stop at EOS, as in workloads of natural replies)."""
     common: dict[str, Any] = {
         "model": model,
         "max_tokens": output_tokens,
-        "ignore_eos": True,
+        "ignore_eos": ignore_eos,
         "stream": True,
         "stream_options": {"include_usage": True},
     }

@@ -43,6 +43,13 @@ class Workload:
     arrival: Arrival
     seed: int
     slo: Slo
+    ignore_eos: bool = True
+    """False: replies may end at EOS, so their length varies and a one-token reply is legitimate."""
+
+    @property
+    def exact_tokens(self) -> int:
+        """Tokens every reply must have for the one-token rule: the output length, or 1 when EOS may end it."""
+        return self.output_tokens if self.ignore_eos else 1
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,14 @@ def plan_stage(workload: Workload, rate: float, run_id: str) -> list[PlannedRequ
             warmup=i < workload.warmup,
             offset_s=offset,
             body=encode_body(
-                request_body(workload.endpoint, workload.model, workload.prompt_tokens, workload.output_tokens, prompts)
+                request_body(
+                    workload.endpoint,
+                    workload.model,
+                    workload.prompt_tokens,
+                    workload.output_tokens,
+                    prompts,
+                    ignore_eos=workload.ignore_eos,
+                )
             ),
         )
         for i, offset in enumerate(offsets)

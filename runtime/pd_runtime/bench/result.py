@@ -76,6 +76,7 @@ def full_result(run: RunResult, workload: Workload, context: RunContext) -> dict
             "label": context.label,
             "prompt_tokens": workload.prompt_tokens,
             "output_tokens": workload.output_tokens,
+            "ignore_eos": workload.ignore_eos,
             "warmup": workload.warmup,
             "arrival": workload.arrival.value,
             "seed": workload.seed,

@@ -31,7 +31,7 @@ class Runner:
             timings = await self._client.run_stage(plan, bar.advance)
         finally:
             bar.close()
-        stage = summarize_stage(rate, timings, self._workload.slo, self._workload.output_tokens)
+        stage = summarize_stage(rate, timings, self._workload.slo, self._workload.exact_tokens)
         log.info(
             "rate %g req/s: %d/%d good (%.1f %%), %d errors",
             rate,
