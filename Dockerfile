@@ -14,7 +14,7 @@ COPY operator /tmp/pd-src/operator
 COPY runtime /tmp/pd-src/runtime
 # pd-install (tests/images runs this instruction as written, in a fresh virtual environment)
 RUN python3 -m venv "$PD_VENV" \
-    && "$PD_VENV/bin/pip" install --no-cache-dir "$PD_SRC" \
+    && "$PD_VENV/bin/pip" install --no-cache-dir "${PD_SRC}[fast]" \
     && rm -rf "$PD_SRC"
 
 FROM ${PYTHON_IMAGE}

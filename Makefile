@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export GOTOOLCHAIN := local
 
-.PHONY: test venv lint unit e2e demo cluster-up cluster-down control-plane
+.PHONY: test venv lint unit e2e demo cluster-up cluster-down control-plane generate
 
 test: venv lint unit e2e
 
@@ -37,3 +37,9 @@ cluster-up: venv control-plane
 
 cluster-down: venv
 	$(PY) -m e2e.cluster down
+
+# Regenerate what is generated from the pydantic models: the CRD, its chart copy, the CRD reference.
+generate: venv
+	$(VENV)/bin/pdctl crd > crds/pddeployment.yaml
+	$(PY) -m pd_operator.crd --docs > docs/crd-reference.md
+	PD_UPDATE_GOLDEN=1 $(VENV)/bin/pytest -q tests/chart

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import cast
 
 from pd_runtime import hostfacts
+from pd_runtime.argtypes import non_negative_int
 from pd_runtime.preflight import Backend, EngineNeeds, Role, effective_min_shm_mib, failure_message, preflight
 
 logger = logging.getLogger(__name__)
@@ -42,13 +43,6 @@ def _ports(text: str) -> tuple[int, ...]:
     return ports
 
 
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pdctl engine",
@@ -58,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"(${TERMINATION_LOG_ENV}, default {DEFAULT_TERMINATION_LOG}).",
     )
     parser.add_argument("--role", choices=["prefill", "decode", "engine"], required=True)
-    parser.add_argument("--gpus", type=_non_negative, required=True, help="GPUs the engine uses; 0 skips GPU checks")
+    parser.add_argument("--gpus", type=non_negative_int, required=True, help="GPUs the engine uses; 0 skips GPU checks")
     parser.add_argument(
         "--backend",
         choices=["rdma", "xgmi", "none"],
@@ -68,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ports", type=_ports, default=(), help="ports the engine will listen on (must be free)")
     parser.add_argument(
         "--min-shm-mib",
-        type=_non_negative,
+        type=non_negative_int,
         default=None,
         help="minimum /dev/shm size (default: 1024 when --gpus > 1, else no check)",
     )

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ServerThread
 from jsonschema import Draft202012Validator
 
 from pd_runtime.bench.calibration_server import Behaviour
 from pd_runtime.bench.cli import main
 from pd_runtime.cli import main as pdctl
+from tests.bench.conftest import ServerThread
 
 StartServer = Callable[[Behaviour], ServerThread]
 FAST = Behaviour(ttft_s=0.02, itl_s=0.002)

@@ -3,7 +3,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from chart_helpers import BIN_DIR_ENV, locate_helm_binaries
+
+from tests.chart.chart_helpers import BIN_DIR_ENV, locate_helm_binaries
 
 # A cold machine builds helm (and the control plane) on first use; a warm one returns at once.
 BUILD_TIMEOUT_S = 3000.0

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import yaml
-from chart_helpers import (
+
+from tests.chart.chart_helpers import (
     CHART_CRD,
     KEEP_ANNOTATION,
     SOURCE_CRD,

@@ -6,7 +6,8 @@ import difflib
 from pathlib import Path
 
 import pytest
-from chart_helpers import GOLDEN_DIR, UPDATE_ENV, VALUES_DIR, render, run_helm, updating
+
+from tests.chart.chart_helpers import GOLDEN_DIR, UPDATE_ENV, VALUES_DIR, render, run_helm, updating
 
 CASES = {"default": [], **{path.stem: [path] for path in sorted(VALUES_DIR.glob("*.yaml"))}}
 

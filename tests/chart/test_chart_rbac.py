@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from chart_helpers import NAMESPACE, VALUES_DIR, documents, find, render
+from tests.chart.chart_helpers import NAMESPACE, VALUES_DIR, documents, find, render
 
 Grant = tuple[str, str, str, str]  # (namespace or "*" for cluster-wide, apiGroup, resource, verb)
 

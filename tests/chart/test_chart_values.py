@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chart_helpers import VALUES_DIR, documents, find, render, run_helm, template_args
 
 from pd_operator.commands.operator import build_parser
+from tests.chart.chart_helpers import VALUES_DIR, documents, find, render, run_helm, template_args
 
 
 def operator_container(docs: list[dict[str, Any]]) -> dict[str, Any]:

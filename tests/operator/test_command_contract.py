@@ -5,11 +5,11 @@ from __future__ import annotations
 import importlib
 
 import pytest
-from conftest import load_example
 
 from pd_operator import render
 from pd_operator.engine_cmd import bench_command, engine_command, engine_containers, proxy_command
 from pd_operator.validation import validate_spec
+from tests.operator.conftest import load_example
 
 OWNER = render.Owner(name="demo", namespace="ns1")
 EVERYTHING = {

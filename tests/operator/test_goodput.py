@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from podfacts import summary
 
 from pd_operator import goodput
 from pd_operator.api import RUN_PROBE_ANNOTATION
 from pd_operator.validation import validate_spec
+from tests.operator.podfacts import summary
 
 SPEC = validate_spec({"model": "m", "engine": "simulated", "goodputProbe": {"enabled": True, "intervalSeconds": 600}})
 NOW = datetime(2026, 11, 29, 8, 0, 0, tzinfo=UTC)

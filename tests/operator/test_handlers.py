@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from podfacts import finished_job, proxy_status, running_pod, summary
 
 from pd_operator import handlers, render
 from pd_operator.api import RUN_PROBE_ANNOTATION
@@ -20,6 +19,7 @@ from pd_operator.handlers import Deps, Target, reconcile
 from pd_operator.kube import Kube
 from pd_operator.observe import ProxyReport
 from pd_operator.validation import validate_spec
+from tests.operator.podfacts import finished_job, proxy_status, running_pod, summary
 
 NS, NAME, UID = "ns1", "demo", "uid-1"
 SPEC: dict[str, Any] = {"model": "m", "engine": "simulated", "goodputProbe": {"enabled": True}}

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from podfacts import container_status, proxy_status, running_pod
-
 from pd_operator import observe, render
 from pd_operator.observe import ProxyReport, Snapshot
 from pd_operator.validation import validate_spec
+from tests.operator.podfacts import container_status, proxy_status, running_pod
 
 OWNER = render.Owner(name="demo", namespace="ns1", uid="uid-1", generation=2)
 SIM = validate_spec({"model": "m", "engine": "simulated"})

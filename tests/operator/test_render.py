@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import EXAMPLES, load_example
 
 from pd_operator import render
 from pd_operator.commands import render as render_command
 from pd_operator.engine_cmd import engine_command, engine_containers
 from pd_operator.validation import validate_spec
+from tests.operator.conftest import EXAMPLES, load_example
 
 GOLDEN = Path(__file__).with_name("golden") / "seed_appendix.sh"
 ALLOWED_EXTRA_CONFIG = {"host_ip", "backend", "transfer_timeout", "defer_timeout", "read_mode"}

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, load_example
-from spec_table import load_cases, load_table, merge_patch, patched
 
 from pd_operator.api import PDDeploymentSpec
 from pd_operator.validation import SpecError, validate_spec
+from tests.operator.conftest import EXAMPLES, load_example
+from tests.operator.spec_table import load_cases, load_table, merge_patch, patched
 
 CASES = load_cases()
 

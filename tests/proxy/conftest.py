@@ -6,9 +6,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-from proxy_fakes import FakeEngine, Registrar, proxy_config, start_proxy, wait_for
 
 from pd_runtime.proxy.server import ProxyServer
+from tests.proxy.proxy_fakes import FakeEngine, Registrar, proxy_config, start_proxy, wait_for
 
 
 @dataclass

@@ -11,8 +11,9 @@ import re
 from typing import Any
 
 import pytest
-from conftest import PdSetup, SetupFactory
-from proxy_fakes import wait_for
+
+from tests.proxy.conftest import PdSetup, SetupFactory
+from tests.proxy.proxy_fakes import wait_for
 
 UID = r"[0-9a-f]{32}"
 TRANSFER_ID = re.compile(r"^tx-[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")

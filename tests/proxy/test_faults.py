@@ -9,8 +9,9 @@ import time
 
 import aiohttp
 import msgpack
-from conftest import SetupFactory
-from proxy_fakes import wait_for
+
+from tests.proxy.conftest import SetupFactory
+from tests.proxy.proxy_fakes import wait_for
 
 BODY = {"model": "m", "prompt": "Hello", "max_tokens": 8}
 

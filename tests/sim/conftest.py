@@ -6,12 +6,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
-from sim_helpers import EngineFactory, RunningEngine
 
 from pd_runtime.sim.config import parse_args
 from pd_runtime.sim.engine import SimEngine
 from pd_runtime.sim.profiles import get_profile
 from pd_runtime.sim.server import build_app
+from tests.sim.sim_helpers import EngineFactory, RunningEngine
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from sim_helpers import metric, scrape
 
 from pd_runtime.sim.stack import LocalStack, launch
 from pd_runtime.sim.system import EngineShape, Topology
+from tests.sim.sim_helpers import metric, scrape
 
 pytestmark = pytest.mark.timeout(120)
 REQUESTS = 100

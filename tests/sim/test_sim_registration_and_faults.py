@@ -15,9 +15,18 @@ import msgpack
 import pytest
 import zmq
 import zmq.asyncio
-from sim_helpers import EngineFactory, engine_ports, g2_request_id, kv_config, metric, scrape, transfer_id, zmq_address
 
 from pd_runtime.sim.stack import free_port
+from tests.sim.sim_helpers import (
+    EngineFactory,
+    engine_ports,
+    g2_request_id,
+    kv_config,
+    metric,
+    scrape,
+    transfer_id,
+    zmq_address,
+)
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-from sim_helpers import EngineFactory, engine_ports, kv_config, metric, scrape
 
 from pd_runtime.sim.stack import free_port
+from tests.sim.sim_helpers import EngineFactory, engine_ports, kv_config, metric, scrape
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -16,7 +16,9 @@ import msgpack
 import pytest
 import zmq
 import zmq.asyncio
-from sim_helpers import (
+
+from pd_runtime.sim.stack import free_port_block
+from tests.sim.sim_helpers import (
     EngineFactory,
     Ports,
     engine_ports,
@@ -27,8 +29,6 @@ from sim_helpers import (
     transfer_id,
     zmq_address,
 )
-
-from pd_runtime.sim.stack import free_port_block
 
 pytestmark = pytest.mark.timeout(30)
 

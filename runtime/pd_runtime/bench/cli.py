@@ -18,6 +18,7 @@ from pathlib import Path
 
 import aiohttp
 
+from pd_runtime.argtypes import fraction, non_negative_int, positive_float, positive_int
 from pd_runtime.bench.arrivals import Arrival
 from pd_runtime.bench.client import BenchClient, ClientConfig
 from pd_runtime.bench.loop import loop_name, run_event_loop
@@ -57,22 +58,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     target.add_argument(
         "--timeout-s",
-        type=_positive_float,
+        type=positive_float,
         default=300.0,
         help="a request not complete after this many seconds fails as a timeout (default 300)",
     )
 
     load = parser.add_argument_group("load")
-    load.add_argument("--rate", type=_positive_float, help="request rate (req/s); the search starts here")
-    load.add_argument("--requests", type=_positive_int, default=100, help="measured requests per rate (default 100)")
+    load.add_argument("--rate", type=positive_float, help="request rate (req/s); the search starts here")
+    load.add_argument("--requests", type=positive_int, default=100, help="measured requests per rate (default 100)")
     load.add_argument(
         "--warmup",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=0,
         help="extra requests sent first at each rate and left out of every figure (default 0)",
     )
-    load.add_argument("--prompt-tokens", type=_positive_int, default=2000)
-    load.add_argument("--output-tokens", type=_positive_int, default=1000)
+    load.add_argument("--prompt-tokens", type=positive_int, default=2000)
+    load.add_argument("--output-tokens", type=positive_int, default=1000)
     load.add_argument(
         "--no-ignore-eos",
         dest="ignore_eos",
@@ -91,15 +92,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     load.add_argument(
         "--search-tolerance",
-        type=_positive_float,
+        type=positive_float,
         default=0.05,
         help="stop the search when the bracket is within this fraction of the rate (default 0.05)",
     )
 
     slo = parser.add_argument_group("SLO")
-    slo.add_argument("--slo-ttft-ms", type=_positive_float, default=1000.0)
-    slo.add_argument("--slo-itl-ms", type=_positive_float, default=50.0)
-    slo.add_argument("--target", type=_fraction, default=0.9, help="attainment target, a fraction (default 0.9)")
+    slo.add_argument("--slo-ttft-ms", type=positive_float, default=1000.0)
+    slo.add_argument("--slo-itl-ms", type=positive_float, default=50.0)
+    slo.add_argument("--target", type=fraction, default=0.9, help="attainment target, a fraction (default 0.9)")
     slo.add_argument(
         "--fail-below-target",
         action="store_true",
@@ -234,31 +235,3 @@ def _raise_open_file_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
         except (ValueError, OSError) as exc:
             log.warning("could not raise the open-file limit from %d: %s", soft, exc)
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} is negative")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text} is not a fraction in (0, 1] (e.g. 0.9 for 90 %)")
-    return value

@@ -12,6 +12,7 @@ from typing import Any
 
 import zmq
 
+from pd_runtime.argtypes import non_negative_float, positive_float
 from pd_runtime.protocol import REGISTRATION_PORT
 from pd_runtime.proxy.config import ProxyConfig, Timeouts
 from pd_runtime.proxy.logs import configure
@@ -20,20 +21,6 @@ from pd_runtime.proxy.routing import POLICIES
 from pd_runtime.proxy.server import ProxyServer
 
 log = logging.getLogger(__name__)
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", choices=POLICIES, default="round_robin")
     p.add_argument(
         "--heartbeat-ttl",
-        type=_positive_float,
+        type=positive_float,
         default=None,
         metavar="SECONDS",
         help="evict an instance this long after its last heartbeat (default: 3 heartbeat intervals, 9 s G2, 15 s G1)",
@@ -69,19 +56,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--admin-host", default=None, help="admin listen address (default: --host)")
     p.add_argument("--admin-port", type=int, default=8001, help="admin port for /status and /metrics; 0 picks one")
     defaults = Timeouts()
-    p.add_argument("--connect-timeout", type=_positive_float, default=defaults.connect)
-    p.add_argument("--prefill-timeout", type=_positive_float, default=defaults.prefill, help="whole prefill leg")
+    p.add_argument("--connect-timeout", type=positive_float, default=defaults.connect)
+    p.add_argument("--prefill-timeout", type=positive_float, default=defaults.prefill, help="whole prefill leg")
     p.add_argument(
-        "--first-byte-timeout", type=_positive_float, default=defaults.first_byte, help="streaming decode: first byte"
+        "--first-byte-timeout", type=positive_float, default=defaults.first_byte, help="streaming decode: first byte"
     )
     p.add_argument(
-        "--idle-timeout", type=_positive_float, default=defaults.idle, help="streaming decode: gap between chunks"
+        "--idle-timeout", type=positive_float, default=defaults.idle, help="streaming decode: gap between chunks"
     )
     p.add_argument(
-        "--response-timeout", type=_positive_float, default=defaults.response, help="non-streaming decode: whole answer"
+        "--response-timeout", type=positive_float, default=defaults.response, help="non-streaming decode: whole answer"
     )
-    p.add_argument("--health-interval", type=_positive_float, default=5.0, help="seconds between /health probes")
-    p.add_argument("--health-timeout", type=_positive_float, default=defaults.health)
+    p.add_argument("--health-interval", type=positive_float, default=5.0, help="seconds between /health probes")
+    p.add_argument("--health-timeout", type=positive_float, default=defaults.health)
     p.add_argument(
         "--max-tokens-policy",
         choices=("exact", "decrement"),
@@ -101,12 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--api-key-env", default="PD_PROXY_API_KEY", help="env var with the key clients must send")
     p.add_argument("--engine-api-key-env", default="VLLM_API_KEY", help="env var with the engines' key")
-    p.add_argument("--canary-interval", type=_non_negative_float, default=0.0, help="seconds; 0 disables the canary")
+    p.add_argument("--canary-interval", type=non_negative_float, default=0.0, help="seconds; 0 disables the canary")
     p.add_argument(
         "--canary-model", default=None, help="model for the canary (default: first one a decode engine lists)"
     )
     p.add_argument(
-        "--drain-timeout", type=_non_negative_float, default=30.0, help="seconds to let streams finish on SIGTERM"
+        "--drain-timeout", type=non_negative_float, default=30.0, help="seconds to let streams finish on SIGTERM"
     )
     p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto", help="auto: uvloop when installed")
     p.add_argument("--log-level", default="INFO")
