@@ -30,7 +30,7 @@ e2e: venv control-plane
 	$(VENV)/bin/pytest -q e2e/tests
 
 demo: venv control-plane
-	$(PY) -m e2e.demo
+	$(PY) -m e2e.demo $(DEMO_ARGS)
 
 cluster-up: venv control-plane
 	$(PY) -m e2e.cluster up

@@ -16,6 +16,9 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${PD_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pd-operator-e2e}
 bin="$cache/bin-k8s-$K8S_VERSION-etcd-$ETCD_VERSION-helm-$HELM3_VERSION-$HELM4_VERSION"
 mkdir -p "$bin"
+# One build at a time per cache: a concurrent caller waits here, then finds the binaries and returns.
+exec 9>"$cache/.build.lock"
+flock 9
 
 log() { echo "[build-control-plane] $*" >&2; }
 

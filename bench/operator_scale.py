@@ -1,0 +1,241 @@
+"""How fast and how cheaply does the operator reconcile PDDeployments on a real control plane?
+
+Part 1 (latency, real node agent, simulated engines with the `instant` profile): time from
+`kubectl apply` to the serving pod existing and to the PDDeployment's phase Ready, several samples one
+after another.
+Part 2 (scale, status-only node agent: pods become Ready without processes): 100 PDDeployments applied
+at once; time until all have their pod and until all are Ready; the operator's peak RSS (VmHWM); and
+the API requests the operator makes per PDDeployment per minute at steady state, counted exactly from the
+API server's audit log (Metadata level, the operator ServiceAccount's group only).
+
+    .venv/bin/python bench/operator_scale.py [--pdds 100] [--samples 3] [--update-docs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from e2e.cluster import ControlPlane, binaries_dir, new_workdir  # noqa: E402
+from e2e.stack import OPERATOR_NAMESPACE, Stack  # noqa: E402
+
+DOCS = REPO / "docs" / "benchmarks.md"
+BEGIN, END = "<!-- operator-scale:begin -->", "<!-- operator-scale:end -->"
+GROUP = "/apis/pd.serving.dev/v1alpha1"
+COMMAND = ".venv/bin/python bench/operator_scale.py --update-docs"
+
+
+def bench_pdd(name: str) -> dict[str, Any]:
+    """The simulated write example with the instant profile and no goodput probe."""
+    obj: dict[str, Any] = yaml.safe_load((REPO / "examples" / "simulated-write.yaml").read_text())
+    obj["metadata"] = {"name": name}
+    obj["spec"]["simulation"] = {"profile": "instant", "timeScale": 1}
+    obj["spec"]["goodputProbe"] = {"enabled": False}
+    return obj
+
+
+def _list(cp: ControlPlane, path: str) -> list[dict[str, Any]]:
+    with cp.http() as client:
+        resp = client.get(path)
+    resp.raise_for_status()
+    items: list[dict[str, Any]] = resp.json()["items"]
+    return items
+
+
+def _ready_names(cp: ControlPlane, namespace: str) -> set[str]:
+    items = _list(cp, f"{GROUP}/namespaces/{namespace}/pddeployments")
+    return {i["metadata"]["name"] for i in items if (i.get("status") or {}).get("phase") == "Ready"}
+
+
+def _pod_owners(cp: ControlPlane, namespace: str) -> set[str]:
+    pods = _list(cp, f"/api/v1/namespaces/{namespace}/pods?labelSelector=app.kubernetes.io/component=serving")
+    return {p["metadata"]["labels"].get("pd.serving.dev/deployment", "") for p in pods}
+
+
+def _until(check: Any, timeout_s: float, what: str, interval_s: float = 0.05) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if check():
+            return time.monotonic() - start
+        time.sleep(interval_s)
+    raise TimeoutError(f"{what} not reached in {timeout_s:.0f}s")
+
+
+def start_stack(status_only: bool, audit: bool) -> Stack:
+    cp = ControlPlane(workdir=new_workdir("pd-bench-"), bin_dir=binaries_dir())
+    if audit:
+        cp.audit_groups = [f"system:serviceaccounts:{OPERATOR_NAMESPACE}"]
+    stack = Stack(cp)
+    cp.start()
+    stack.start_agent(status_only=status_only)
+    stack.install_operator()
+    stack.start_operator()
+    return stack
+
+
+def measure_latency(samples: int) -> dict[str, list[float]]:
+    stack = start_stack(status_only=False, audit=False)
+    cp, namespace = stack.cp, "bench-latency"
+    try:
+        cp.kubectl("create", "namespace", namespace)
+        created, ready = [], []
+        for i in range(samples):
+            name = f"lat-{i}"
+            start = time.monotonic()
+            cp.kubectl("apply", "-n", namespace, "-f", "-", input_text=json.dumps(bench_pdd(name)))
+            _until(lambda n=name: n in _pod_owners(cp, namespace), 60, "pod")
+            created.append(time.monotonic() - start)
+            _until(lambda n=name: n in _ready_names(cp, namespace), 120, "Ready")
+            ready.append(time.monotonic() - start)
+            cp.kubectl("delete", "pdd", name, "-n", namespace, "--wait=true", "--timeout=60s")
+            _until(lambda n=name: n not in _pod_owners(cp, namespace), 60, "pod gone", 0.2)
+        return {"created": created, "ready": ready}
+    finally:
+        stack.down()
+
+
+def _rss_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def _audit_counts(log: Path, since: datetime, until: datetime) -> collections.Counter[str]:
+    counts: collections.Counter[str] = collections.Counter()
+    seen: set[str] = set()
+    for line in log.read_text().splitlines():
+        event = json.loads(line)
+        stamp = datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
+        if not since <= stamp < until or event["auditID"] in seen:
+            continue
+        seen.add(event["auditID"])
+        ref = event.get("objectRef", {})
+        resource = ref.get("resource", event.get("requestURI", "?"))
+        if ref.get("subresource"):
+            resource += "/" + ref["subresource"]
+        counts[f"{event['verb']} {resource}"] += 1
+    return counts
+
+
+def measure_scale(count: int, steady_s: float) -> dict[str, Any]:
+    stack = start_stack(status_only=True, audit=True)
+    cp, namespace = stack.cp, "bench-scale"
+    operator = next(p for p in cp.procs if p.name == "operator")
+    try:
+        cp.kubectl("create", "namespace", namespace)
+        time.sleep(3)
+        idle_rss = _rss_kib(operator.pid, "VmRSS")
+        manifest = "\n---\n".join(json.dumps(bench_pdd(f"pdd-{i:03d}")) for i in range(count))
+        start = time.monotonic()
+        cp.kubectl("apply", "-n", namespace, "-f", "-", input_text=manifest)
+        applied = time.monotonic() - start
+        _until(lambda: len(_pod_owners(cp, namespace)) >= count, 600, "all pods", 0.2)
+        all_pods = time.monotonic() - start
+        _until(lambda: len(_ready_names(cp, namespace)) >= count, 600, "all Ready", 0.2)
+        all_ready = time.monotonic() - start
+        time.sleep(10)  # let the last status patches settle before the steady-state window
+        window_start = datetime.now(UTC)
+        time.sleep(steady_s)
+        window_end = datetime.now(UTC)
+        counts = _audit_counts(cp.audit_log, window_start, window_end)
+        per_pdd_min = sum(counts.values()) / count / (steady_s / 60)
+        return {
+            "pdds": count,
+            "apply_s": applied,
+            "all_pods_s": all_pods,
+            "all_ready_s": all_ready,
+            "idle_rss_mib": idle_rss / 1024,
+            "peak_rss_mib": _rss_kib(operator.pid, "VmHWM") / 1024,
+            "steady_window_s": steady_s,
+            "requests_per_pdd_per_min": per_pdd_min,
+            "top_requests": counts.most_common(6),
+        }
+    finally:
+        stack.down()
+
+
+def render(latency: dict[str, list[float]], scale: dict[str, Any], argv: list[str]) -> str:
+    load = os.getloadavg()[0]
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lat_rows = "\n".join(
+        f"| {label} | {statistics.median(values):.2f} | {min(values):.2f} | {max(values):.2f} |"
+        for label, values in (
+            ("apply -> serving pod created", latency["created"]),
+            ("apply -> PDDeployment Ready", latency["ready"]),
+        )
+    )
+    top = ", ".join(f"{name}: {n}" for name, n in scale["top_requests"])
+    window, per_min = f"{scale['steady_window_s']:.0f} s window, audit log", scale["requests_per_pdd_per_min"]
+    return f"""{BEGIN}
+Generated by `{COMMAND}`{" " + " ".join(argv) if argv else ""}. Control plane: Kubernetes v1.36.3 built from
+source (e2e/build-control-plane.sh), the operator run with the chart's ServiceAccount, one node agent.
+Measured on: {platform.machine()}, {os.cpu_count()} CPUs, load average {load:.2f} at the end, {when}.
+
+**Latency** (real node agent: engines and proxy run as processes; `instant` simulation profile;
+{len(latency["ready"])} samples one after another):
+
+| interval | median s | min s | max s |
+|---|---|---|---|
+{lat_rows}
+
+**Scale** (status-only node agent: pods become Running/Ready without processes; {scale["pdds"]}
+PDDeployments applied with one `kubectl apply`):
+
+| measure | value |
+|---|---|
+| `kubectl apply` of all objects | {scale["apply_s"]:.1f} s |
+| apply -> every PDDeployment has its pod | {scale["all_pods_s"]:.1f} s |
+| apply -> every PDDeployment Ready | {scale["all_ready_s"]:.1f} s |
+| operator RSS idle / peak (VmHWM) | {scale["idle_rss_mib"]:.0f} MiB / {scale["peak_rss_mib"]:.0f} MiB |
+| API requests per PDDeployment per minute, steady state ({window}) | {per_min:.2f} |
+
+Most frequent operator requests in the window: {top}.
+{END}"""
+
+
+def update_docs(section: str) -> None:
+    text = DOCS.read_text()
+    if BEGIN in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + section + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n## Operator\n\n" + section + "\n"
+    DOCS.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pdds", type=int, default=100)
+    parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--steady-seconds", type=float, default=60.0)
+    parser.add_argument("--update-docs", action="store_true", help=f"write the results into {DOCS.name}")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    latency = measure_latency(args.samples)
+    scale = measure_scale(args.pdds, args.steady_seconds)
+    extra = [a for a in (argv or sys.argv[1:]) if a != "--update-docs"]
+    section = render(latency, scale, extra)
+    sys.stdout.write(section + "\n")
+    if args.update_docs:
+        update_docs(section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

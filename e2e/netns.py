@@ -1,0 +1,132 @@
+"""Pod networking for the node agent: one network namespace per pod, veth pairs to a private bridge.
+
+Pods get no default route: anything beyond the bridge is unreachable at once (no traffic leaves the
+machine, and nothing hangs waiting for it). Every name carries the agent's run id (`pdbr<id>`,
+`pd-<id>-<n>`, `pdv<id>n<n>`), so two agents on one machine never clash and a crashed run can be swept
+by id. Addresses come from a /24 inside 10.213.0.0/16 that no interface uses yet; traffic stays inside
+namespaces and the bridge this module creates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import secrets
+import subprocess
+
+log = logging.getLogger(__name__)
+
+_POOL = ipaddress.IPv4Network("10.213.0.0/16")
+
+
+class NetError(RuntimeError):
+    pass
+
+
+async def _ip(*args: str, check: bool = True) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        "ip", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await proc.communicate()
+    if check and proc.returncode != 0:
+        raise NetError(f"ip {' '.join(args)}: {err.decode().strip()}")
+    return out.decode()
+
+
+def _used_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    out = subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True, check=True).stdout
+    nets = []
+    for link in json.loads(out or "[]"):
+        for addr in link.get("addr_info", []):
+            nets.append(ipaddress.ip_network(f"{addr['local']}/{addr['prefixlen']}", strict=False))
+    return nets
+
+
+def choose_subnet() -> ipaddress.IPv4Network:
+    """A /24 from the pool that overlaps no address configured on this machine."""
+    used = _used_networks()
+    candidates: list[ipaddress.IPv4Network] = list(_POOL.subnets(new_prefix=24))
+    start = secrets.randbelow(len(candidates))
+    for subnet in candidates[start:] + candidates[:start]:
+        if not any(subnet.overlaps(net) for net in used):
+            return subnet
+    raise NetError("no free /24 left in 10.213.0.0/16")
+
+
+class PodNetwork:
+    """The bridge plus per-pod namespaces of one node agent."""
+
+    def __init__(self, run_id: str | None = None) -> None:
+        self.run_id = run_id or secrets.token_hex(2)
+        self.bridge = f"pdbr{self.run_id}"
+        self.subnet: ipaddress.IPv4Network | None = None
+        self._free: list[ipaddress.IPv4Address] = []
+        self._pods: dict[str, tuple[str, str]] = {}  # key -> (netns, ip)
+        self._counter = 0
+
+    @property
+    def gateway(self) -> str:
+        assert self.subnet is not None
+        return str(next(self.subnet.hosts()))
+
+    async def setup(self) -> None:
+        self.subnet = choose_subnet()
+        hosts = list(self.subnet.hosts())
+        self._free = hosts[1:]
+        await _ip("link", "add", self.bridge, "type", "bridge")
+        await _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
+        await _ip("link", "set", self.bridge, "up")
+        log.info("pod network %s on bridge %s", self.subnet, self.bridge)
+
+    async def add_pod(self, key: str) -> tuple[str, str]:
+        """Create the pod's namespace with eth0 on the bridge; returns (netns name, pod IP)."""
+        if key in self._pods:
+            return self._pods[key]
+        if not self._free or self.subnet is None:
+            raise NetError("pod network exhausted or not set up")
+        self._counter += 1
+        netns, host_if, peer_if = f"pd-{self.run_id}-{self._counter}", *self._veth_names(self._counter)
+        address = self._free.pop(0)
+        self._pods[key] = (netns, str(address))
+        await _ip("netns", "add", netns)
+        await _ip("link", "add", host_if, "type", "veth", "peer", "name", peer_if)
+        await _ip("link", "set", peer_if, "netns", netns)
+        await _ip("link", "set", host_if, "master", self.bridge, "up")
+        await _ip("-n", netns, "link", "set", peer_if, "name", "eth0")
+        await _ip("-n", netns, "addr", "add", f"{address}/{self.subnet.prefixlen}", "dev", "eth0")
+        await _ip("-n", netns, "link", "set", "eth0", "up")
+        await _ip("-n", netns, "link", "set", "lo", "up")
+        return netns, str(address)
+
+    def _veth_names(self, index: int) -> tuple[str, str]:
+        return f"pdv{self.run_id}n{index}", f"pdp{self.run_id}n{index}"
+
+    async def remove_pod(self, key: str) -> None:
+        entry = self._pods.pop(key, None)
+        if entry is None:
+            return
+        netns, address = entry
+        await _ip("netns", "del", netns, check=False)  # the veth pair goes with its namespace end
+        self._free.append(ipaddress.ip_address(address))  # type: ignore[arg-type]
+
+    async def teardown(self) -> None:
+        for key in list(self._pods):
+            await self.remove_pod(key)
+        await _ip("link", "del", self.bridge, check=False)
+
+
+def sweep(run_id: str) -> None:
+    """Remove whatever a (crashed) agent with this run id left behind: namespaces, veths, bridge."""
+    prefix = f"pd-{run_id}-"
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        if name.startswith(prefix):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    links = json.loads(subprocess.run(["ip", "-j", "link"], capture_output=True, text=True).stdout or "[]")
+    for link in links:
+        name = link.get("ifname", "")
+        if name == f"pdbr{run_id}" or name.startswith((f"pdv{run_id}n", f"pdp{run_id}n")):
+            subprocess.run(["ip", "link", "del", name], capture_output=True)

@@ -1,0 +1,477 @@
+"""A node agent that plays the kubelet for one fake AMD MI300X node, running pods as local processes.
+
+It registers a Node with the capacity and labels of an 8-GPU MI300X node, keeps its Lease and Ready
+condition fresh, and for every pod bound to it runs the exact container commands of the pod spec (see
+pod_worker.py), each pod in its own network namespace. It also stands in for cluster DNS (per-pod hosts
+files with Service names) and serves `kubectl logs` through a kubelet-style HTTPS endpoint.
+
+`--status-only` runs no processes: pods just become Running and Ready (for the operator benchmark).
+
+    python -m e2e.node_agent --kubeconfig admin.kubeconfig --state-dir /tmp/agent [--status-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import logging
+import os
+import signal
+import socket
+import ssl
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from e2e import pki, podspec
+from e2e.kubeapi import MERGE, ApiError, KubeClient
+from e2e.netns import PodNetwork
+from e2e.pod_worker import NodeContext, PodWorker, now_iso
+from e2e.podspec import Obj
+from e2e.sandbox import MountPoints
+
+log = logging.getLogger(__name__)
+
+KUBELET_VERSION = "v1.36.3"
+LEASE_DURATION_S = 40
+LEASE_RENEW_S = 10
+HEARTBEAT_S = 30
+SHUTDOWN_GRACE_S = 3.0
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+VLLM_SHIM = Path(__file__).with_name("shims") / "vllm"
+
+
+def mi300x_labels(name: str) -> dict[str, str]:
+    """Labels of an MI300X node as the AMD node labeller and NFD publish them (amd-gpu-pod.md §1.2)."""
+    gpu = {
+        "device-id": "74a1",
+        "product-name": "AMD_Instinct_MI300X_OAM",
+        "family": "AI",
+        "vram": "192G",
+        "cu-count": "304",
+        "simd-count": "1216",
+    }
+    labels = {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "node.kubernetes.io/instance-type": "mi300x-8gpu",
+        "feature.node.kubernetes.io/amd-gpu": "true",
+        "amd.com/gpu.compute-memory-partition": "spx_nps1",
+        "amd.com/gpu.compute-partitioning-supported": "true",
+        "amd.com/gpu.memory-partitioning-supported": "true",
+        "pd.serving.dev/e2e-node": "true",
+    }
+    for prop, value in gpu.items():
+        labels[f"amd.com/gpu.{prop}"] = value
+        labels[f"beta.amd.com/gpu.{prop}"] = value
+    return labels
+
+
+def node_status(ip: str, kubelet_port: int, gpus: int, extra: dict[str, str]) -> Obj:
+    capacity = {"cpu": "192", "memory": "2113638Mi", "pods": "110", "ephemeral-storage": "3Ti"}
+    capacity |= {"hugepages-1Gi": "0", "hugepages-2Mi": "0", "amd.com/gpu": str(gpus), **extra}
+    allocatable = {**capacity, "cpu": "190", "memory": "2047000Mi"}
+    stamp = now_iso()
+    conditions = [
+        ("MemoryPressure", "False", "KubeletHasSufficientMemory"),
+        ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
+        ("PIDPressure", "False", "KubeletHasSufficientPID"),
+        ("Ready", "True", "KubeletReady"),
+    ]
+    return {
+        "capacity": capacity,
+        "allocatable": allocatable,
+        "conditions": [
+            {
+                "type": kind,
+                "status": status,
+                "reason": reason,
+                "message": "pd-e2e node agent",
+                "lastHeartbeatTime": stamp,
+                "lastTransitionTime": stamp,
+            }
+            for kind, status, reason in conditions
+        ],
+        "addresses": [{"type": "InternalIP", "address": ip}],
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}},
+        "nodeInfo": {
+            "machineID": "pd-e2e",
+            "systemUUID": "pd-e2e",
+            "bootID": "pd-e2e",
+            "kernelVersion": os.uname().release,
+            "osImage": "pd-e2e node agent",
+            "containerRuntimeVersion": "pd-e2e://0.1",
+            "kubeletVersion": KUBELET_VERSION,
+            "kubeProxyVersion": KUBELET_VERSION,
+            "operatingSystem": "linux",
+            "architecture": "amd64",
+        },
+    }
+
+
+def micro_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class NodeAgent:
+    """Registers the node and keeps one PodWorker per pod bound to it."""
+
+    def __init__(self, api: KubeClient, args: argparse.Namespace) -> None:
+        self.api = api
+        self.name: str = args.node_name
+        self.state_dir: Path = args.state_dir.resolve()
+        self.status_only: bool = args.status_only
+        self.args = args
+        self.network = None if args.status_only else PodNetwork()
+        self.mount_points = MountPoints()
+        self.workers: dict[str, PodWorker] = {}
+        self.finalized: set[str] = set()
+        self.services: dict[tuple[str, str], Obj] = {}
+        self.node_uid = ""
+        self._hosts_dirty = asyncio.Event()
+        self._background: set[asyncio.Task[Any]] = set()
+        self.ctx: NodeContext | None = None
+        self._kubelet_port = 0
+
+    # ---- startup -----------------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        host_ip = "127.0.0.1"
+        if self.network is not None:
+            await self.network.setup()
+            host_ip = self.network.gateway
+        self._write_state()
+        self.ctx = NodeContext(
+            api=self.api,
+            node_name=self.name,
+            host_ip=host_ip,
+            pods_dir=self.state_dir / "pods",
+            host_paths=self.state_dir / "hostpath",
+            mount_points=self.mount_points,
+            base_env=self._base_env(),
+            network=self.network,
+            status_only=self.status_only,
+            backoff_base_s=self.args.backoff_base,
+            backoff_max_s=self.args.backoff_max,
+            keep_files=self.args.keep_files,
+            on_network_change=self._write_hosts_files,
+            post_event=self.post_event,
+        )
+        runner = await self._start_log_server(host_ip)
+        try:
+            await self._register(host_ip)
+            tasks = [
+                self._lease_loop(),
+                self._heartbeat_loop(host_ip),
+                self._watch_pods(),
+                self._watch_services(),
+                self._hosts_loop(),
+            ]
+            running = [asyncio.create_task(t) for t in tasks]
+            log.info("node %s ready (status-only=%s)", self.name, self.status_only)
+            await stop.wait()
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+        finally:
+            await self._shutdown(runner)
+
+    def _write_state(self) -> None:
+        state = {"pid": os.getpid(), "node": self.name}
+        if self.network is not None:
+            state |= {"run_id": self.network.run_id, "bridge": self.network.bridge}
+        (self.state_dir / "agent.json").write_text(json.dumps(state))
+
+    @staticmethod
+    def _base_env() -> dict[str, str]:
+        """PATH maps the runtime image's executables to this project's install: `pdctl` and `python` from
+        the venv, `vllm` to a shim that fails clearly. Both directories are outside the agent's state, and
+        no volume may hide them (sandbox.py refuses such mounts), so lookups work after any mount."""
+        path = f"{VLLM_SHIM.parent}:{Path(sys.executable).parent}:{SYSTEM_PATH}"
+        return {"PATH": path, "HOME": "/root", "LANG": "C.UTF-8"}
+
+    async def _register(self, host_ip: str) -> None:
+        labels = mi300x_labels(self.name)
+        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.name, "labels": labels}}
+        try:
+            created = await self.api.create("/api/v1/nodes", node)
+        except ApiError as err:
+            if err.status != 409:
+                raise
+            created = await self.api.patch(f"/api/v1/nodes/{self.name}", {"metadata": {"labels": labels}})
+        self.node_uid = created["metadata"]["uid"]
+        extra = dict(item.split("=", 1) for item in self.args.extra_resource)
+        status = node_status(host_ip, self._kubelet_port, self.args.gpus, extra)
+        await self.api.patch(f"/api/v1/nodes/{self.name}/status", {"status": status})
+
+    # ---- node liveness -----------------------------------------------------------------------------------
+
+    async def _lease_loop(self) -> None:
+        path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{self.name}"
+        owner = {"apiVersion": "v1", "kind": "Node", "name": self.name, "uid": self.node_uid}
+        while True:
+            spec = {"holderIdentity": self.name, "leaseDurationSeconds": LEASE_DURATION_S, "renewTime": micro_now()}
+            try:
+                try:
+                    await self.api.patch(path, {"spec": spec}, MERGE)
+                except ApiError as err:
+                    if err.status != 404:
+                        raise
+                    meta = {"name": self.name, "namespace": "kube-node-lease", "ownerReferences": [owner]}
+                    body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
+                    await self.api.create("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases", body)
+            except Exception as err:
+                log.warning("lease renewal failed: %s", err)
+            await asyncio.sleep(LEASE_RENEW_S)
+
+    async def _heartbeat_loop(self, host_ip: str) -> None:
+        extra = dict(item.split("=", 1) for item in self.args.extra_resource)
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            status = node_status(host_ip, self._kubelet_port, self.args.gpus, extra)
+            try:
+                await self.api.patch(f"/api/v1/nodes/{self.name}/status", {"status": status})
+            except Exception as err:
+                log.warning("node status heartbeat failed: %s", err)
+
+    # ---- pods ----------------------------------------------------------------------------------------------
+
+    async def _watch_pods(self) -> None:
+        params = {"fieldSelector": f"spec.nodeName={self.name}"}
+        async for kind, pod in self.api.watch("/api/v1/pods", params):
+            if kind == "SYNCED":
+                listed = {item["metadata"]["uid"] for item in pod.get("items", [])}
+                for uid in set(self.workers) - listed:
+                    self._spawn(self._retire(self.workers[uid], gone=True))
+                continue
+            self._on_pod(kind, pod)
+
+    def _on_pod(self, kind: str, pod: Obj) -> None:
+        assert self.ctx is not None
+        uid = pod["metadata"]["uid"]
+        worker = self.workers.get(uid)
+        deleting = bool(pod["metadata"].get("deletionTimestamp"))
+        if kind == "DELETED":
+            if worker is not None:
+                self._spawn(self._retire(worker, gone=True))
+            self.finalized.discard(uid)
+            return
+        if worker is None:
+            if deleting and uid not in self.finalized:
+                self.finalized.add(uid)
+                self._spawn(self._finalize(pod))
+            elif not deleting and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
+                worker = PodWorker(self.ctx, pod)
+                self.workers[uid] = worker
+                worker.start()
+            return
+        worker.update(pod)
+        if deleting and not worker.stopping:
+            self._spawn(self._retire(worker, gone=False))
+
+    async def _retire(self, worker: PodWorker, gone: bool) -> None:
+        """Stop the pod's containers; unless the object is already gone, finalize its deletion."""
+        await worker.stop(grace_s=2.0 if gone else None)
+        self.workers.pop(worker.uid, None)
+        if not gone:
+            self.finalized.add(worker.uid)
+            await self._finalize(worker.pod)
+
+    async def _finalize(self, pod: Obj) -> None:
+        meta = pod["metadata"]
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+        body = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
+        try:
+            await self.api.delete(path, body)
+        except ApiError as err:
+            if err.status not in (404, 409):
+                log.warning("finalizing pod %s/%s failed: %s", meta["namespace"], meta["name"], err)
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ---- services and names --------------------------------------------------------------------------------
+
+    async def _watch_services(self) -> None:
+        async for kind, svc in self.api.watch("/api/v1/services"):
+            if kind == "SYNCED":
+                self.services = {(s["metadata"]["namespace"], s["metadata"]["name"]): s for s in svc.get("items", [])}
+            else:
+                key = (svc["metadata"]["namespace"], svc["metadata"]["name"])
+                if kind == "DELETED":
+                    self.services.pop(key, None)
+                else:
+                    self.services[key] = svc
+            self._hosts_dirty.set()
+
+    async def _hosts_loop(self) -> None:
+        while True:
+            await self._hosts_dirty.wait()
+            await asyncio.sleep(0.05)
+            self._hosts_dirty.clear()
+            self._write_hosts_files()
+
+    def _write_hosts_files(self) -> None:
+        live = [w for w in self.workers.values() if w.sandbox_ready and w.sandbox.netns]
+        addresses = [self._address(w) for w in live]
+        targets = podspec.service_targets(list(self.services.values()), addresses)
+        for worker, address in zip(live, addresses, strict=True):
+            hostname = worker.pod["spec"].get("hostname", worker.name)
+            worker.sandbox.write_hosts(podspec.render_hosts(address, hostname, targets))
+
+    @staticmethod
+    def _address(worker: PodWorker) -> podspec.PodAddress:
+        labels = worker.pod["metadata"].get("labels") or {}
+        return podspec.PodAddress(worker.namespace, worker.name, labels, worker.pod_ip)
+
+    # ---- events ---------------------------------------------------------------------------------------------
+
+    async def post_event(self, pod: Obj, reason: str, message: str, kind: str, field_path: str) -> None:
+        meta = pod["metadata"]
+        stamp = now_iso()
+        involved = {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "namespace": meta["namespace"]}
+        involved["uid"] = meta["uid"]
+        if field_path:
+            involved["fieldPath"] = field_path
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": involved,
+            "reason": reason,
+            "message": message[:1024],
+            "type": kind,
+            "source": {"component": "kubelet", "host": self.name},
+            "reportingComponent": "kubelet",
+            "reportingInstance": self.name,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            await self.api.create(f"/api/v1/namespaces/{meta['namespace']}/events", event)
+        except Exception as err:
+            log.debug("event %s for %s not recorded: %s", reason, meta["name"], err)
+
+    # ---- kubectl logs ------------------------------------------------------------------------------------
+
+    async def _start_log_server(self, host_ip: str) -> web.AppRunner:
+        app = web.Application()
+        app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", self._logs)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        cert, key = pki.self_signed_serving_cert(self.state_dir, "pd-e2e-kubelet", [host_ip])
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(cert, key)
+        if self.args.client_ca:
+            ctx.load_verify_locations(cafile=str(self.args.client_ca))
+            ctx.verify_mode = ssl.CERT_REQUIRED  # only the API server (kubelet client cert) may read logs
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host_ip, 0))
+        self._kubelet_port = int(sock.getsockname()[1])
+        await web.SockSite(runner, sock, ssl_context=ctx).start()
+        return runner
+
+    async def _logs(self, request: web.Request) -> web.StreamResponse:
+        ns, name, container = (request.match_info[k] for k in ("namespace", "pod", "container"))
+        workers = [w for w in self.workers.values() if (w.namespace, w.name) == (ns, name)]
+        if not workers:
+            raise web.HTTPNotFound(text=f"pod {ns}/{name} is not running on {self.name}")
+        directory = workers[0].sandbox.root / "containers" / container
+        previous = request.query.get("previous") == "true"
+        path = directory / ("previous.log" if previous else "current.log")
+        if not path.exists():
+            raise web.HTTPNotFound(text=f"no logs for container {container}")
+        lines = path.read_bytes().splitlines(keepends=True)
+        if tail := request.query.get("tailLines"):
+            lines = lines[-int(tail) :]
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        await response.write(b"".join(lines))
+        if request.query.get("follow") == "true" and not previous:
+            await self._follow(path, response, lambda: not workers[0].stopping)
+        return response
+
+    @staticmethod
+    async def _follow(path: Path, response: web.StreamResponse, alive: Callable[[], bool]) -> None:
+        offset = path.stat().st_size
+        while alive() and path.exists():
+            size = path.stat().st_size
+            if size > offset:
+                with path.open("rb") as handle:
+                    handle.seek(offset)
+                    await response.write(handle.read())
+                offset = size
+            await asyncio.sleep(0.5)
+
+    # ---- shutdown ------------------------------------------------------------------------------------------
+
+    async def _shutdown(self, runner: web.AppRunner) -> None:
+        """Stop every pod's processes (the pod objects stay), then remove namespaces, bridge and mounts."""
+        await asyncio.gather(
+            *(w.stop(grace_s=SHUTDOWN_GRACE_S) for w in list(self.workers.values())), return_exceptions=True
+        )
+        for task in list(self._background):
+            task.cancel()
+        if self.network is not None:
+            await self.network.teardown()
+        self.mount_points.cleanup()
+        await runner.cleanup()
+        await self.api.close()
+        log.info("node agent %s stopped and cleaned up", self.name)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m e2e.node_agent", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kubeconfig", type=Path, required=True)
+    parser.add_argument("--state-dir", type=Path, required=True, help="pod sandboxes, logs and agent.json")
+    parser.add_argument("--node-name", default="mi300x-0")
+    parser.add_argument("--gpus", type=int, default=8, help="amd.com/gpu capacity")
+    parser.add_argument(
+        "--extra-resource", action="append", default=[], metavar="NAME=QTY", help="more extended resources"
+    )
+    parser.add_argument("--status-only", action="store_true", help="run no processes; pods become Ready at once")
+    parser.add_argument("--client-ca", type=Path, help="CA of the API server's kubelet client certificate")
+    parser.add_argument("--backoff-base", type=float, default=1.0, help="first restart back-off (kubelet: 10s)")
+    parser.add_argument("--backoff-max", type=float, default=20.0, help="back-off cap (kubelet: 300s)")
+    parser.add_argument("--keep-files", action="store_true", help="keep pod directories (logs) after deletion")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    return parser.parse_args(argv)
+
+
+async def amain(args: argparse.Namespace) -> None:
+    api = KubeClient.from_kubeconfig(args.kubeconfig, user_agent=f"pd-e2e-node-agent/{args.node_name}")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    agent = NodeAgent(api, args)
+    await agent.run(stop)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(amain(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""The whole local stack on top of a ControlPlane: node agent, operator install (chart), operator process.
+
+Shared by the pytest fixtures, `make demo` and `make cluster-up`, so all three run the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from e2e import netns
+from e2e.cluster import REPO_ROOT, ControlPlane
+from e2e.procs import ProcRef, free_port, is_running, spawn, stop
+from e2e.sandbox import unmount_leftovers
+
+log = logging.getLogger(__name__)
+
+NODE_NAME = "mi300x-0"
+OPERATOR_NAMESPACE = "pd-system"
+RELEASE = "pd-operator"
+CHART = REPO_ROOT / "charts" / "pd-operator"
+
+
+class Stack:
+    """Control plane + node agent + operator, started and stopped as one."""
+
+    def __init__(self, cp: ControlPlane, detach: bool = False) -> None:
+        self.cp = cp
+        self.detach = detach
+
+    # ---- node agent ------------------------------------------------------------------------------------
+
+    def agent_dir(self, node: str = NODE_NAME) -> Path:
+        return self.cp.workdir / "agents" / node
+
+    def start_agent(self, node: str = NODE_NAME, status_only: bool = False) -> ProcRef:
+        """Start a node agent process and wait until its Node is Ready and schedulable."""
+        state = self.agent_dir(node)
+        argv = [
+            sys.executable,
+            "-m",
+            "e2e.node_agent",
+            f"--kubeconfig={self.cp.kubeconfig}",
+            f"--state-dir={state}",
+            f"--node-name={node}",
+            f"--client-ca={self.cp.ca_file}",
+            *(["--status-only"] if status_only else []),
+            *(["--keep-files"] if os.environ.get("PD_E2E_KEEP") == "1" else []),
+        ]
+        env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}:{os.environ.get('PYTHONPATH', '')}".rstrip(":")}
+        ref, _ = spawn(
+            f"node-agent-{node}", argv, self.cp.workdir / "logs" / f"node-agent-{node}.log", env, self.detach
+        )
+        self.cp.register(ref)
+        self.wait_node_ready(node, ref)
+        log.info("node %s Ready (agent pid %d, status-only=%s)", node, ref.pid, status_only)
+        return ref
+
+    def wait_node_ready(self, node: str, ref: ProcRef, timeout_s: float = 90) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not is_running(ref):
+                raise RuntimeError(f"node agent exited; see {self.cp.workdir / 'logs' / f'node-agent-{node}.log'}")
+            with self.cp.http() as client:
+                resp = client.get(f"/api/v1/nodes/{node}")
+            if resp.status_code == 200 and _schedulable(resp.json()):
+                return
+            time.sleep(0.3)
+        raise TimeoutError(f"node {node} not Ready and untainted after {timeout_s}s")
+
+    @staticmethod
+    def _sweep_agent(state: Path) -> None:
+        """Remove what a killed agent could leave: namespaces, links, tmpfs mounts."""
+        info = state / "agent.json"
+        if info.exists():
+            run_id = json.loads(info.read_text()).get("run_id")
+            if run_id:
+                netns.sweep(run_id)
+        if state.exists():
+            unmount_leftovers(state)
+
+    # ---- operator ----------------------------------------------------------------------------------------
+
+    def helm(self, *args: str, version: int = 3) -> str:
+        binary = self.cp.tool("helm3" if version == 3 else "helm4")
+        proc = subprocess.run([binary, *args], env=self.cp.env(), capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"helm {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def install_operator(self, helm_version: int = 3, values: dict[str, Any] | None = None) -> None:
+        """Install the chart with the operator Deployment scaled to zero: the operator runs as our process."""
+        sets = {"replicaCount": "0", **{k: str(v) for k, v in (values or {}).items()}}
+        args = ["upgrade", "--install", RELEASE, str(CHART), "-n", OPERATOR_NAMESPACE, "--create-namespace"]
+        for key, value in sets.items():
+            args += ["--set", f"{key}={value}"]
+        self.helm(*args, "--wait", "--timeout", "120s", version=helm_version)
+
+    def operator_kubeconfig(self) -> Path:
+        """Credentials of the chart's ServiceAccount, so the operator runs with exactly the chart's RBAC."""
+        account = self.operator_service_account()
+        return self.cp.service_account_kubeconfig(OPERATOR_NAMESPACE, account, self.cp.workdir / "operator.kubeconfig")
+
+    def operator_service_account(self) -> str:
+        out = self.cp.kubectl("get", "serviceaccounts", "-n", OPERATOR_NAMESPACE, "-o", "json")
+        names = [item["metadata"]["name"] for item in json.loads(out)["items"] if item["metadata"]["name"] != "default"]
+        if len(names) != 1:
+            raise RuntimeError(f"expected one operator ServiceAccount in {OPERATOR_NAMESPACE}, found {names}")
+        return str(names[0])
+
+    def operator_argv(self) -> list[str]:
+        """The chart's operator command line, with free ports: the Deployment's args are what we run."""
+        out = self.cp.kubectl("get", "deployments", "-n", OPERATOR_NAMESPACE, "-o", "json")
+        deployments = json.loads(out)["items"]
+        if len(deployments) != 1:
+            raise RuntimeError(f"expected the chart's one operator Deployment, found {len(deployments)}")
+        container = deployments[0]["spec"]["template"]["spec"]["containers"][0]
+        argv = [*container.get("command", []), *container.get("args", [])]
+        argv[0] = str(Path(sys.executable).parent / argv[0])  # pdctl of this project's install
+        ports = {"--liveness-port": free_port(), "--metrics-port": free_port()}
+        self.cp.extras["operator_ports"] = {k.strip("-"): v for k, v in ports.items()}
+        return [f"{a.split('=')[0]}={ports[a.split('=')[0]]}" if a.split("=")[0] in ports else a for a in argv]
+
+    def start_operator(self, name: str = "operator") -> ProcRef:
+        """Run the operator as the chart's ServiceAccount, so its RBAC is exactly what is exercised."""
+        kubeconfig = self.operator_kubeconfig()
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_ID": f"{name}-{os.getpid()}"}
+        ref, _ = spawn(name, self.operator_argv(), self.cp.workdir / "logs" / f"{name}.log", env, self.detach)
+        self.cp.register(ref)
+        log.info("operator running with the token of the chart ServiceAccount (pid %d)", ref.pid)
+        return ref
+
+    def stop_operator(self) -> None:
+        for ref in [p for p in self.cp.procs if p.name == "operator"]:
+            stop(ref, grace_s=20)
+            self.cp.procs.remove(ref)
+        self.cp.save()
+
+    # ---- all -----------------------------------------------------------------------------------------------
+
+    def up(self, operator: bool = True, agent: bool = True) -> None:
+        self.cp.start(detach=self.detach)
+        if agent:
+            self.start_agent()
+        if operator:
+            self.install_operator()
+            self.start_operator()
+
+    def down(self, remove: bool = True) -> None:
+        """Stop every process (newest first), sweep what agents may have left, remove the files."""
+        agents = self.cp.workdir / "agents"
+        self.cp.stop(remove=False)
+        if agents.exists():
+            for state in agents.iterdir():
+                self._sweep_agent(state)
+        if remove:
+            self.cp.stop(remove=True)
+
+
+def _schedulable(node: dict[str, Any]) -> bool:
+    conditions = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
+    return conditions.get("Ready") == "True" and not node.get("spec", {}).get("taints")

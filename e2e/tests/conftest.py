@@ -1,0 +1,82 @@
+"""Session fixtures: one control plane, one node agent, one operator for the whole suite.
+
+Set PD_E2E_KEEP=1 to leave the cluster's work directory (logs, pod sandboxes) in place after the run.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.cluster import ControlPlane, binaries_dir, new_workdir
+from e2e.stack import Stack
+
+pytestmark = pytest.mark.e2e
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.e2e)
+
+
+def _require_host_support() -> None:
+    """The node agent needs root (network namespaces, mounts) and iproute2/util-linux; say so plainly."""
+    missing = [tool for tool in ("ip", "unshare", "nsenter", "mount") if shutil.which(tool) is None]
+    if os.geteuid() != 0 or missing:
+        pytest.fail(f"the e2e suite needs root and {missing or 'ip, unshare, nsenter, mount'} (see README)")
+
+
+@pytest.fixture(scope="session")
+def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
+    _require_host_support()
+    cp = ControlPlane(workdir=new_workdir(), bin_dir=binaries_dir())
+    st = Stack(cp)
+    try:
+        cp.start()
+        st.start_agent()
+        yield st
+    finally:
+        if request.session.testsfailed:
+            _dump_logs(cp.workdir / "logs")
+        keep = os.environ.get("PD_E2E_KEEP") == "1"
+        st.down(remove=not keep)
+        if keep:
+            sys.stderr.write(f"\ne2e work directory kept: {cp.workdir}\n")
+
+
+@pytest.fixture(scope="session")
+def cp(stack: Stack) -> ControlPlane:
+    return stack.cp
+
+
+@pytest.fixture(scope="session")
+def operator(stack: Stack) -> Stack:
+    """The chart installed (helm v3) and the operator running with the chart's ServiceAccount."""
+    stack.install_operator()
+    stack.start_operator()
+    return stack
+
+
+@pytest.fixture
+def namespace(cp: ControlPlane) -> Iterator[str]:
+    """A fresh namespace per test; deleted afterwards (namespace controller and GC clean up)."""
+    name = f"t-{secrets.token_hex(3)}"
+    cp.kubectl("create", "namespace", name)
+    yield name
+    cp.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def _dump_logs(logs: Path, lines: int = 80) -> None:
+    if not logs.exists():
+        return
+    for path in sorted(logs.glob("*.log")):
+        if path.name.startswith(("kube-", "etcd")):
+            lines = 15
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+        sys.stderr.write(f"\n===== last {lines} lines of {path.name} =====\n" + "\n".join(tail) + "\n")

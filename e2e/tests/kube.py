@@ -1,0 +1,103 @@
+"""Small synchronous helpers the tests share: waiting, reading objects, applying YAML."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from e2e.cluster import ControlPlane
+
+T = TypeVar("T")
+Obj = dict[str, Any]
+
+
+def wait_for(check: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.3) -> T:
+    """Poll until `check` returns something truthy; the error says what was awaited and the last value."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except Exception as err:  # the object may not exist yet
+            last = err
+        else:
+            if last:
+                found: T = last
+                return found
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}; last: {str(last)[:2000]}")
+
+
+def get(cp: ControlPlane, path: str) -> Obj | None:
+    with cp.http() as client:
+        resp = client.get(path)
+    if resp.status_code == 404:
+        return None
+    resp.raise_for_status()
+    result: Obj = resp.json()
+    return result
+
+
+def pod(cp: ControlPlane, namespace: str, name: str) -> Obj | None:
+    return get(cp, f"/api/v1/namespaces/{namespace}/pods/{name}")
+
+
+def pods(cp: ControlPlane, namespace: str, selector: str = "") -> list[Obj]:
+    query = f"?labelSelector={selector}" if selector else ""
+    listing = get(cp, f"/api/v1/namespaces/{namespace}/pods{query}") or {}
+    items: list[Obj] = listing.get("items", [])
+    return items
+
+
+def ready_pod(cp: ControlPlane, namespace: str, name: str) -> Obj | None:
+    """The pod if its Ready condition is True."""
+    obj = pod(cp, namespace, name)
+    return obj if is_true(obj, "Ready") else None
+
+
+def condition(obj: Obj | None, kind: str) -> Obj | None:
+    for cond in (obj or {}).get("status", {}).get("conditions", []) or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return None
+
+
+def is_true(obj: Obj | None, kind: str) -> bool:
+    cond = condition(obj, kind)
+    return bool(cond and cond.get("status") == "True")
+
+
+def container_status(obj: Obj | None, name: str) -> Obj:
+    for status in (obj or {}).get("status", {}).get("containerStatuses", []) or []:
+        if status["name"] == name:
+            return dict(status)
+    return {}
+
+
+def apply(cp: ControlPlane, manifest: str, namespace: str) -> str:
+    return cp.kubectl("apply", "-n", namespace, "-f", "-", input_text=manifest)
+
+
+GROUP_PATH = "/apis/pd.serving.dev/v1alpha1"
+
+
+def pdd(cp: ControlPlane, namespace: str, name: str) -> Obj | None:
+    return get(cp, f"{GROUP_PATH}/namespaces/{namespace}/pddeployments/{name}")
+
+
+def phase(obj: Obj | None) -> str:
+    return str(((obj or {}).get("status") or {}).get("phase", ""))
+
+
+def wait_pdd_ready(cp: ControlPlane, namespace: str, name: str, timeout_s: float = 120) -> Obj:
+    """Ready phase for the current generation (so a stale Ready from before a change does not count)."""
+
+    def ready() -> Obj | None:
+        obj = pdd(cp, namespace, name)
+        if obj is None or phase(obj) != "Ready":
+            return None
+        observed = obj["status"].get("observedGeneration")
+        return obj if observed == obj["metadata"]["generation"] else None
+
+    return wait_for(ready, timeout_s, f"PDDeployment {namespace}/{name} Ready")

@@ -1,0 +1,329 @@
+"""The node agent behaves like a kubelet for plain pods: the ground the operator tests stand on."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+
+import httpx
+
+from e2e.cluster import REPO_ROOT, ControlPlane
+from e2e.stack import NODE_NAME, Stack
+from e2e.tests.kube import Obj, apply, container_status, get, is_true, pod, ready_pod, wait_for
+
+
+def _terminated(cp: ControlPlane, namespace: str, name: str, container: str) -> Obj:
+    def done() -> Obj | None:
+        obj = pod(cp, namespace, name)
+        if obj and obj["status"].get("phase") in ("Succeeded", "Failed"):
+            return dict(container_status(obj, container)["state"]["terminated"])
+        return None
+
+    return wait_for(done, 60, f"pod {name} to finish")
+
+
+def test_node_looks_like_an_mi300x_node(cp: ControlPlane) -> None:
+    node = get(cp, f"/api/v1/nodes/{NODE_NAME}")
+    assert node is not None
+    assert node["status"]["capacity"]["amd.com/gpu"] == "8"
+    assert node["status"]["allocatable"]["amd.com/gpu"] == "8"
+    labels = node["metadata"]["labels"]
+    assert labels["amd.com/gpu.product-name"] == "AMD_Instinct_MI300X_OAM"
+    assert labels["amd.com/gpu.device-id"] == "74a1"
+    assert labels["amd.com/gpu.compute-memory-partition"] == "spx_nps1"
+    assert is_true(node, "Ready")
+    lease = wait_for(
+        lambda: get(cp, f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{NODE_NAME}"), 15, "lease"
+    )
+    assert lease["spec"]["holderIdentity"] == NODE_NAME
+
+
+RESOLVE_POD = """
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: cfg}
+data: {greeting: hello, key: from-configmap}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: sec}
+stringData: {password: s3cret}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: resolve, labels: {app: resolve}}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: ghcr.io/pd-serving/pd-runtime:0.1.0
+    command: ["sh", "-c"]
+    args:
+    - |
+      {
+        echo "ip=$POD_IP name=$NAME ns=$NS"
+        echo "cm=$FROM_CM secret=$FROM_SECRET prefixed=$PRE_greeting expanded=$EXPANDED"
+        echo "file=$(cat /config/greeting) secretfile=$(cat /secret/password)"
+        echo "shm=$(stat -f -c %T /dev/shm) pdctl=$(command -v pdctl) vllm=$(command -v vllm)"
+        echo "secret-ro=$(touch /secret/x 2>/dev/null && echo no || echo yes)"
+      } > /dev/termination-log
+    env:
+    - {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
+    - {name: NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
+    - {name: NS, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
+    - {name: FROM_CM, valueFrom: {configMapKeyRef: {name: cfg, key: key}}}
+    - {name: FROM_SECRET, valueFrom: {secretKeyRef: {name: sec, key: password}}}
+    - {name: EXPANDED, value: "$(NAME)-$(FROM_CM)"}
+    envFrom:
+    - {prefix: PRE_, configMapRef: {name: cfg}}
+    volumeMounts:
+    - {name: config, mountPath: /config}
+    - {name: secret, mountPath: /secret, readOnly: true}
+    - {name: shm, mountPath: /dev/shm}
+  volumes:
+  - {name: config, configMap: {name: cfg}}
+  - {name: secret, secret: {secretName: sec}}
+  - {name: shm, emptyDir: {medium: Memory, sizeLimit: 64Mi}}
+"""
+
+
+def test_pod_spec_is_resolved_like_a_kubelet(cp: ControlPlane, namespace: str) -> None:
+    apply(cp, RESOLVE_POD, namespace)
+    terminated = _terminated(cp, namespace, "resolve", "main")
+    assert terminated["exitCode"] == 0
+    obj = pod(cp, namespace, "resolve")
+    assert obj is not None and obj["status"]["phase"] == "Succeeded"
+    message = str(terminated["message"])
+    assert f"ip={obj['status']['podIP']} name=resolve ns={namespace}" in message
+    assert "cm=from-configmap secret=s3cret prefixed=hello expanded=resolve-from-configmap" in message
+    assert "file=hello secretfile=s3cret" in message
+    assert "shm=tmpfs" in message
+    assert f"pdctl={sys.prefix}/bin/pdctl vllm={REPO_ROOT}/e2e/shims/vllm" in message
+    assert "secret-ro=yes" in message
+
+
+def test_volumes_over_the_install_keep_pdctl_working(cp: ControlPlane, namespace: str) -> None:
+    """emptyDirs over /tmp (as the proxy has) and over this checkout's parent hide the node's files there,
+    yet `pdctl` from this project still runs: the agent binds its install back in place."""
+    targets = sorted({"/tmp", str(REPO_ROOT.parent)})
+    hidden = cp.kubeconfig  # under the system temp directory, normally /tmp
+    script = (
+        f'pdctl --help > /dev/null && echo "pdctl-runs hidden=$(test -e {hidden} && echo no || echo yes)"'
+        " > /dev/termination-log"
+    )
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "hiding"},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "runtime",
+                    "command": ["sh", "-c", script],
+                    "volumeMounts": [{"name": f"v{i}", "mountPath": t} for i, t in enumerate(targets)],
+                }
+            ],
+            "volumes": [{"name": f"v{i}", "emptyDir": {}} for i in range(len(targets))],
+        },
+    }
+    apply(cp, json.dumps(manifest), namespace)
+    terminated = _terminated(cp, namespace, "hiding", "main")
+    assert terminated["exitCode"] == 0, terminated
+    expected = "yes" if str(hidden).startswith(tuple(targets)) else "no"
+    assert f"pdctl-runs hidden={expected}" in str(terminated["message"])
+
+
+WEB_PODS = """
+apiVersion: v1
+kind: Pod
+metadata: {name: web-a, labels: {app: web-a}}
+spec:
+  containers:
+  - name: web
+    image: runtime
+    command: ["python", "-m", "http.server", "8080"]
+    ports: [{name: http, containerPort: 8080}]
+    readinessProbe: {httpGet: {path: /, port: http}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web-b, labels: {app: web-b}}
+spec:
+  containers:
+  - name: web
+    image: runtime
+    command: ["python", "-m", "http.server", "8080"]
+    readinessProbe: {tcpSocket: {port: 8080}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web-a}
+  ports: [{port: 8080}]
+"""
+
+CLIENT_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: client}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: client
+    image: runtime
+    command:
+    - python
+    - -c
+    - |
+      import urllib.request
+      for host in ("web", "web.NS.svc", "web.NS.svc.cluster.local"):
+          assert urllib.request.urlopen(f"http://{host}:8080/", timeout=5).status == 200, host
+      print("all names resolved")
+"""
+
+
+def test_pods_get_own_network_and_services_resolve(cp: ControlPlane, namespace: str) -> None:
+    apply(cp, WEB_PODS, namespace)
+    ready = [wait_for(functools.partial(ready_pod, cp, namespace, n), 60, n) for n in ("web-a", "web-b")]
+    ips = {p["status"]["podIP"] for p in ready}
+    assert len(ips) == 2, "each pod has its own network namespace and address"
+    for ip in ips:  # the same port in two pods, both reachable from the node
+        assert httpx.get(f"http://{ip}:8080/", timeout=5, trust_env=False).status_code == 200
+    apply(cp, CLIENT_POD.replace("NS", namespace), namespace)
+    terminated = _terminated(cp, namespace, "client", "client")
+    assert terminated["exitCode"] == 0, terminated
+
+
+CRASHING_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: crash}
+spec:
+  restartPolicy: Always
+  containers:
+  - name: main
+    image: runtime
+    command: ["sh", "-c", "echo boom > /dev/termination-log; exit 3"]
+"""
+
+
+def test_restart_policy_always_restarts_with_termination_message(cp: ControlPlane, namespace: str) -> None:
+    apply(cp, CRASHING_POD, namespace)
+
+    def restarted() -> Obj | None:
+        status = container_status(pod(cp, namespace, "crash"), "main")
+        return status if status.get("restartCount", 0) >= 2 else None
+
+    status = wait_for(restarted, 60, "two restarts")
+    last = status["lastState"]["terminated"]
+    assert last["exitCode"] == 3 and last["message"].strip() == "boom"
+
+
+PROBED_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: probed}
+spec:
+  containers:
+  - name: main
+    image: runtime
+    command: ["sh", "-c", "sleep 1; touch /scratch/ready; exec python -m http.server 8080"]
+    volumeMounts: [{name: work, mountPath: /scratch}]
+    readinessProbe: {exec: {command: ["test", "-f", "/scratch/ready"]}, periodSeconds: 1}
+    livenessProbe: {httpGet: {path: /, port: 9999}, initialDelaySeconds: 3, periodSeconds: 1, failureThreshold: 2}
+  volumes: [{name: work, emptyDir: {}}]
+"""
+
+
+def test_exec_readiness_and_liveness_restart(cp: ControlPlane, namespace: str) -> None:
+    apply(cp, PROBED_POD, namespace)
+    wait_for(lambda: is_true(pod(cp, namespace, "probed"), "Ready"), 60, "exec readiness probe")
+
+    def restarted() -> bool:
+        return int(container_status(pod(cp, namespace, "probed"), "main").get("restartCount", 0)) >= 1
+
+    wait_for(restarted, 60, "restart after the liveness probe fails")
+    events = json.loads(cp.kubectl("get", "events", "-n", namespace, "-o", "json"))["items"]
+    assert any(e["reason"] == "Unhealthy" and "Liveness" in e["message"] for e in events)
+
+
+SLEEP_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: sleeper}
+spec:
+  terminationGracePeriodSeconds: 5
+  containers:
+  - name: main
+    image: runtime
+    command: ["sh", "-c", "echo hello-from-pod; exec sleep 3600"]
+"""
+
+
+def _agent_netns(stack: Stack) -> list[str]:
+    run_id = json.loads((stack.agent_dir() / "agent.json").read_text())["run_id"]
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(f"pd-{run_id}-")]
+
+
+def test_logs_and_deletion_stop_processes(stack: Stack, cp: ControlPlane, namespace: str) -> None:
+    before = set(_agent_netns(stack))
+    apply(cp, SLEEP_POD, namespace)
+    wait_for(lambda: is_true(pod(cp, namespace, "sleeper"), "Ready"), 60, "sleeper Ready")
+    assert len(set(_agent_netns(stack)) - before) == 1
+    wait_for(lambda: "hello-from-pod" in cp.kubectl("logs", "-n", namespace, "sleeper"), 20, "kubectl logs")
+    cp.kubectl("delete", "pod", "-n", namespace, "sleeper", "--timeout=30s")
+    assert pod(cp, namespace, "sleeper") is None
+    wait_for(lambda: not set(_agent_netns(stack)) - before, 10, "the pod's network namespace removed")
+
+
+JOB = """
+apiVersion: batch/v1
+kind: Job
+metadata: {name: once}
+spec:
+  backoffLimit: 0
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: main
+        image: runtime
+        command: ["sh", "-c", "echo '{\\"ok\\": true}' > /dev/termination-log"]
+"""
+
+
+def test_job_completes_through_the_job_controller(cp: ControlPlane, namespace: str) -> None:
+    apply(cp, JOB, namespace)
+
+    def complete() -> Obj | None:
+        job = get(cp, f"/apis/batch/v1/namespaces/{namespace}/jobs/once")
+        return job if is_true(job, "Complete") else None
+
+    job = wait_for(complete, 60, "Job Complete")
+    assert job["status"]["succeeded"] == 1
+
+
+VLLM_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: real-vllm}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: engine
+    image: runtime
+    command: ["vllm", "serve", "Qwen/Qwen3-235B-A22B-FP8"]
+"""
+
+
+def test_real_vllm_fails_clearly(cp: ControlPlane, namespace: str) -> None:
+    apply(cp, VLLM_POD, namespace)
+    terminated = _terminated(cp, namespace, "real-vllm", "engine")
+    assert terminated["exitCode"] == 127
+    assert "vllm is not available" in str(terminated["message"])

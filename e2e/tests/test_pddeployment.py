@@ -1,0 +1,347 @@
+"""The mission end to end: `kubectl apply` a PDDeployment, the operator (chart RBAC) makes it serve.
+
+One operator and one node agent serve the whole module. The three simulated examples are applied at once
+and checked per mode; a separate deployment goes through the lifecycle tests (spec change, pod deletion,
+killed engine, garbage collection) in file order, each leaving it Ready for the next.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from e2e.cluster import REPO_ROOT, ControlPlane
+from e2e.stack import OPERATOR_NAMESPACE, Stack
+from e2e.tests.kube import (
+    GROUP_PATH,
+    Obj,
+    apply,
+    condition,
+    get,
+    pdd,
+    phase,
+    pod,
+    pods,
+    wait_for,
+    wait_pdd_ready,
+)
+
+EXAMPLES = {
+    "write": REPO_ROOT / "examples" / "simulated-write.yaml",
+    "read": REPO_ROOT / "examples" / "simulated-read.yaml",
+    "colocated": REPO_ROOT / "examples" / "simulated-colocated.yaml",
+}
+ROLE_CONDITIONS = {
+    "write": ["SpecValid", "PrefillReady", "DecodeReady", "ProxyReady", "Ready"],
+    "read": ["SpecValid", "PrefillReady", "DecodeReady", "ProxyReady", "Ready"],
+    "colocated": ["SpecValid", "EngineReady", "ProxyReady", "Ready"],
+}
+
+
+def load_example(mode: str, name: str | None = None) -> Obj:
+    obj: Obj = yaml.safe_load(EXAMPLES[mode].read_text())
+    if name:
+        obj["metadata"]["name"] = name
+    return obj
+
+
+def apply_obj(cp: ControlPlane, obj: Obj, namespace: str) -> None:
+    apply(cp, json.dumps(obj), namespace)
+
+
+def serving_pod(cp: ControlPlane, namespace: str, name: str) -> Obj:
+    obj = pdd(cp, namespace, name)
+    assert obj is not None
+    found = pod(cp, namespace, obj["status"]["podName"])
+    assert found is not None
+    return found
+
+
+def stream_completion(pod_ip: str, port: int = 8000) -> str:
+    """A streamed completion through the proxy's API port; returns the generated text."""
+    base = f"http://{pod_ip}:{port}"
+    model = httpx.get(f"{base}/v1/models", timeout=10, trust_env=False).json()["data"][0]["id"]
+    body = {"model": model, "prompt": "Disaggregate prefill and decode.", "max_tokens": 8, "stream": True}
+    chunks: list[str] = []
+    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60, trust_env=False) as resp:
+        assert resp.status_code == 200, resp.read()
+        chunks = [line[len("data: ") :] for line in resp.iter_lines() if line.startswith("data: ")]
+    assert chunks and chunks[-1] == "[DONE]", chunks
+    return "".join(json.loads(c)["choices"][0].get("text", "") for c in chunks[:-1])
+
+
+def children(cp: ControlPlane, namespace: str, name: str) -> dict[str, list[str]]:
+    """Every object the operator created for `name`, by kind (label pd.serving.dev/deployment)."""
+    selector = f"pd.serving.dev/deployment={name}"
+    kinds = {
+        "pods": "/api/v1",
+        "services": "/api/v1",
+        "configmaps": "/api/v1",
+        "networkpolicies": "/apis/networking.k8s.io/v1",
+        "jobs": "/apis/batch/v1",
+    }
+    found: dict[str, list[str]] = {}
+    for kind, prefix in kinds.items():
+        listing = get(cp, f"{prefix}/namespaces/{namespace}/{kind}?labelSelector={selector}") or {}
+        found[kind] = sorted(item["metadata"]["name"] for item in listing.get("items", []))
+    return found
+
+
+# ---- the three modes ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def modes_namespace(operator: Stack) -> Iterator[str]:
+    """All three simulated examples applied at once, so they come up in parallel."""
+    cp = operator.cp
+    namespace = "pd-modes"
+    cp.kubectl("create", "namespace", namespace)
+    for mode in EXAMPLES:
+        apply_obj(cp, load_example(mode), namespace)
+    yield namespace
+    cp.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+@pytest.mark.parametrize("mode", list(EXAMPLES))
+def test_example_becomes_ready_and_serves(cp: ControlPlane, modes_namespace: str, mode: str) -> None:
+    name = load_example(mode)["metadata"]["name"]
+    obj = wait_pdd_ready(cp, modes_namespace, name, timeout_s=180)
+    for kind in ROLE_CONDITIONS[mode]:
+        assert (condition(obj, kind) or {}).get("status") == "True", (kind, obj["status"])
+    serving = serving_pod(cp, modes_namespace, name)
+    assert serving["spec"]["nodeName"] == "mi300x-0"
+    statuses = serving["status"]["containerStatuses"]
+    assert statuses and all(s["ready"] and "running" in s["state"] for s in statuses)
+    assert stream_completion(serving["status"]["podIP"])
+    if mode != "colocated":
+        verified = wait_for(
+            lambda: (condition(pdd(cp, modes_namespace, name), "KVTransferVerified") or {}).get("status") == "True",
+            60,
+            "KVTransferVerified after a request",
+        )
+        assert verified
+
+
+@pytest.mark.parametrize("mode", list(EXAMPLES))
+def test_goodput_probe_writes_status(cp: ControlPlane, modes_namespace: str, mode: str) -> None:
+    """The probe Job reaches the proxy by its Service name from its own pod, and the result lands in status."""
+    name = load_example(mode)["metadata"]["name"]
+    wait_pdd_ready(cp, modes_namespace, name, timeout_s=180)
+
+    def goodput() -> Obj | None:
+        status = (pdd(cp, modes_namespace, name) or {}).get("status") or {}
+        return status.get("goodput")
+
+    result = wait_for(goodput, 180, f"status.goodput of {name}")
+    assert result["requests"] > 0 and 0.0 <= result["attainment"] <= 1.0
+    met = condition(pdd(cp, modes_namespace, name), "GoodputMet") or {}
+    assert met.get("status") in ("True", "False"), met
+
+
+def test_printer_columns(cp: ControlPlane, modes_namespace: str) -> None:
+    wait_pdd_ready(cp, modes_namespace, load_example("write")["metadata"]["name"], timeout_s=180)
+    header, *rows = cp.kubectl("get", "pdd", "-n", modes_namespace).splitlines()
+    for column in ("NAME", "MODE", "TRANSFER", "READY", "PHASE", "PREFILL GPUS", "DECODE GPUS", "GOODPUT", "AGE"):
+        assert column in header, header
+    write_row = next(r for r in rows if r.startswith(load_example("write")["metadata"]["name"]))
+    assert "disaggregated" in write_row and "write" in write_row and "Ready" in write_row
+
+
+# ---- admission ------------------------------------------------------------------------------------------
+
+
+def _spec_table() -> Any:
+    path = REPO_ROOT / "tests" / "operator" / "spec_table.py"
+    spec = importlib.util.spec_from_file_location("pd_spec_table", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SPEC_TABLE = _spec_table()
+
+
+@pytest.mark.parametrize("case", SPEC_TABLE.load_cases(), ids=lambda c: c["name"])
+def test_invalid_spec_rejected_by_api_server(operator: Stack, case: dict[str, Any]) -> None:
+    body = {
+        "apiVersion": "pd.serving.dev/v1alpha1",
+        "kind": "PDDeployment",
+        "metadata": {"name": "invalid"},
+        "spec": SPEC_TABLE.patched(case),
+    }
+    with operator.cp.http() as client:
+        resp = client.post(f"{GROUP_PATH}/namespaces/default/pddeployments?dryRun=All", json=body)
+    assert resp.status_code == 422, f"{case['name']}: accepted ({resp.status_code})"
+    status = resp.json()
+    causes = status.get("details", {}).get("causes", [])
+    lines = [f"{c.get('field', '')}: {c.get('message', '')}" for c in causes] or [status["message"]]
+    assert any(line.startswith(case["field"]) and case["message"] in line for line in lines), (
+        f"{case['name']}: no error on {case['field']} containing {case['message']!r} in {lines}"
+    )
+
+
+# ---- lifecycle of one deployment ----------------------------------------------------------------------------
+
+LIFECYCLE = "lifecycle"
+
+
+@pytest.fixture(scope="module")
+def lifecycle(operator: Stack) -> Iterator[str]:
+    cp = operator.cp
+    namespace = "pd-lifecycle"
+    cp.kubectl("create", "namespace", namespace)
+    obj = load_example("write", LIFECYCLE)
+    obj["spec"]["goodputProbe"] = {"enabled": False}
+    apply_obj(cp, obj, namespace)
+    wait_pdd_ready(cp, namespace, LIFECYCLE, timeout_s=180)
+    yield namespace
+    cp.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def test_spec_change_rolls_the_pod(cp: ControlPlane, lifecycle: str) -> None:
+    before = serving_pod(cp, lifecycle, LIFECYCLE)
+    generation = pdd(cp, lifecycle, LIFECYCLE)["metadata"]["generation"]  # type: ignore[index]
+    patch = json.dumps({"spec": {"decode": {"maxNumSeqs": 32}}})
+    cp.kubectl("patch", "pdd", LIFECYCLE, "-n", lifecycle, "--type=merge", "-p", patch)
+    obj = wait_pdd_ready(cp, lifecycle, LIFECYCLE, timeout_s=180)
+    assert obj["status"]["observedGeneration"] == generation + 1
+    after = serving_pod(cp, lifecycle, LIFECYCLE)
+    assert after["metadata"]["uid"] != before["metadata"]["uid"], "the pod was rolled"
+    decode = next(c for c in after["spec"]["containers"] if c["name"] == "decode")
+    argv = [a.replace("_", "-") if a.startswith("--") else a for a in decode["command"] + decode.get("args", [])]
+    assert "--max-num-seqs" in argv and argv[argv.index("--max-num-seqs") + 1] == "32"  # vLLM takes both spellings
+
+
+def test_deleted_pod_comes_back(cp: ControlPlane, lifecycle: str) -> None:
+    before = serving_pod(cp, lifecycle, LIFECYCLE)
+    cp.kubectl("delete", "pod", before["metadata"]["name"], "-n", lifecycle, "--wait=false")
+
+    def replaced() -> bool:
+        current = pods(cp, lifecycle, f"pd.serving.dev/deployment={LIFECYCLE}")
+        return any(p["metadata"]["uid"] != before["metadata"]["uid"] for p in current)
+
+    wait_for(replaced, 60, "a new serving pod")
+    wait_pdd_ready(cp, lifecycle, LIFECYCLE, timeout_s=180)
+    assert serving_pod(cp, lifecycle, LIFECYCLE)["metadata"]["uid"] != before["metadata"]["uid"]
+
+
+def test_killed_decode_degrades_then_recovers(stack: Stack, cp: ControlPlane, lifecycle: str) -> None:
+    serving = serving_pod(cp, lifecycle, LIFECYCLE)
+    meta = serving["metadata"]
+    pid_file = stack.agent_dir() / "pods" / f"{lifecycle}_{meta['name']}_{meta['uid'][:8]}" / "containers"
+    pid = int((pid_file / "decode" / "pid").read_text())
+    os.killpg(pid, signal.SIGKILL)  # the decode engine's process group, started by our node agent
+    wait_for(lambda: phase(pdd(cp, lifecycle, LIFECYCLE)) == "Degraded", 60, "phase Degraded", interval_s=0.1)
+    obj = wait_pdd_ready(cp, lifecycle, LIFECYCLE, timeout_s=180)
+    decode = next(r for r in obj["status"]["roles"] if r["name"] == "decode")
+    assert decode["restartCount"] >= 1
+    assert serving_pod(cp, lifecycle, LIFECYCLE)["metadata"]["uid"] == meta["uid"], "restarted in place"
+
+
+def test_deleting_the_deployment_removes_every_child(cp: ControlPlane, lifecycle: str) -> None:
+    assert children(cp, lifecycle, LIFECYCLE)["pods"], "precondition: the deployment has children"
+    cp.kubectl("delete", "pdd", LIFECYCLE, "-n", lifecycle, "--wait=false")
+
+    def all_gone() -> bool:
+        return pdd(cp, lifecycle, LIFECYCLE) is None and not any(children(cp, lifecycle, LIFECYCLE).values())
+
+    wait_for(all_gone, 90, "garbage collection of every child")
+
+
+# ---- operator restart ----------------------------------------------------------------------------------------
+
+
+def test_operator_restart_mid_reconcile_converges_without_duplicates(
+    operator: Stack, cp: ControlPlane, namespace: str
+) -> None:
+    apply_obj(cp, load_example("write", "restart"), namespace)
+    wait_for(
+        lambda: children(cp, namespace, "restart")["services"],
+        30,
+        "reconcile started (Service created)",
+        interval_s=0.05,
+    )
+    operator.stop_operator()  # SIGTERM, as a rolling update of the operator Deployment does
+    operator.start_operator()
+    wait_pdd_ready(cp, namespace, "restart", timeout_s=180)
+    found = children(cp, namespace, "restart")
+    serving = pods(cp, namespace, "pd.serving.dev/deployment=restart,app.kubernetes.io/component=serving")
+    assert len(serving) == 1, [p["metadata"]["name"] for p in serving]
+    assert len(found["services"]) == 1 and len(found["networkpolicies"]) == 1, found
+    assert len(found["jobs"]) <= 1, found
+
+
+# ---- RBAC -----------------------------------------------------------------------------------------------------
+
+# Contract 5 of the team brief: what the operator may do, and nothing more.
+EXPECTED_RULES = {
+    "pddeployments.pd.serving.dev": {"get", "list", "watch", "patch"},
+    "pddeployments.pd.serving.dev/status": {"get", "patch", "update"},
+    "pods": {"get", "list", "watch", "create", "delete", "patch"},
+    "services": {"get", "list", "watch", "create", "patch", "delete"},
+    "configmaps": {"get", "list", "watch", "create", "patch", "delete"},
+    "events": {"create", "patch"},
+    "events.events.k8s.io": {"create", "patch"},
+    "networkpolicies.networking.k8s.io": {"get", "list", "watch", "create", "patch", "delete"},
+    "jobs.batch": {"get", "list", "watch", "create", "delete"},
+    # cluster-wide install: peering through a ClusterKopfPeering only (namespaced KopfPeering rights
+    # belong to the chart's watchNamespaces mode, where they replace this one)
+    "clusterkopfpeerings.kopf.dev": {"get", "list", "watch", "patch"},
+    "namespaces": {"list", "watch"},
+    "customresourcedefinitions.apiextensions.k8s.io": {"list", "watch"},
+}
+# granted to every authenticated user by the default bootstrap roles, not by the chart
+SELF_REVIEWS = {
+    "selfsubjectreviews.authentication.k8s.io",
+    "selfsubjectaccessreviews.authorization.k8s.io",
+    "selfsubjectrulesreviews.authorization.k8s.io",
+}
+
+
+def test_operator_service_account_has_least_privilege(operator: Stack) -> None:
+    account = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{operator.operator_service_account()}"
+    out = operator.cp.kubectl("auth", "can-i", "--list", f"--as={account}", "-n", "default")
+    granted: dict[str, set[str]] = {}
+    for line in out.splitlines()[1:]:
+        parts = line.split()
+        if not parts or parts[0].startswith("[") or parts[0] in SELF_REVIEWS:
+            continue  # non-resource URLs and self reviews
+        resource, verbs = parts[0], line[line.rindex("[") + 1 : line.rindex("]")].split()
+        if resource.endswith("[]"):
+            resource = resource[:-2]
+        granted.setdefault(resource, set()).update(verbs)
+    assert granted == EXPECTED_RULES
+
+
+def test_chart_installs_with_helm_v4(operator: Stack, cp: ControlPlane) -> None:
+    """Helm v4 (server-side apply by default) installs the same chart as a second release."""
+    release, namespace = "pd-operator-v4", "pd-helm4"
+    operator.helm(
+        "install",
+        release,
+        str(REPO_ROOT / "charts" / "pd-operator"),
+        "-n",
+        namespace,
+        "--create-namespace",
+        "--set",
+        "replicaCount=0",
+        "--wait",
+        "--timeout",
+        "120s",
+        version=4,
+    )
+    try:
+        listing = get(cp, f"/apis/apps/v1/namespaces/{namespace}/deployments") or {}
+        assert [d["metadata"]["name"] for d in listing["items"]], "the chart's Deployment exists"
+    finally:
+        operator.helm("uninstall", release, "-n", namespace, "--wait", version=4)
+    assert get(cp, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/pddeployments.pd.serving.dev")
