@@ -18,6 +18,7 @@ $(VENV)/.installed: pyproject.toml
 
 lint: venv
 	$(VENV)/bin/ruff check operator runtime tests e2e bench
+	$(VENV)/bin/ruff format --check operator runtime tests e2e bench
 	$(VENV)/bin/mypy
 
 unit: venv

@@ -288,7 +288,6 @@ EXPECTED_RULES = {
     "pddeployments.pd.serving.dev/status": {"get", "patch", "update"},
     "pods": {"get", "list", "watch", "create", "delete", "patch"},
     "services": {"get", "list", "watch", "create", "patch", "delete"},
-    "configmaps": {"get", "list", "watch", "create", "patch", "delete"},
     "events": {"create", "patch"},
     "events.events.k8s.io": {"create", "patch"},
     "networkpolicies.networking.k8s.io": {"get", "list", "watch", "create", "patch", "delete"},

@@ -924,7 +924,9 @@ class PDDeploymentStatus(ApiModel):
     )
     pod_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(None, description="Serving pod.")
     pod_uid: Annotated[str, StringConstraints(max_length=64)] | None = Field(None, description="Its UID.")
-    pod_ip: Annotated[str, StringConstraints(max_length=64)] | None = Field(None, description="Its IP.")
+    pod_ip: Annotated[str, StringConstraints(max_length=64)] | None = Field(
+        None, alias="podIP", description="Its IP (the proxy's admin /status is read there)."
+    )
     node_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(None, description="Its node.")
     roles: list[RoleStatus] = Field(default_factory=list, max_length=8, description="Per-container readiness.")
     gpu_assignment: GpuAssignment | None = Field(None, description="GPUs per engine.")

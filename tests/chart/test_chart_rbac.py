@@ -14,7 +14,6 @@ NAMESPACED_NEEDS: dict[tuple[str, str], str] = {
     ("pd.serving.dev", "pddeployments/status"): "get patch update",
     ("", "pods"): "get list watch create delete patch",
     ("", "services"): "get list watch create patch delete",
-    ("", "configmaps"): "get list watch create patch delete",
     ("", "events"): "create patch",
     ("events.k8s.io", "events"): "create patch",
     ("networking.k8s.io", "networkpolicies"): "get list watch create patch delete",
@@ -54,6 +53,14 @@ def test_cluster_mode_grants_exactly_the_contract(helm: Path) -> None:
     expected = grants("*", NAMESPACED_NEEDS) | grants("*", CLUSTER_NEEDS)
     expected |= grants("*", {("kopf.dev", "clusterkopfpeerings"): PEERING_VERBS})
     assert rendered_grants(documents(render(helm))) == expected
+
+
+def test_dra_rights_only_when_asked_for(helm: Path) -> None:
+    """ResourceClaimTemplates are needed only by the dra GPU strategy, so they are opt-in."""
+    claim_templates = grants("*", {("resource.k8s.io", "resourceclaimtemplates"): "get list watch create patch delete"})
+    assert not claim_templates & rendered_grants(documents(render(helm)))
+    with_dra = rendered_grants(documents(render(helm, sets=["rbac.dynamicResourceAllocation=true"])))
+    assert with_dra == rendered_grants(documents(render(helm))) | claim_templates
 
 
 def test_namespaced_mode_grants_namespaced_verbs_only_in_watched_namespaces(helm: Path) -> None:

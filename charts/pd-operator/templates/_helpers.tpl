@@ -63,7 +63,7 @@ Namespaced rules go into a ClusterRole (all namespaces) or one Role per watched 
   resources: [pods]
   verbs: [get, list, watch, create, delete, patch]
 - apiGroups: [""]
-  resources: [services, configmaps]
+  resources: [services]
   verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [events]
@@ -77,6 +77,11 @@ Namespaced rules go into a ClusterRole (all namespaces) or one Role per watched 
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [get, list, watch, create, delete]
+{{- if .Values.rbac.dynamicResourceAllocation }}
+- apiGroups: [resource.k8s.io]
+  resources: [resourceclaimtemplates]
+  verbs: [get, list, watch, create, patch, delete]
+{{- end }}
 {{- end }}
 
 {{/* What kopf needs cluster-wide in every mode: namespace and CRD discovery. */}}

@@ -19,7 +19,8 @@ def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
         import uvloop
     except ImportError:
         return asyncio.run(main)
-    return uvloop.run(main)
+    result: T = uvloop.run(main)  # typed here: without the `fast` extra mypy sees uvloop as Any
+    return result
 
 
 def loop_name() -> str:
