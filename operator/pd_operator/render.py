@@ -178,11 +178,6 @@ def _uses_dra(spec: PDDeploymentSpec) -> bool:
 # ---- containers ---------------------------------------------------------------------------------------
 
 
-# A real engine loads weights for minutes, so polling every 10 s costs nothing; a simulated one is up in
-# about a second, and a 10 s period would be most of its time to Ready.
-STARTUP_PERIOD_SECONDS = {"vllm": 10, "simulated": 2}
-
-
 def _http_probe(path: str, port: str, period: int, failures: int, timeout: int) -> Obj:
     return {
         "httpGet": {"path": path, "port": port},
@@ -237,8 +232,7 @@ def _engine_container(spec: PDDeploymentSpec, eng: EngineContainer, gpu_limits: 
     if _uses_dra(spec):
         resources["claims"] = [{"name": DRA_CLAIM, "request": eng.name}]
     http = f"{_port_prefix(eng)}-http"
-    startup_period = STARTUP_PERIOD_SECONDS[spec.engine]
-    startup_failures = math.ceil(spec.model_storage.load_timeout_seconds / startup_period)
+    startup_failures = math.ceil(spec.model_storage.load_timeout_seconds / 10)
     mounts: list[Obj] = [{"name": f"dshm-{eng.name}", "mountPath": "/dev/shm"}]
     if _model_volume(spec) is not None:
         storage = spec.model_storage
@@ -253,7 +247,7 @@ def _engine_container(spec: PDDeploymentSpec, eng: EngineContainer, gpu_limits: 
         "resources": resources,
         "volumeMounts": mounts,
         "securityContext": _engine_security(spec),
-        "startupProbe": _http_probe("/health", http, startup_period, startup_failures, 5),
+        "startupProbe": _http_probe("/health", http, 10, startup_failures, 5),
         "readinessProbe": _http_probe("/health", http, 5, 3, 5),
         "livenessProbe": _http_probe("/health", http, 15, 6, 10),
         "terminationMessagePolicy": "FallbackToLogsOnError",
