@@ -25,7 +25,6 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,6 +48,7 @@ from pd_runtime.bench.plan import PlannedRequest
 from pd_runtime.bench.slo import RequestTiming, request_itl_s
 from pd_runtime.bench.sse import DONE, SseDecoder, interpret
 from pd_runtime.bench.stats import percentile
+from pd_runtime.localports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "benchmarks.md"
@@ -255,9 +255,7 @@ SIM_ARGS = ["-tp", "8", "--profile", "qwen3-235b-mi300x"]
 
 
 def simulated_engine(load: Load) -> tuple[list[str], str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     engine = subprocess.Popen(
         [str(Path(PYTHON).parent / "pdctl"), "sim-engine", SIM_MODEL, "--host", "127.0.0.1", "--port", str(port),

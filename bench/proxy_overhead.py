@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,18 +32,12 @@ import zmq
 import zmq.asyncio
 from aiohttp import web
 
+from pd_runtime.localports import free_port
 from pd_runtime.protocol import Registration, g2_payload
 
 CONCURRENCY = 64
 TOY_REGISTRATION = "tcp://127.0.0.1:36367"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 # ---------------------------------------------------------------------------------------------

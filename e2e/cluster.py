@@ -26,7 +26,8 @@ import httpx
 import yaml
 
 from e2e import pki as pki_mod
-from e2e.procs import ProcRef, free_port, spawn, stop
+from e2e.procs import ProcRef, spawn, stop
+from pd_runtime.localports import free_port
 
 log = logging.getLogger(__name__)
 

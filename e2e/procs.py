@@ -10,7 +10,6 @@ import contextlib
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -109,11 +108,3 @@ def stop(ref: ProcRef, grace_s: float = 10.0) -> None:
 def _reap(pid: int) -> None:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-
-
-def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port

@@ -16,8 +16,9 @@ from typing import Any
 
 from e2e import netns
 from e2e.cluster import REPO_ROOT, ControlPlane
-from e2e.procs import ProcRef, free_port, is_running, spawn, stop
+from e2e.procs import ProcRef, is_running, spawn, stop
 from e2e.sandbox import unmount_leftovers
+from pd_runtime.localports import free_port
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,15 +18,9 @@ import zmq.asyncio
 from aiohttp import web
 from multidict import CIMultiDict
 
+from pd_runtime.localports import free_port
 from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.server import ProxyServer
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass

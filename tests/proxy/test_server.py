@@ -14,9 +14,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from pd_runtime.localports import free_port
 from pd_runtime.proxy.cli import main
 from tests.proxy.conftest import SetupFactory
-from tests.proxy.proxy_fakes import FakeEngine, free_port, proxy_config, start_proxy, wait_for
+from tests.proxy.proxy_fakes import FakeEngine, proxy_config, start_proxy, wait_for
 
 BODY = {"model": "m", "prompt": "Hello", "max_tokens": 8}
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")

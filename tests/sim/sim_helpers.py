@@ -13,8 +13,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from pd_runtime.localports import free_port, free_port_block
 from pd_runtime.sim.engine import SimEngine
-from pd_runtime.sim.stack import free_port, free_port_block
 
 
 @dataclass

@@ -16,7 +16,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from pd_runtime.sim.stack import free_port
+from pd_runtime.localports import free_port
 from tests.sim.sim_helpers import (
     EngineFactory,
     engine_ports,

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pd_runtime.sim.stack import free_port
+from pd_runtime.localports import free_port
 from tests.sim.sim_helpers import EngineFactory, engine_ports, kv_config, metric, scrape
 
 pytestmark = pytest.mark.timeout(30)

@@ -17,7 +17,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from pd_runtime.sim.stack import free_port_block
+from pd_runtime.localports import free_port_block
 from tests.sim.sim_helpers import (
     EngineFactory,
     Ports,

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -21,36 +20,12 @@ from typing import IO
 
 import aiohttp
 
+from pd_runtime.localports import free_port, free_port_block
 from pd_runtime.sim.system import EngineShape, Topology
 
 log = logging.getLogger(__name__)
 
 MODEL = "sim-model"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def free_port_block(count: int) -> int:
-    """A base port with ``count`` consecutive free ports (the side channels bind base + rank)."""
-    for _ in range(100):
-        base = free_port()
-        if base + count < 65536 and all(_is_free(base + i) for i in range(1, count)):
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports")
-
-
-def _is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 @dataclass
