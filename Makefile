@@ -17,8 +17,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 lint: venv
-	$(VENV)/bin/ruff check operator runtime tests e2e bench
-	$(VENV)/bin/ruff format --check operator runtime tests e2e bench
+	$(VENV)/bin/ruff check operator runtime tests e2e benchmarks
+	$(VENV)/bin/ruff format --check operator runtime tests e2e benchmarks
 	$(VENV)/bin/mypy
 
 unit: venv

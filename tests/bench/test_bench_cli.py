@@ -81,7 +81,7 @@ def test_fail_below_target_sets_the_exit_code(calibration_server: StartServer, t
 
 
 def test_client_timing_agrees_with_the_server(calibration_server: StartServer, tmp_path: Path) -> None:
-    """Generous bound for a shared CI machine; bench/bench_client_accuracy.py measures the real error."""
+    """Generous bound for a shared CI machine; benchmarks/bench_client_accuracy.py measures the real error."""
     server = calibration_server(Behaviour(ttft_s=0.03, itl_s=0.004, tokens_per_chunk=1))
     code, result = bench(server.url, tmp_path, rate=50, requests=30)
     assert code == 0

@@ -3,7 +3,7 @@
 It exists to measure the bench client's timing error: the server notes when it received each request
 and when it wrote each token, so TTFT and ITL as the client measured them can be compared with what
 the server actually did. Fault knobs (500s, stalls, short replies) let tests check error counting.
-Used by tests/bench and bench/bench_client_accuracy.py; run standalone with
+Used by tests/bench and benchmarks/bench_client_accuracy.py; run standalone with
 ``python -m pd_runtime.bench.calibration_server --port 0`` (prints the URL it listens on).
 """
 

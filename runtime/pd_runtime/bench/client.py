@@ -1,7 +1,7 @@
 """The shell that talks HTTP: one pooled aiohttp session, open-loop sends, timestamps per chunk.
 
 Why aiohttp: it reads a stream with about half the per-chunk CPU of httpx (measured side by side in
-bench/bench_client_accuracy.py, docs/benchmarks.md). Where the clock is read:
+benchmarks/bench_client_accuracy.py, docs/benchmarks.md). Where the clock is read:
 - a request starts when aiohttp hands its body to the socket (its request-chunk-sent trace signal),
   not when the coroutine starts building it, so the client's own request-building time (~0.3 ms of
   Python per request, more when the loop is busy) is not charged to the server; the delay from the

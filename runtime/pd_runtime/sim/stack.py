@@ -1,6 +1,6 @@
 """A local deployment of real processes: `pdctl proxy` plus simulated engines, on loopback.
 
-Used by the end-to-end tests and by bench/calibrate_sim.py to run the seed's configurations as real
+Used by the end-to-end tests and by benchmarks/calibrate_sim.py to run the seed's configurations as real
 processes (HTTP, ZMQ registration, ZMQ side channels) in scaled time. Every process is started here
 and stopped here, by pid.
 """

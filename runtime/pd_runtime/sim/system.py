@@ -1,7 +1,7 @@
 """Pure discrete-event simulation of a whole deployment: open-loop arrivals -> proxy -> engines.
 
 It drives the same ``Scheduler`` and ``timing`` functions as the live engine, with a virtual clock, so
-a 100-request, 2-minute experiment runs in well under a second. ``bench/calibrate_sim.py`` tunes the
+a 100-request, 2-minute experiment runs in well under a second. ``benchmarks/calibrate_sim.py`` tunes the
 calibrated profile with it; the live processes (scaled time) then confirm the numbers end to end.
 
 Topologies: ``colocated`` (N engines behind round robin, each doing prefill and decode), ``write`` and

@@ -6,7 +6,7 @@ Outputs are shortened (default 100 tokens, not the seed's 1000) so that a sweep 
 simulator fits a small machine; this illustrates the bench's sweep and plot, the calibrated
 Figure 4 of the seed lives in docs/simulator.md.
 
-Usage: .venv/bin/python bench/goodput_figure.py [--output-tokens 100] [--requests 50] [--sweep 1:10:1]
+Usage: .venv/bin/python benchmarks/goodput_figure.py [--output-tokens 100] [--requests 50] [--sweep 1:10:1]
 """
 
 from __future__ import annotations

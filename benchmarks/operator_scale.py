@@ -8,7 +8,7 @@ at once; time until all have their pod and until all are Ready; the operator's p
 the API requests the operator makes per PDDeployment per minute at steady state, counted exactly from the
 API server's audit log (Metadata level, the operator ServiceAccount's group only).
 
-    .venv/bin/python bench/operator_scale.py [--pdds 100] [--samples 3] [--update-docs]
+    .venv/bin/python benchmarks/operator_scale.py [--pdds 100] [--samples 3] [--update-docs]
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from e2e.stack import OPERATOR_NAMESPACE, Stack  # noqa: E402
 DOCS = REPO / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- operator-scale:begin -->", "<!-- operator-scale:end -->"
 GROUP = "/apis/pd.serving.dev/v1alpha1"
-COMMAND = ".venv/bin/python bench/operator_scale.py --update-docs"
+COMMAND = ".venv/bin/python benchmarks/operator_scale.py --update-docs"
 
 
 def bench_pdd(name: str) -> dict[str, Any]:

@@ -6,7 +6,7 @@ ZMQ like vLLM's G2 heartbeat):
   efficiency  64 concurrent closed-loop streams, chunks as fast as possible: relayed SSE chunks per
               CPU-second of the proxy process (from /proc/PID/stat), and errors
 
-    .venv/bin/python bench/proxy_overhead.py [--toy-proxy PATH --toy-python PYTHON] [--json FILE]
+    .venv/bin/python benchmarks/proxy_overhead.py [--toy-proxy PATH --toy-python PYTHON] [--json FILE]
 
 ``--toy-proxy`` points at a local copy of vLLM's moriio_toy_proxy_server.py (never committed here);
 it binds ZMQ port 36367, so only one toy run at a time. Results go to stdout as a Markdown table.

@@ -1,12 +1,12 @@
 """Calibrate and check the simulated engine against the seed article (docs/simulator.md).
 
-  python bench/calibrate_sim.py des  [--seeds 10] [--json FILE] [--plot FILE.png]
+  python benchmarks/calibrate_sim.py des  [--seeds 10] [--json FILE] [--plot FILE.png]
       The seed's table (good requests of 100 at 8 req/s, four configurations) and the attainment-vs-
       rate curves of its Figure 4, from the pure discrete-event simulation (seconds, no sockets).
-  python bench/calibrate_sim.py live [--time-scale 10] [--configs write,read,2xTP4,1xTP8] [--seed 0]
+  python benchmarks/calibrate_sim.py live [--time-scale 10] [--configs write,read,2xTP4,1xTP8] [--seed 0]
       The same experiment with real processes (pdctl proxy + pdctl sim-engine, ZMQ registration and
       side channels) in scaled time: arrivals X times denser, SLOs X times tighter.
-  python bench/calibrate_sim.py fit  [--seeds 6]
+  python benchmarks/calibrate_sim.py fit  [--seeds 6]
       Grid search of the profile's free parameters against the seed's counts (how the profile was set).
 
 The seed ran `vllm bench serve` with the random dataset and no --ignore-eos, so the requests here carry
