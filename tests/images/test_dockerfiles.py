@@ -158,3 +158,17 @@ def test_runtime_package_installs_in_a_clean_venv_as_the_dockerfile_does(tmp_pat
     assert "engine" in subprocess.run([pdctl, "--help"], capture_output=True, text=True, check=True).stdout
     launched = subprocess.run([pdctl, "engine", "--role", "decode", "--gpus", "0", "--", "true"], check=False)
     assert launched.returncode == 0
+
+
+def test_python_pin_matches_runtime_image() -> None:
+    """The simulator and proxy defaults follow pd_runtime.vllm_pin; it must name the image's vLLM."""
+    from pd_runtime.vllm_pin import PINNED_VLLM_VERSION
+
+    args = {
+        name: value
+        for instruction in parse_dockerfile(DOCKERFILES["runtime"])
+        if instruction.keyword == "ARG" and "=" in instruction.args
+        for name, value in [instruction.args.split("=", 1)]
+    }
+    assert args["VLLM_VERSION"] == PINNED_VLLM_VERSION
+    assert f":v{PINNED_VLLM_VERSION}" in args["BASE_NAME"]

@@ -1,0 +1,10 @@
+"""The vLLM version the runtime image (Dockerfile.rocm) ships, in one place for Python code.
+
+Behaviours of vLLM's MoRI-IO connector change between releases (docs/vllm-versions.md); the simulated
+engine and the proxy's defaults follow this version unless told otherwise. tests/images checks that it
+equals the image's ``VLLM_VERSION`` build argument.
+"""
+
+from __future__ import annotations
+
+PINNED_VLLM_VERSION = "0.29.0"
