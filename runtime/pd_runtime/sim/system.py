@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pd_runtime.bench.arrivals import Arrival, arrival_offsets
 from pd_runtime.sim.profiles import Profile
 from pd_runtime.sim.scheduler import Scheduler, Sequence, Step, TokenEvent
 from pd_runtime.sim.timing import kv_transfer_time, step_time, write_tail_time
@@ -76,14 +77,12 @@ class RequestResult:
 
 
 def poisson_arrivals(rate: float, count: int, rng: random.Random, rescaled: bool = False) -> list[float]:
-    now, times = 0.0, []
-    for i in range(count):
-        if i:
-            now += rng.expovariate(rate)
-        times.append(now)
-    if rescaled and count > 1 and now > 0:
+    """The bench's Poisson arrivals; ``rescaled`` stretches them as `vllm bench serve` does (Workload)."""
+    times = arrival_offsets(count, rate, Arrival.POISSON, rng)
+    last = times[-1] if times else 0.0
+    if rescaled and last > 0:
         span = count / rate
-        times = [t * span / now for t in times]
+        times = [t * span / last for t in times]
     return times
 
 
