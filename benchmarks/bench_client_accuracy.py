@@ -40,9 +40,9 @@ import aiohttp
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from pd_runtime import eventloop
 from pd_runtime.bench.arrivals import Arrival, arrival_offsets, stage_rng
 from pd_runtime.bench.client import REQUEST_ID_HEADER, BenchClient, ClientConfig
-from pd_runtime.bench.loop import loop_name, run_event_loop
 from pd_runtime.bench.payload import Endpoint, encode_body, request_body
 from pd_runtime.bench.plan import PlannedRequest
 from pd_runtime.bench.slo import RequestTiming, request_itl_s
@@ -189,7 +189,7 @@ def compare_clients(load: Load, rounds: int) -> list[str]:
             for name, reader in readers.items():
                 cpu_before = time.process_time()
                 requests = plan(load, f"{name.split()[0]}{round_no}")
-                timings, chunks = run_event_loop(reader(server.url, requests))
+                timings, chunks = eventloop.run(reader(server.url, requests))
                 cpu_us[name].append((time.process_time() - cpu_before) / max(chunks, 1) * 1e6)
                 measured = [(t.request_id, None, request_itl_s(t)) for t in timings]
                 found = errors_against_server(measured, server.timings())
@@ -331,7 +331,7 @@ def machine() -> str:
     load1, _, _ = os.getloadavg()
     return (
         f"{platform.machine()}, {os.cpu_count()} CPUs, load average {load1:.2f} at start, "
-        f"Python {platform.python_version()}, client and server on {loop_name()}"
+        f"Python {platform.python_version()}, client and server on {eventloop.loop_name()}"
     )
 
 

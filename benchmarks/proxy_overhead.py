@@ -32,6 +32,7 @@ import zmq
 import zmq.asyncio
 from aiohttp import web
 
+from pd_runtime import eventloop
 from pd_runtime.localports import free_port
 from pd_runtime.protocol import Registration, g2_payload
 
@@ -297,21 +298,12 @@ def machine_line(load_before: float) -> str:
     import platform
     from importlib.metadata import version
 
-    uvloop_version = version("uvloop") if _has_uvloop() else "absent"
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return (
         f"Measured on: {platform.machine()}, {os.cpu_count()} CPUs, load average {load_before:.2f} at start and "
         f"{os.getloadavg()[0]:.2f} at end, Python {platform.python_version()}, aiohttp {version('aiohttp')}, "
-        f"uvloop {uvloop_version}; {when}."
+        f"{eventloop.loop_name()}; {when}."
     )
-
-
-def _has_uvloop() -> bool:
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def render(results: list[PhaseResult], concurrency: int) -> str:
@@ -361,25 +353,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "engine":
         prefill_port, decode_port, *registration = argv[1:]
-        _event_loop_runner()(_run_engines(int(prefill_port), int(decode_port), registration))
+        eventloop.run(_run_engines(int(prefill_port), int(decode_port), registration))
         return 0
     args = parse_args(argv)
     load_before = os.getloadavg()[0]
-    results = _event_loop_runner()(main_async(args))
+    results = eventloop.run(main_async(args))
     sys.stdout.write(machine_line(load_before) + "\n\n" + render(results, args.concurrency))
     if args.json:
         Path(args.json).write_text(json.dumps([r.summary() for r in results], indent=2) + "\n")
     return 0
-
-
-def _event_loop_runner() -> Any:
-    """uvloop for the load generator and the fake engines when installed: they must not be the bottleneck."""
-    try:
-        import uvloop
-
-        return uvloop.run
-    except ImportError:
-        return asyncio.run
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from pd_runtime.bench.loop import run_event_loop
+from pd_runtime import eventloop
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens-per-chunk", type=int, default=1)
     args = parser.parse_args(argv)
     behaviour = Behaviour(ttft_s=args.ttft_ms / 1e3, itl_s=args.itl_ms / 1e3, tokens_per_chunk=args.tokens_per_chunk)
-    run_event_loop(_serve_forever(CalibrationServer(behaviour), args.host, args.port))
+    eventloop.run(_serve_forever(CalibrationServer(behaviour), args.host, args.port))
     return 0
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import aiohttp
 
+from pd_runtime import eventloop
 from pd_runtime.argtypes import fraction, non_negative_int, positive_float, positive_int
 from pd_runtime.bench.arrivals import Arrival
 from pd_runtime.bench.client import BenchClient, ClientConfig
-from pd_runtime.bench.loop import loop_name, run_event_loop
 from pd_runtime.bench.payload import Endpoint, endpoint_url
 from pd_runtime.bench.plan import Mode, RunResult, Workload
 from pd_runtime.bench.plot import curve_from_document, draw, load_curves
@@ -179,8 +179,8 @@ def _run_and_report(args: argparse.Namespace) -> int:
     # Read the other results to plot before a long run, so a wrong path fails at once.
     other_curves = load_curves([Path(p) for p in args.plot[1:]]) if args.plot else []
     _raise_open_file_limit()
-    run = run_event_loop(_run(args, workload, url))
-    client = f"aiohttp {aiohttp.__version__} on {loop_name()}"
+    run = eventloop.run(_run(args, workload, url))
+    client = f"aiohttp {aiohttp.__version__} on {eventloop.loop_name()}"
     context = RunContext(url=url, timeout_s=args.timeout_s, label=args.label, client=client)
     document = full_result(run, workload, context)
     _write_outputs(args, run, workload, document)

@@ -8,10 +8,10 @@ import logging
 import os
 import signal
 from collections.abc import Sequence
-from typing import Any
 
 import zmq
 
+from pd_runtime import eventloop
 from pd_runtime.argtypes import non_negative_float, positive_float
 from pd_runtime.protocol import REGISTRATION_PORT
 from pd_runtime.proxy.config import ProxyConfig, Timeouts
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--drain-timeout", type=non_negative_float, default=30.0, help="seconds to let streams finish on SIGTERM"
     )
-    p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto", help="auto: uvloop when installed")
+    p.add_argument("--loop", choices=eventloop.LOOP_CHOICES, default="auto", help="auto: uvloop when installed")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-format", choices=("text", "json"), default="text")
     return p
@@ -163,19 +163,6 @@ async def serve(config: ProxyConfig) -> None:
     await server.stop()
 
 
-def _run(config: ProxyConfig, loop_choice: str) -> None:
-    runner: Any = asyncio.run
-    if loop_choice != "asyncio":
-        try:
-            import uvloop  # optional: the `fast` extra
-
-            runner = uvloop.run
-        except ImportError:
-            if loop_choice == "uvloop":
-                raise
-    runner(serve(config))
-
-
 def main(argv: Sequence[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(list(argv))
@@ -183,7 +170,7 @@ def main(argv: Sequence[str]) -> int:
     configure(args.log_level, args.log_format)
     config = config_from_args(args, dict(os.environ))
     try:
-        _run(config, args.loop)
+        eventloop.run(serve(config), args.loop)
     except (OSError, zmq.ZMQError) as exc:  # e.g. a port already in use
         log.error("proxy could not start: %s", exc)
         return 1
