@@ -13,7 +13,7 @@ import logging
 import os
 import resource
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -22,9 +22,9 @@ from pd_runtime import eventloop
 from pd_runtime.argtypes import fraction, non_negative_int, positive_float, positive_int
 from pd_runtime.bench.arrivals import Arrival
 from pd_runtime.bench.client import BenchClient, ClientConfig
+from pd_runtime.bench.curves import Curve, curve_from_document, load_curves
 from pd_runtime.bench.payload import Endpoint, endpoint_url
 from pd_runtime.bench.plan import Mode, RunResult, Workload
-from pd_runtime.bench.plot import curve_from_document, draw, load_curves
 from pd_runtime.bench.progress import progress_factory
 from pd_runtime.bench.report import render_table
 from pd_runtime.bench.result import RunContext, full_result, summary_json
@@ -176,15 +176,16 @@ def _run_and_report(args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos,
     )
     url = endpoint_url(args.url, workload.endpoint)
-    # Read the other results to plot before a long run, so a wrong path fails at once.
+    # Read the other results to plot and load the plotter before a long run, so either fails at once.
     other_curves = load_curves([Path(p) for p in args.plot[1:]]) if args.plot else []
+    draw = _plotter() if args.plot else None
     _raise_open_file_limit()
     run = eventloop.run(_run(args, workload, url))
     client = f"aiohttp {aiohttp.__version__} on {eventloop.loop_name()}"
     context = RunContext(url=url, timeout_s=args.timeout_s, label=args.label, client=client)
     document = full_result(run, workload, context)
     _write_outputs(args, run, workload, document)
-    if args.plot:
+    if draw is not None:
         draw([curve_from_document(document, args.label or workload.model), *other_curves], Path(args.plot[0]))
     headline = run.stages[run.headline]
     if args.fail_below_target and not headline.passes(workload.slo.target):
@@ -216,8 +217,18 @@ def _write_outputs(args: argparse.Namespace, run: RunResult, workload: Workload,
 
 
 def _plot_only(args: argparse.Namespace) -> int:
-    draw(load_curves([Path(p) for p in args.plot[1:]]), Path(args.plot[0]))
+    curves = load_curves([Path(p) for p in args.plot[1:]])
+    _plotter()(curves, Path(args.plot[0]))
     return EXIT_OK
+
+
+def _plotter() -> Callable[[Sequence[Curve], Path], None]:
+    """The drawing function, imported only for --plot: matplotlib is the `plot` extra, and a probe Job
+    or `--help` should not pay for importing it and numpy (some 280 modules). Without the extra this
+    raises ModuleNotFoundError, which `pdctl` reports as the extra to install."""
+    from pd_runtime.bench.plot import draw
+
+    return draw
 
 
 def _write_text(path: Path, text: str) -> None:
