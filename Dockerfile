@@ -12,9 +12,10 @@ ENV PD_VENV=/opt/pd \
 COPY pyproject.toml README.md /tmp/pd-src/
 COPY operator /tmp/pd-src/operator
 COPY runtime /tmp/pd-src/runtime
+# The `operator` extra (the API and kopf) on top of the base install (`pdctl bench`); no ZMQ, no proxy.
 # pd-install (tests/images runs this instruction as written, in a fresh virtual environment)
 RUN python3 -m venv "$PD_VENV" \
-    && "$PD_VENV/bin/pip" install --no-cache-dir "${PD_SRC}[fast]" \
+    && "$PD_VENV/bin/pip" install --no-cache-dir "${PD_SRC}[operator]" \
     && rm -rf "$PD_SRC"
 
 FROM ${PYTHON_IMAGE}

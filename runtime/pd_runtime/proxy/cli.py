@@ -174,7 +174,4 @@ def main(argv: Sequence[str]) -> int:
     except (OSError, zmq.ZMQError) as exc:  # e.g. a port already in use
         log.error("proxy could not start: %s", exc)
         return 1
-    except ImportError as exc:
-        log.error("--loop uvloop needs the 'fast' extra: %s", exc)
-        return 1
     return 0
