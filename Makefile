@@ -20,6 +20,7 @@ lint: venv
 	$(VENV)/bin/ruff check operator runtime tests e2e benchmarks
 	$(VENV)/bin/ruff format --check operator runtime tests e2e benchmarks
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 unit: venv
 	$(VENV)/bin/pytest -q tests
