@@ -303,11 +303,13 @@ class ColocatedSpec(ApiModel):
 class RdmaSpec(ApiModel):
     """How the engines reach an RDMA NIC for MoRI-IO (needed even on one node: KV moves by NIC loopback)."""
 
-    resource_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(
+    resource_name: Annotated[str, StringConstraints(min_length=1, max_length=253)] | None = Field(
         None,
         description=(
             "Extended resource that mounts /dev/infiniband, e.g. rdma/hca_shared_devices_a "
-            "(Mellanox shared-device plugin) or amd.com/nic (AMD network operator)."
+            "(Mellanox shared-device plugin) or amd.com/nic (AMD network operator). Required for engine "
+            "vllm with backend rdma, except with gpuAllocation.strategy hostDevices (privileged containers "
+            "see every host device)."
         ),
     )
     resource_count: int = Field(1, ge=1, le=16, description="How many of resourceName each engine requests.")
@@ -315,7 +317,8 @@ class RdmaSpec(ApiModel):
         False,
         description=(
             "Run the pod in the host network namespace, where RoCE GIDs live (the least risky choice for "
-            "single-node loopback). NetworkPolicies do not apply to host-network pods."
+            "single-node loopback). An addition to resourceName, never a substitute: a network namespace "
+            "brings no /dev/infiniband. NetworkPolicies do not apply to host-network pods."
         ),
     )
 
@@ -640,8 +643,17 @@ _CEL_COLOC_GPUS = (
 )
 
 
-def _needs_nic(s: PDDeploymentSpec) -> bool:
-    return s.engine == "vllm" and _disaggregated(s) and s.kv_transfer.backend == "rdma"
+def _needs_rdma_resource(s: PDDeploymentSpec) -> bool:
+    """Real engines on backend rdma need /dev/infiniband: only an RDMA device plugin mounts it.
+
+    hostDevices is the exception: its privileged containers see every device node of the host.
+    """
+    return (
+        s.engine == "vllm"
+        and _disaggregated(s)
+        and s.kv_transfer.backend == "rdma"
+        and s.gpu_allocation.strategy != "hostDevices"
+    )
 
 
 class PDDeploymentSpec(ApiModel):
@@ -733,13 +745,12 @@ class PDDeploymentSpec(ApiModel):
         ),
         Rule(
             cel="self.engine != 'vllm' || self.mode != 'disaggregated' || self.kvTransfer.backend != 'rdma' || "
-            "has(self.kvTransfer.rdma.resourceName) || self.kvTransfer.rdma.hostNetwork",
-            message="kvTransfer.rdma must set resourceName or hostNetwork: true when kvTransfer.backend is rdma "
-            "(MoRI-IO needs an RDMA NIC inside the pod)",
-            check=lambda s: (
-                not _needs_nic(s) or bool(s.kv_transfer.rdma.resource_name) or s.kv_transfer.rdma.host_network
-            ),
-            field_path=".kvTransfer.rdma",
+            "self.gpuAllocation.strategy == 'hostDevices' || has(self.kvTransfer.rdma.resourceName)",
+            message="kvTransfer.backend rdma needs an RDMA device in the engine containers: set "
+            "kvTransfer.rdma.resourceName, e.g. rdma/hca_shared_devices_a or amd.com/nic; hostNetwork brings "
+            "no /dev/infiniband",
+            check=lambda s: not _needs_rdma_resource(s) or s.kv_transfer.rdma.resource_name is not None,
+            field_path=".kvTransfer.rdma.resourceName",
         ),
         Rule(
             cel="self.mode != 'disaggregated' || self.kvTransfer.backend != 'xgmi' || "

@@ -109,7 +109,7 @@ def test_colocated_reports_engine_ready_and_no_kv_transfer() -> None:
 
 
 def test_gpu_assignment_by_strategy() -> None:
-    plugin = validate_spec({"model": "m", "kvTransfer": {"rdma": {"hostNetwork": True}}})
+    plugin = validate_spec({"model": "m", "kvTransfer": {"rdma": {"resourceName": "rdma/hca_shared_devices_a"}}})
     assert observe.gpu_assignment(plugin)["prefill"] == "4 (plugin-chosen)"
     pinned = validate_spec(
         {"model": "m", "kvTransfer": {"rdma": {"hostNetwork": True}}, "gpuAllocation": {"strategy": "hostDevices"}}

@@ -57,6 +57,12 @@ def spec_of(example: str, **changes: Any) -> Any:
     return validate_spec(doc["spec"])
 
 
+def write_example_in(mode: str, **changes: Any) -> Any:
+    """The write example in transfer mode ``mode``, with its RDMA settings kept."""
+    kv = {**load_example("qwen3-235b-write.yaml")["spec"]["kvTransfer"], "transferMode": mode}
+    return spec_of("qwen3-235b-write.yaml", kvTransfer=kv, **changes)
+
+
 def container(spec: Any, name: str) -> dict[str, Any]:
     pod = render.pod(OWNER, spec)
     return next(c for c in pod["spec"]["containers"] if c["name"] == name)
@@ -74,8 +80,7 @@ def env_values(c: dict[str, Any]) -> dict[str, str]:
 @pytest.mark.parametrize("mode", ["write", "read"])
 def test_engine_command_matches_the_seed_flag_for_flag(role: str, mode: str) -> None:
     _seed_env, seed_args = seed_sections()[role]
-    spec = spec_of("qwen3-235b-write.yaml", kvTransfer={"transferMode": mode, "rdma": {"hostNetwork": True}})
-    args = serve_args(container(spec, role)["command"])
+    args = serve_args(container(write_example_in(mode), role)["command"])
     assert args[0] == seed_args[0] == "Qwen/Qwen3-235B-A22B-FP8"
     rendered, seed = pairs(args), pairs(seed_args)
     assert sorted(f for f, _ in rendered) == sorted(f for f, _ in seed)
@@ -100,11 +105,7 @@ def test_engine_env_matches_the_seed_with_pinned_gpus(role: str, mode: str) -> N
     seed_env, _ = seed_sections()[role]
     if mode == "write":
         del seed_env["VLLM_MORIIO_CONNECTOR_READ_MODE"]  # "unset for write mode"
-    spec = spec_of(
-        "qwen3-235b-write.yaml",
-        kvTransfer={"transferMode": mode, "rdma": {"hostNetwork": True}},
-        gpuAllocation={"strategy": "hostDevices"},
-    )
+    spec = write_example_in(mode, gpuAllocation={"strategy": "hostDevices"})
     env = env_values(container(spec, role))
     assert {k: env[k] for k in seed_env} == seed_env
     assert list(env)[: len(seed_env)] == list(seed_env), "same order as the appendix"
@@ -249,7 +250,7 @@ def test_pod_shape_probes_and_security() -> None:
     }
     assert pod["spec"]["hostNetwork"] is True and pod["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet"
     prefill = pod["spec"]["containers"][0]
-    assert prefill["resources"]["limits"] == {"amd.com/gpu": "4"}
+    assert prefill["resources"]["limits"] == {"amd.com/gpu": "4", "rdma/hca_shared_devices_a": "1"}
     assert prefill["startupProbe"]["failureThreshold"] * prefill["startupProbe"]["periodSeconds"] >= 3600
     assert {"IPC_LOCK", "SYS_PTRACE"} == set(prefill["securityContext"]["capabilities"]["add"])
     assert prefill["securityContext"]["capabilities"]["drop"] == ["ALL"]

@@ -41,7 +41,7 @@ def test_merge_patch_removes_keys_with_null() -> None:
 
 
 def test_defaults_are_the_seed_experiment() -> None:
-    spec = PDDeploymentSpec.model_validate({"model": "m", "kvTransfer": {"rdma": {"hostNetwork": True}}})
+    spec = PDDeploymentSpec.model_validate({"model": "m", "kvTransfer": {"rdma": {"resourceName": "rdma/x"}}})
     assert (spec.prefill.gpus, spec.decode.gpus) == ("0-3", "4-7")
     assert (spec.prefill.ports.http, spec.prefill.ports.handshake, spec.prefill.ports.notify) == (20005, 6301, 6105)
     assert (spec.decode.ports.http, spec.decode.ports.handshake, spec.decode.ports.notify) == (40005, 7301, 7501)
@@ -65,3 +65,22 @@ def test_user_env_replaces_operator_value_but_duplicates_are_refused() -> None:
     with pytest.raises(SpecError) as err:
         validate_spec({"model": "m", "engine": "simulated", "prefill": {"env": [{"name": "A"}, {"name": "A"}]}})
     assert "Duplicate value" in str(err.value)
+
+
+def test_write_example_without_the_rdma_resource_is_refused_naming_the_fix() -> None:
+    spec = load_example("qwen3-235b-write.yaml")["spec"]
+    del spec["kvTransfer"]["rdma"]["resourceName"]
+    assert spec["kvTransfer"]["rdma"]["hostNetwork"] is True
+    with pytest.raises(SpecError) as err:
+        validate_spec(spec)
+    assert err.value.problems == [
+        "spec.kvTransfer.rdma.resourceName: kvTransfer.backend rdma needs an RDMA device in the engine containers: "
+        "set kvTransfer.rdma.resourceName, e.g. rdma/hca_shared_devices_a or amd.com/nic; hostNetwork brings no "
+        "/dev/infiniband"
+    ]
+
+
+def test_privileged_host_devices_need_no_rdma_resource() -> None:
+    spec = load_example("qwen3-235b-write.yaml")["spec"]
+    del spec["kvTransfer"]["rdma"]["resourceName"]
+    validate_spec({**spec, "gpuAllocation": {"strategy": "hostDevices"}})
