@@ -76,6 +76,9 @@ MANAGED_ENV = (
     "VLLM_MORIIO_CONNECTOR_READ_MODE",
     "VLLM_ENGINE_READY_TIMEOUT_S",
 )
+# Linux's default net.ipv4.ip_local_port_range: where the kernel picks a port for bind(port 0), which
+# is how vLLM's get_open_port() draws the ports of its other listeners (MoRI engine, side channels).
+EPHEMERAL_PORTS = (32768, 60999)
 
 
 def _cel_list(values: tuple[str, ...]) -> str:
@@ -229,6 +232,16 @@ class EngineSettings(ApiModel):
         ),
     )
 
+    @property
+    def rank_port_span(self) -> int:
+        """Ports each per-rank listener (handshake, notify) takes from its base.
+
+        vLLM 0.29's MoRI-IO connector binds rank (dp, tp) at ``base + dp_rank + tp_rank``
+        (``get_port_offset`` with its default tp_size of 1), so the highest port is
+        base + (dp - 1) + (tp - 1).
+        """
+        return self.tensor_parallel_size + self.data_parallel_size - 1
+
     @model_validator(mode="after")
     def _unique_env(self) -> EngineSettings:
         names = [e.name for e in self.env]
@@ -237,28 +250,39 @@ class EngineSettings(ApiModel):
         return self
 
 
-class RolePorts(ApiModel):
-    """Base ports of one engine; handshake and notify listeners add the rank offset (tp rank + dp rank)."""
+_HTTP_PORT_DOC = (
+    "vLLM --port and http_port of kv_connector_extra_config. vLLM binds it at start-up; with hostNetwork "
+    "prefer a port outside the ephemeral range 32768-60999 (docs/gpu-allocation.md)."
+)
+_HANDSHAKE_PORT_DOC = (
+    "handshake_port base (MoRI-IO metadata exchange). Each rank binds base + dp rank + tp rank, i.e. "
+    "tensorParallelSize + dataParallelSize - 1 ports; engine vllm refuses ranges in 32768-60999."
+)
+_NOTIFY_PORT_DOC = "notify_port base (KV-transfer completion messages); per-rank ports like handshake."
 
-    http: Port = Field(description="vLLM --port and http_port of kv_connector_extra_config.")
-    handshake: Port = Field(description="handshake_port base (MoRI-IO metadata exchange between engines).")
-    notify: Port = Field(description="notify_port base (KV-transfer completion messages between engines).")
+
+class RolePorts(ApiModel):
+    """Base ports of one engine; each rank's handshake and notify listener binds base + dp rank + tp rank."""
+
+    http: Port = Field(description=_HTTP_PORT_DOC)
+    handshake: Port = Field(description=_HANDSHAKE_PORT_DOC)
+    notify: Port = Field(description=_NOTIFY_PORT_DOC)
 
 
 class PrefillPorts(RolePorts):
     """Prefill ports; defaults are the seed experiment's (20005, 6301, 6105)."""
 
-    http: Port = Field(protocol.PREFILL_PORTS.http, description="vLLM --port and http_port of the extra config.")
-    handshake: Port = Field(protocol.PREFILL_PORTS.handshake, description="handshake_port base.")
-    notify: Port = Field(protocol.PREFILL_PORTS.notify, description="notify_port base.")
+    http: Port = Field(protocol.PREFILL_PORTS.http, description=_HTTP_PORT_DOC)
+    handshake: Port = Field(protocol.PREFILL_PORTS.handshake, description=_HANDSHAKE_PORT_DOC)
+    notify: Port = Field(protocol.PREFILL_PORTS.notify, description=_NOTIFY_PORT_DOC)
 
 
 class DecodePorts(RolePorts):
     """Decode ports; defaults are the seed experiment's (40005, 7301, 7501)."""
 
-    http: Port = Field(protocol.DECODE_PORTS.http, description="vLLM --port and http_port of the extra config.")
-    handshake: Port = Field(protocol.DECODE_PORTS.handshake, description="handshake_port base.")
-    notify: Port = Field(protocol.DECODE_PORTS.notify, description="notify_port base.")
+    http: Port = Field(protocol.DECODE_PORTS.http, description=_HTTP_PORT_DOC)
+    handshake: Port = Field(protocol.DECODE_PORTS.handshake, description=_HANDSHAKE_PORT_DOC)
+    notify: Port = Field(protocol.DECODE_PORTS.notify, description=_NOTIFY_PORT_DOC)
 
 
 class PrefillSpec(EngineSettings):
@@ -566,20 +590,29 @@ class GoodputProbeSpec(ApiModel):
 # ---- the spec ---------------------------------------------------------------------------------------
 
 
+def _rank_ranges(role: PrefillSpec | DecodeSpec) -> list[tuple[int, int]]:
+    """The handshake and notify port ranges the connector's ranks bind, inclusive."""
+    span, p = role.rank_port_span, role.ports
+    return [(p.handshake, p.handshake + span - 1), (p.notify, p.notify + span - 1)]
+
+
 def _ports_of(role: PrefillSpec | DecodeSpec) -> list[tuple[int, int]]:
-    span = role.tensor_parallel_size + role.data_parallel_size - 1
-    p = role.ports
-    return [(p.http, p.http), (p.handshake, p.handshake + span - 1), (p.notify, p.notify + span - 1)]
+    return [(role.ports.http, role.ports.http), *_rank_ranges(role)]
 
 
 def _proxy_ports(proxy: ProxySpec) -> list[tuple[int, int]]:
     return [(port, port) for port in (proxy.port, proxy.admin_port, proxy.registration_port)]
 
 
-def _cel_role_ports(role: str) -> str:
+def _cel_rank_ranges(role: str) -> str:
     span = f"(self.{role}.tensorParallelSize + self.{role}.dataParallelSize - 1)"
     p = f"self.{role}.ports"
-    return f"[{p}.http, {p}.http], [{p}.handshake, {p}.handshake + {span} - 1], [{p}.notify, {p}.notify + {span} - 1]"
+    return f"[{p}.handshake, {p}.handshake + {span} - 1], [{p}.notify, {p}.notify + {span} - 1]"
+
+
+def _cel_role_ports(role: str) -> str:
+    p = f"self.{role}.ports"
+    return f"[{p}.http, {p}.http], {_cel_rank_ranges(role)}"
 
 
 _CEL_PROXY_PORTS = (
@@ -653,6 +686,48 @@ def _needs_rdma_resource(s: PDDeploymentSpec) -> bool:
         and _disaggregated(s)
         and s.kv_transfer.backend == "rdma"
         and s.gpu_allocation.strategy != "hostDevices"
+    )
+
+
+def _one_parallel_dimension_rule(role: str) -> Rule:
+    """DP > 1 together with TP > 1 makes two ranks of one engine bind the same side-channel port."""
+    return Rule(
+        cel=f"self.mode != 'disaggregated' || self.{role}.dataParallelSize == 1 || self.{role}.tensorParallelSize == 1",
+        message=f"{role}.dataParallelSize > 1 needs {role}.tensorParallelSize 1: the MoRI-IO connector binds "
+        "each rank's handshake and notify listener at base + dp_rank + tp_rank while the dialing side uses "
+        "base + dp_rank * remote_tp + tp_rank, so dp0/tp1 and dp1/tp0 collide",
+        check=lambda s: (
+            not _disaggregated(s) or 1 in (getattr(s, role).data_parallel_size, getattr(s, role).tensor_parallel_size)
+        ),
+        field_path=f".{role}.dataParallelSize",
+    )
+
+
+def _outside_ephemeral(ranges: list[tuple[int, int]]) -> bool:
+    low, high = EPHEMERAL_PORTS
+    return all(last < low or first > high for first, last in ranges)
+
+
+def _rank_ports_outside_ephemeral_rule(role: str) -> Rule:
+    """Listeners that bind late must not sit where the kernel hands out random ports.
+
+    The handshake and notify listeners bind only after the model has loaded (minutes), while vLLM's
+    get_open_port() and, with hostNetwork, every process on the node keep drawing ports from the
+    ephemeral range; a listener there fails to bind now and then. The HTTP port is not covered: vLLM
+    binds it first thing at start-up (and the seed's decode uses 40005); docs/gpu-allocation.md.
+    """
+    low, high = EPHEMERAL_PORTS
+    return Rule(
+        cel=f"self.engine != 'vllm' || self.mode != 'disaggregated' || "
+        f"[{_cel_rank_ranges(role)}].all(r, r[1] < {low} || r[0] > {high})",
+        message=f"{role}.ports.handshake and {role}.ports.notify (each base .. base + tensorParallelSize + "
+        f"dataParallelSize - 2) must lie outside the ephemeral port range {low}-{high}: they bind after the "
+        "model has loaded, when vLLM's get_open_port() (and, with hostNetwork, any process on the node) "
+        "may already hold a random port there",
+        check=lambda s: (
+            s.engine != "vllm" or not _disaggregated(s) or _outside_ephemeral(_rank_ranges(getattr(s, role)))
+        ),
+        field_path=f".{role}.ports",
     )
 
 
@@ -752,6 +827,10 @@ class PDDeploymentSpec(ApiModel):
             check=lambda s: not _needs_rdma_resource(s) or s.kv_transfer.rdma.resource_name is not None,
             field_path=".kvTransfer.rdma.resourceName",
         ),
+        _one_parallel_dimension_rule("prefill"),
+        _one_parallel_dimension_rule("decode"),
+        _rank_ports_outside_ephemeral_rule("prefill"),
+        _rank_ports_outside_ephemeral_rule("decode"),
         Rule(
             cel="self.mode != 'disaggregated' || self.kvTransfer.backend != 'xgmi' || "
             "self.gpuAllocation.strategy == 'hostDevices'",

@@ -30,7 +30,7 @@ TERMINATION_LOG = "/dev/termination-log"
 
 @dataclass(frozen=True)
 class EngineContainer:
-    """One engine container of the pod, with its resolved ports (handshake/notify only with a connector)."""
+    """One engine container of the pod, with its resolved ports (handshake/notify bases only with a connector)."""
 
     name: str
     role: EngineRoleName
@@ -44,8 +44,18 @@ class EngineContainer:
         return gpu_indices(self.settings.gpus)
 
     @property
+    def named_ports(self) -> list[tuple[str, int]]:
+        """Every port the engine listens on: http, then each rank's handshake and notify listener."""
+        named = [("http", self.http_port)]
+        for name, base in (("handshake", self.handshake_port), ("notify", self.notify_port)):
+            if base is not None:
+                span = self.settings.rank_port_span
+                named += [(name if rank == 0 else f"{name}-{rank}", base + rank) for rank in range(span)]
+        return named
+
+    @property
     def ports(self) -> list[int]:
-        return [p for p in (self.http_port, self.handshake_port, self.notify_port) if p is not None]
+        return [port for _, port in self.named_ports]
 
 
 def engine_containers(spec: PDDeploymentSpec) -> list[EngineContainer]:

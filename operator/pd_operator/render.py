@@ -217,9 +217,9 @@ def _port_prefix(eng: EngineContainer) -> str:
 
 
 def _engine_ports(eng: EngineContainer) -> list[Obj]:
+    """Every port the engine binds, each rank's included (with hostNetwork they become host ports)."""
     prefix = _port_prefix(eng)
-    named = [("http", eng.http_port), ("handshake", eng.handshake_port), ("notify", eng.notify_port)]
-    return [{"name": f"{prefix}-{n}", "containerPort": p, "protocol": "TCP"} for n, p in named if p is not None]
+    return [{"name": f"{prefix}-{n}", "containerPort": p, "protocol": "TCP"} for n, p in eng.named_ports]
 
 
 def _engine_container(spec: PDDeploymentSpec, eng: EngineContainer, gpu_limits: dict[str, str]) -> Obj:

@@ -152,7 +152,7 @@ def test_launcher_wraps_vllm_with_preflight_flags() -> None:
         "--backend",
         "rdma",
         "--ports",
-        "20005,6301,6105",
+        "20005,6301,6302,6303,6304,6105,6106,6107,6108",
         "--",
         "vllm",
         "serve",
@@ -192,6 +192,27 @@ def test_simulated_pod_requests_no_gpus_unless_asked() -> None:
     reserved = spec.model_copy(update={"simulation": spec.simulation.model_copy(update={"reserve_gpus": True})})
     limits = [c["resources"].get("limits", {}) for c in render.pod(OWNER, reserved)["spec"]["containers"][:2]]
     assert limits == [{"amd.com/gpu": "4"}, {"amd.com/gpu": "4"}]
+
+
+@pytest.mark.parametrize(("tp", "dp"), [(4, 1), (1, 4)])
+def test_engines_reserve_every_rank_port_the_connector_binds(tp: int, dp: int) -> None:
+    prefill = {"gpus": "0-3", "tensorParallelSize": tp, "dataParallelSize": dp}
+    c = container(spec_of("qwen3-235b-write.yaml", prefill=prefill), "prefill")
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {
+        "p-http": 20005,
+        "p-handshake": 6301,
+        "p-handshake-1": 6302,
+        "p-handshake-2": 6303,
+        "p-handshake-3": 6304,
+        "p-notify": 6105,
+        "p-notify-1": 6106,
+        "p-notify-2": 6107,
+        "p-notify-3": 6108,
+    }
+    assert all(len(name) <= 15 for name in ports), "IANA service names"
+    preflight = c["command"][c["command"].index("--ports") + 1]
+    assert sorted(int(p) for p in preflight.split(",")) == sorted(ports.values())
 
 
 def test_proxy_command_follows_the_contract() -> None:
@@ -354,6 +375,19 @@ def test_pdctl_render_refuses_an_invalid_file(tmp_path: Path, capsys: pytest.Cap
     assert render_command.main([str(bad)]) == 2
     err = capsys.readouterr().err
     assert "spec.prefill.gpus: gpus must contain exactly tensorParallelSize * dataParallelSize GPUs" in err
+
+
+def test_pdctl_render_refuses_data_and_tensor_parallel_in_one_role(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = load_example("qwen3-235b-write.yaml")
+    doc["spec"]["prefill"].update(tensorParallelSize=2, dataParallelSize=2)
+    bad = tmp_path / "dp-tp.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    assert render_command.main([str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "spec.prefill.dataParallelSize: prefill.dataParallelSize > 1 needs prefill.tensorParallelSize 1" in err
+    assert "base + dp_rank + tp_rank while the dialing side uses base + dp_rank * remote_tp + tp_rank" in err
 
 
 def test_pdctl_render_reports_unreadable_files(tmp_path: Path) -> None:

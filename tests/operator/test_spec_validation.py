@@ -84,3 +84,28 @@ def test_privileged_host_devices_need_no_rdma_resource() -> None:
     spec = load_example("qwen3-235b-write.yaml")["spec"]
     del spec["kvTransfer"]["rdma"]["resourceName"]
     validate_spec({**spec, "gpuAllocation": {"strategy": "hostDevices"}})
+
+
+@pytest.mark.parametrize(("tp", "dp"), [(1, 4), (4, 1), (1, 1)])
+def test_one_parallel_dimension_per_role_is_accepted(tp: int, dp: int) -> None:
+    gpus = "0-3" if tp * dp == 4 else "0"
+    validate_spec(
+        {
+            "model": "m",
+            "engine": "simulated",
+            "prefill": {"gpus": gpus, "tensorParallelSize": tp, "dataParallelSize": dp},
+        }
+    )
+
+
+@pytest.mark.parametrize("handshake", [32764, 61000])
+def test_rank_ports_just_outside_the_ephemeral_range_are_accepted(handshake: int) -> None:
+    spec = load_example("qwen3-235b-write.yaml")["spec"]
+    spec["decode"]["ports"] = {"http": 40005, "handshake": handshake, "notify": 7501}
+    validate_spec(spec)
+
+
+def test_ephemeral_rank_ports_are_fine_for_simulated_engines() -> None:
+    validate_spec(
+        {"model": "m", "engine": "simulated", "decode": {"ports": {"http": 40005, "handshake": 40100, "notify": 40200}}}
+    )
