@@ -73,9 +73,13 @@ MANAGED_ENV = (
     "ROCR_VISIBLE_DEVICES",
     "POD_IP",
     "VLLM_HOST_IP",
+    # Ignored (with a deprecation warning) since vLLM 0.29; kvTransfer.transferMode renders read_mode.
     "VLLM_MORIIO_CONNECTOR_READ_MODE",
     "VLLM_ENGINE_READY_TIMEOUT_S",
 )
+# Spellings of vLLM's compilation config flag (also dotted: -cc.cudagraph_mode=PIECEWISE). A user's
+# compilation config replaces the one the operator renders in read mode (see engine_cmd).
+COMPILATION_CONFIG_FLAGS = ("--compilation-config", "--compilation_config", "-cc")
 # Linux's default net.ipv4.ip_local_port_range: where the kernel picks a port for bind(port 0), which
 # is how vLLM's get_open_port() draws the ports of its other listeners (MoRI engine, side channels).
 EPHEMERAL_PORTS = (32768, 60999)
@@ -83,6 +87,15 @@ EPHEMERAL_PORTS = (32768, 60999)
 
 def _cel_list(values: tuple[str, ...]) -> str:
     return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+def sets_compilation_config(args: list[str]) -> bool:
+    """Whether ``vllm serve`` arguments set a compilation config in any spelling vLLM accepts."""
+    return any(a.split("=")[0].split(".")[0] in COMPILATION_CONFIG_FLAGS for a in args)
+
+
+def _cel_sets_compilation_config(args: str) -> str:
+    return f"{args}.exists(a, a.split('=')[0].split('.')[0] in {_cel_list(COMPILATION_CONFIG_FLAGS)})"
 
 
 class ApiModel(BaseModel):
@@ -831,6 +844,21 @@ class PDDeploymentSpec(ApiModel):
         _one_parallel_dimension_rule("decode"),
         _rank_ports_outside_ephemeral_rule("prefill"),
         _rank_ports_outside_ephemeral_rule("decode"),
+        Rule(
+            cel="self.mode != 'disaggregated' || self.kvTransfer.transferMode != 'read' || "
+            f"!has(self.decode.extraArgs) || !{_cel_sets_compilation_config('self.decode.extraArgs')} || "
+            "self.decode.extraArgs.exists(a, a.contains('cudagraph_mode'))",
+            message="decode.extraArgs set a compilation config without cudagraph_mode: in read mode it replaces "
+            "the operator's cudagraph_mode PIECEWISE (MoRI-IO's per-layer KV-read wait cannot run inside full "
+            "CUDA graphs), so set cudagraph_mode in it explicitly",
+            check=lambda s: (
+                not _disaggregated(s)
+                or s.kv_transfer.transfer_mode != "read"
+                or not sets_compilation_config(s.decode.extra_args)
+                or any("cudagraph_mode" in a for a in s.decode.extra_args)
+            ),
+            field_path=".decode.extraArgs",
+        ),
         Rule(
             cel="self.mode != 'disaggregated' || self.kvTransfer.backend != 'xgmi' || "
             "self.gpuAllocation.strategy == 'hostDevices'",

@@ -15,13 +15,16 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pd_operator.api import ColocatedEngineSpec, EngineSettings, PDDeploymentSpec
+from pd_operator.api import ColocatedEngineSpec, EngineSettings, PDDeploymentSpec, sets_compilation_config
 from pd_operator.rules import gpu_indices
 
 EngineRoleName = Literal["prefill", "decode", "engine"]
 EnvEntry = dict[str, Any]
 
 PROXY_IP = "127.0.0.1"  # the proxy's registration socket binds loopback; engines dial it there
+# Read mode on a kv_consumer: the connector's per-layer wait for KV reads returns at once inside a full
+# CUDA graph, so decode could attend to blocks not yet read (vLLM 0.29 warns and asks for PIECEWISE).
+READ_MODE_COMPILATION_CONFIG = {"cudagraph_mode": "PIECEWISE"}
 POD_IP_REF = "$(POD_IP)"
 PROXY_API_KEY_ENV = "PD_PROXY_API_KEY"
 BENCH_API_KEY_ENV = "PDCTL_BENCH_API_KEY"
@@ -79,7 +82,9 @@ def _colocated(index: int, engine: ColocatedEngineSpec) -> EngineContainer:
 def kv_transfer_config(spec: PDDeploymentSpec, eng: EngineContainer) -> dict[str, Any]:
     """``--kv-transfer-config`` of a prefill (kv_producer) or decode (kv_consumer) engine.
 
-    Port values are strings, as in the seed's appendix (vLLM calls int() on them).
+    Port values are strings, as in the seed's appendix (vLLM calls int() on them). Every key of the
+    extra config is one vLLM 0.29's MoRI-IO connector reads (``MoRIIOConfig.from_vllm_config``,
+    ``get_moriio_mode``, ``resolve_host_ip``); ``read_mode`` is how 0.29 learns the transfer mode.
     """
     kv = spec.kv_transfer
     extra: dict[str, Any] = {
@@ -123,8 +128,19 @@ def vllm_serve_args(spec: PDDeploymentSpec, eng: EngineContainer) -> list[str]:
     args.append("--enable-prefix-caching" if s.enable_prefix_caching else "--no-enable-prefix-caching")
     if eng.role != "engine":
         config = kv_transfer_config(spec, eng)
-        args += ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
+        args += ["--kv-transfer-config", _json(config)]
+    if _needs_piecewise_graphs(spec, eng) and not sets_compilation_config(s.extra_args):
+        args += ["--compilation-config", _json(READ_MODE_COMPILATION_CONFIG)]
     return args + list(s.extra_args)
+
+
+def _needs_piecewise_graphs(spec: PDDeploymentSpec, eng: EngineContainer) -> bool:
+    """Only the reading side waits for KV per layer; the producer returns before that wait."""
+    return eng.role == "decode" and spec.kv_transfer.transfer_mode == "read"
+
+
+def _json(value: dict[str, Any]) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 def _number(value: float) -> str:
@@ -172,14 +188,16 @@ def engine_env(spec: PDDeploymentSpec, eng: EngineContainer) -> list[EnvEntry]:
     """
     disaggregated = eng.role != "engine"
     kv = spec.kv_transfer
-    env: list[EnvEntry] = []
-    if disaggregated and kv.transfer_mode == "read":
-        env.append(_literal("VLLM_MORIIO_CONNECTOR_READ_MODE", "1"))  # vLLM before extra_config read_mode
-    env.append(_literal("VLLM_ROCM_USE_AITER", "1"))
+    # The seed's VLLM_MORIIO_CONNECTOR_READ_MODE=1 is not rendered: vLLM 0.29 ignores it (and warns that
+    # it is deprecated); read mode travels as read_mode in the kv-transfer config.
+    env: list[EnvEntry] = [_literal("VLLM_ROCM_USE_AITER", "1")]
     if spec.gpu_allocation.strategy == "hostDevices":
         visible = ",".join(str(i) for i in eng.gpus)
         env += [_literal("CUDA_VISIBLE_DEVICES", visible), _literal("HIP_VISIBLE_DEVICES", visible)]
     if disaggregated:
+        # Both are no-ops with the pinned vLLM 0.29 and its MoRI, kept because the seed sets them:
+        # MoRI creates an XGMI backend by itself only when MORI_DISABLE_AUTO_XGMI is "0", and vLLM
+        # already creates the RDMA backend with enable_notification=False (the variable would force it off).
         if kv.backend == "rdma":
             env.append(_literal("MORI_DISABLE_AUTO_XGMI", "1"))
         env.append(_literal("MORI_IO_ENABLE_NOTIFICATION", "0"))

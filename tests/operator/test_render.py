@@ -18,6 +18,26 @@ from tests.operator.conftest import EXAMPLES, load_example
 
 GOLDEN = Path(__file__).with_name("golden") / "seed_appendix.sh"
 ALLOWED_EXTRA_CONFIG = {"host_ip", "backend", "transfer_timeout", "defer_timeout", "read_mode"}
+# Every kv_connector_extra_config key vLLM 0.29's MoRIIOConnector reads (moriio_common.py:
+# MoRIIOConfig.from_vllm_config, get_moriio_mode, resolve_host_ip; moriio_connector.py:
+# _set_port_defaults, MoRIIOConnectorScheduler.__init__). Any other key would be silently ignored.
+PINNED_CONNECTOR_KEYS = {
+    "proxy_ip",
+    "proxy_ping_port",
+    "http_port",
+    "handshake_port",
+    "notify_port",
+    "host_ip",
+    "backend",
+    "read_mode",
+    "transfer_timeout",
+    "defer_timeout",
+    "qp_per_transfer",
+    "post_batch_size",
+    "num_workers",
+}
+# Flags the operator renders beyond the appendix: decode in read mode needs piecewise CUDA graphs.
+PIECEWISE = ("--compilation-config", '{"cudagraph_mode":"PIECEWISE"}')
 OWNER = render.Owner(name="qwen", namespace="llm", uid="1234-uid", generation=3)
 
 
@@ -83,6 +103,9 @@ def test_engine_command_matches_the_seed_flag_for_flag(role: str, mode: str) -> 
     args = serve_args(container(write_example_in(mode), role)["command"])
     assert args[0] == seed_args[0] == "Qwen/Qwen3-235B-A22B-FP8"
     rendered, seed = pairs(args), pairs(seed_args)
+    if role == "decode" and mode == "read":
+        assert rendered[-1] == PIECEWISE, "the one flag beyond the appendix, after the kv-transfer config"
+        rendered = rendered[:-1]
     assert sorted(f for f, _ in rendered) == sorted(f for f, _ in seed)
     if role == "prefill":
         assert [f for f, _ in rendered] == [f for f, _ in seed], "same order as the appendix"
@@ -103,13 +126,47 @@ def test_engine_command_matches_the_seed_flag_for_flag(role: str, mode: str) -> 
 @pytest.mark.parametrize("mode", ["write", "read"])
 def test_engine_env_matches_the_seed_with_pinned_gpus(role: str, mode: str) -> None:
     seed_env, _ = seed_sections()[role]
-    if mode == "write":
-        del seed_env["VLLM_MORIIO_CONNECTOR_READ_MODE"]  # "unset for write mode"
+    # The appendix's VLLM_MORIIO_CONNECTOR_READ_MODE=1 ("unset for write mode") is left out in both
+    # modes: vLLM 0.29 ignores it with a deprecation warning; read_mode in the extra config decides.
+    del seed_env["VLLM_MORIIO_CONNECTOR_READ_MODE"]
     spec = write_example_in(mode, gpuAllocation={"strategy": "hostDevices"})
     env = env_values(container(spec, role))
     assert {k: env[k] for k in seed_env} == seed_env
     assert list(env)[: len(seed_env)] == list(seed_env), "same order as the appendix"
     assert env["VLLM_HOST_IP"] == env["POD_IP"] == "<ref>"
+    assert "VLLM_MORIIO_CONNECTOR_READ_MODE" not in env
+
+
+@pytest.mark.parametrize("mode", ["write", "read"])
+def test_extra_config_keys_are_ones_the_pinned_connector_reads(mode: str) -> None:
+    spec = write_example_in(mode)
+    for role in ("prefill", "decode"):
+        args = serve_args(container(spec, role)["command"])
+        extra = json.loads(args[args.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
+        assert set(extra) <= PINNED_CONNECTOR_KEYS
+        assert (extra.get("read_mode") is True) == (mode == "read"), "0.29 reads the mode only from here"
+
+
+def test_read_mode_renders_piecewise_cuda_graphs_on_decode_only() -> None:
+    read = write_example_in("read")
+    assert dict(pairs(serve_args(container(read, "decode")["command"])))[PIECEWISE[0]] == PIECEWISE[1]
+    assert PIECEWISE[0] not in serve_args(container(read, "prefill")["command"]), "the producer never waits"
+    write = write_example_in("write")
+    assert PIECEWISE[0] not in serve_args(container(write, "decode")["command"])
+
+
+@pytest.mark.parametrize(
+    "extra_args",
+    [
+        ["-cc.cudagraph_mode=FULL_DECODE_ONLY"],
+        ["--compilation-config", '{"cudagraph_mode": "NONE", "max_cudagraph_capture_size": 64}'],
+        ['--compilation_config={"cudagraph_mode": "PIECEWISE"}'],
+    ],
+)
+def test_explicit_cudagraph_mode_replaces_the_operators(extra_args: list[str]) -> None:
+    decode = {**load_example("qwen3-235b-write.yaml")["spec"]["decode"], "extraArgs": extra_args}
+    args = serve_args(container(write_example_in("read", decode=decode), "decode")["command"])
+    assert PIECEWISE[1] not in args and args[-len(extra_args) :] == extra_args
 
 
 def test_device_plugin_leaves_visible_devices_unset() -> None:
