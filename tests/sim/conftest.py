@@ -23,7 +23,7 @@ async def start_engine() -> AsyncIterator[EngineFactory]:
         config = parse_args(argv, env={})
         engine = SimEngine(config, get_profile(config.profile))
         await engine.start()
-        runner = web.AppRunner(build_app(engine), access_log=None)
+        runner = web.AppRunner(build_app(engine), access_log=None, handler_cancellation=True)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", config.port).start()
         item = RunningEngine(engine, runner, f"http://127.0.0.1:{config.port}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pd_runtime.sim.scheduler import Scheduler, Sequence
 
 
@@ -91,3 +93,46 @@ def test_abort_removes_a_sequence_anywhere() -> None:
     sched.add(c := Sequence("c", 10, 5))
     sched.abort(c)
     assert sched.running == [b] and not sched.waiting
+
+
+def _run_until_blocked(sched: Scheduler, steps: int = 200) -> None:
+    for _ in range(steps):
+        sched.preempt()
+        step = sched.plan()
+        if step is None:
+            return
+        sched.commit(step)
+
+
+def _remote(seq_id: str, prompt: int, output: int) -> Sequence:
+    return Sequence(seq_id, prompt, output, ready=False, remote=True)
+
+
+def test_remote_kv_blocks_are_allocated_only_while_fewer_than_max_num_seqs_run() -> None:
+    """vLLM's decode engine sends its block list to prefill when it allocates the blocks, which it does
+    only while the running set is below max_num_seqs: past it, prefill's write waits (defer_timeout)."""
+    sched = Scheduler(max_batched_tokens=1000, max_num_seqs=1)
+    busy, queued = Sequence("busy", 10, 5), _remote("queued", 10, 5)
+    sched.add(busy)
+    sched.commit(sched.plan())  # type: ignore[arg-type]
+    sched.add(queued)
+    assert list(sched.allocate_remote()) == []
+    _run_until_blocked(sched)
+    assert busy.finished and list(sched.allocate_remote()) == [queued]
+
+
+@pytest.mark.parametrize("stalls", [True, False])
+def test_a_preempted_remote_sequence_stalls_only_before_the_fix(stalls: bool) -> None:
+    """KV capacity for two 16-token prompts plus a little growth: the later sequence is preempted once
+    both grow. vLLM < 0.32 (write mode) then waits for its remote KV again, forever; 0.32 recomputes."""
+    sched = Scheduler(max_batched_tokens=1000, max_num_seqs=8, kv_blocks=4, preempted_remote_stalls=stalls)
+    first, second = _remote("first", 16, 20), _remote("second", 16, 20)
+    for seq in (first, second):
+        sched.add(seq)
+    assert list(sched.allocate_remote()) == [first, second]
+    for seq in (first, second):
+        sched.remote_kv_landed(seq)
+    _run_until_blocked(sched)
+    assert first.finished and second.preemptions >= 1
+    assert second.finished is not stalls
+    assert (not second.ready) is stalls

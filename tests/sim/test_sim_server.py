@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
@@ -131,3 +132,42 @@ async def test_producer_needs_a_transfer_id_and_in_write_mode_a_peer(
     assert status == 400 and "decode engine" in body["error"]["message"]
     text = await scrape(http, eng.url)
     assert metric(text, "pd_sim_kv_blocks_held") == 0
+
+
+def consumer_argv(version: str, read: bool) -> list[str]:
+    ports = engine_ports()
+    kv = kv_config("kv_consumer", ports, read)
+    return ["m", "--port", str(ports.http), "--kv-transfer-config", kv, "--vllm-version", version]
+
+
+PLAIN = {"prompt": [1] * 40, "max_tokens": 3}
+
+
+@pytest.mark.parametrize(("version", "waits"), [("0.29.0", True), ("0.31.0", True), ("0.32.0", False)])
+async def test_a_plain_request_on_a_write_mode_decode_engine(
+    start_engine: EngineFactory, http: aiohttp.ClientSession, version: str, waits: bool
+) -> None:
+    """vLLM < 0.32 treats it as a remote prefill and waits for KV nobody sends; 0.32 serves it."""
+    eng = await start_engine(consumer_argv(version, read=False))
+    request = asyncio.create_task(call(http, eng.url, PLAIN))
+    done, _ = await asyncio.wait({request}, timeout=1.0)
+    assert bool(done) is not waits
+    assert metric(await scrape(http, eng.url), "pd_sim_requests_waiting_for_kv") == (1 if waits else 0)
+    request.cancel()  # the client goes away: the engine aborts the request
+    await asyncio.gather(request, return_exceptions=True)
+    for _ in range(50):
+        if metric(await scrape(http, eng.url), "pd_sim_requests_waiting_for_kv") == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert metric(await scrape(http, eng.url), "pd_sim_requests_waiting_for_kv") == 0
+
+
+@pytest.mark.parametrize(("version", "wrong"), [("0.29.0", True), ("0.32.0", True), ("0.33.0", False)])
+async def test_a_plain_request_on_a_read_mode_decode_engine(
+    start_engine: EngineFactory, http: aiohttp.ClientSession, version: str, wrong: bool
+) -> None:
+    """vLLM < 0.33 claims the prompt's KV as loaded without loading it: an answer, silently wrong."""
+    eng = await start_engine(consumer_argv(version, read=True))
+    status, body = await call(http, eng.url, PLAIN)
+    assert status == 200 and body["usage"]["completion_tokens"] == 3
+    assert metric(await scrape(http, eng.url), "pd_sim_requests_decoded_without_kv_total") == (1 if wrong else 0)

@@ -295,3 +295,54 @@ async def test_read_mode_producer_holds_blocks_until_release_or_defer_timeout(
     assert metric(text, "pd_sim_kv_transfers_total", outcome="completed") == 1
     assert metric(text, "pd_sim_kv_transfers_total", outcome="expired") == 1
     assert metric(text, "pd_sim_kv_blocks_held") == 0
+
+
+def _remote_body(tid: str, max_tokens: int = 4) -> dict[str, Any]:
+    params = {"do_remote_decode": False, "do_remote_prefill": True, "remote_tp_size": 1, "transfer_id": tid}
+    return {"prompt": list(range(100)), "max_tokens": max_tokens, "kv_transfer_params": params}
+
+
+async def test_write_mode_consumer_sends_its_blocks_only_once_below_max_num_seqs(
+    start_engine: EngineFactory, peer: FakePeer, http: aiohttp.ClientSession
+) -> None:
+    """vLLM allocates a waiting request's blocks (and so sends remote_blocks) only while fewer than
+    max_num_seqs run: under load the block list reaches prefill late, which defer_timeout punishes."""
+    ports = engine_ports()
+    argv = [*engine_argv("kv_consumer", ports), "--max-num-seqs", "1", "--profile", "qwen3-235b-mi300x"]
+    d = await start_engine(argv)
+    xid = g2_request_id(peer.zmq, zmq_address(ports.handshake, ports.notify))
+    first, second = transfer_id(), transfer_id()
+    running = asyncio.create_task(post(http, d.url, _remote_body(first, max_tokens=60), xid))
+    assert (await peer.next_notify())["transfer_id"] == first
+    await peer.send_notify(ports.notify, msgpack.dumps({"type": "write_done", "transfer_id": first}))
+    await asyncio.sleep(0.3)  # the first request decodes (about 60 x 25 ms), holding the only slot
+    queued = asyncio.create_task(post(http, d.url, _remote_body(second), xid))
+    with pytest.raises(TimeoutError):
+        await peer.next_notify(timeout=0.3)
+    assert not running.done()
+    assert (await peer.next_notify())["transfer_id"] == second  # once the first one finished
+    assert running.done()
+    queued.cancel()
+    await asyncio.gather(queued, return_exceptions=True)
+
+
+async def test_write_mode_producer_drops_a_transfer_whose_blocks_come_after_defer_timeout(
+    start_engine: EngineFactory, peer: FakePeer, http: aiohttp.ClientSession
+) -> None:
+    """moriio_engine.py (0.29) MoRIIOWriter._process_deferred_tasks: expired after defer_timeout, marked
+    done, blocks freed; the late block list is ignored, so decode never gets write_done."""
+    ports = engine_ports()
+    p = await start_engine(engine_argv("kv_producer", ports, defer_timeout="0.3"))
+    tid = transfer_id()
+    xid = g2_request_id(zmq_address(ports.handshake, ports.notify), peer.zmq)
+    params = {"do_remote_decode": True, "remote_tp_size": 1, "transfer_id": tid}
+    status, _ = await post(http, p.url, {"prompt": [5] * 50, "max_tokens": 1, "kv_transfer_params": params}, xid)
+    assert status == 200
+    await asyncio.sleep(0.6)
+    late = {"req_id": "cmpl-d", "transfer_id": tid, "block_notify_list": [7], "decode_rank": 0, "type": "remote_blocks"}
+    await peer.send_notify(ports.notify, msgpack.dumps(late))
+    with pytest.raises(TimeoutError):
+        await peer.next_notify(timeout=0.5)
+    text = await scrape(http, p.url)
+    assert metric(text, "pd_sim_kv_transfers_total", outcome="expired") == 1
+    assert metric(text, "pd_sim_kv_blocks_held") == 0

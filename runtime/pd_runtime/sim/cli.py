@@ -41,7 +41,8 @@ def registration(config: EngineConfig) -> protocol.Registration | None:
 async def serve(config: EngineConfig, profile: Profile) -> None:
     engine = SimEngine(config, profile)
     await engine.start()
-    runner = web.AppRunner(build_app(engine), access_log=None, handle_signals=False)
+    # handler_cancellation: a client that goes away aborts its request, as vLLM does on disconnect.
+    runner = web.AppRunner(build_app(engine), access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pd_runtime import protocol
+from pd_runtime.sim.versions import parse_version
+from pd_runtime.vllm_pin import DEFAULT_MAX_NUM_SEQS, PINNED_VLLM_VERSION
 
 # vLLM V1's defaults for the OpenAI server on GPUs with >= 70 GiB (MI300X): see docs/simulator.md.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
-DEFAULT_MAX_NUM_SEQS = 1024
 DEFAULT_MAX_MODEL_LEN = 32768
 # §2.5 `_set_port_defaults`.
 DEFAULT_HANDSHAKE_PORT = 6301
@@ -90,6 +91,10 @@ class EngineConfig:
     request_id_suffix: bool
     require_transfer_id: bool
     faults: Faults
+    vllm_version: str = PINNED_VLLM_VERSION
+    """The vLLM release whose connector behaviours the engine reproduces (sim/versions.py)."""
+    kv_blocks: int | None = None
+    """KV-cache blocks per DP rank (--num-gpu-blocks-override); None: never full, no preemption."""
     ignored_flags: tuple[str, ...] = field(default=())
 
 
@@ -125,12 +130,19 @@ def build_parser() -> argparse.ArgumentParser:
     vllm.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
     vllm.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     vllm.add_argument("--kv-transfer-config")
+    vllm.add_argument("--num-gpu-blocks-override", type=int, default=None)
     sim = parser.add_argument_group("simulator")
     sim.add_argument("--profile", default="instant", help="timing profile: instant, qwen3-235b-mi300x")
     sim.add_argument("--time-scale", type=float, default=1.0, help="run modelled durations X times faster")
     sim.add_argument("--sim-registration", choices=("g1", "g2"), default=None, help="heartbeat format")
     sim.add_argument("--sim-request-id-suffix", action=argparse.BooleanOptionalAction, default=None)
     sim.add_argument("--sim-require-transfer-id", action=argparse.BooleanOptionalAction, default=None)
+    sim.add_argument(
+        "--vllm-version",
+        default=None,
+        help=f"reproduce this vLLM release's connector behaviours (default {PINNED_VLLM_VERSION}, the image's; "
+        "also PD_SIM_VLLM_VERSION)",
+    )
     faults = parser.add_argument_group("fault knobs (also PD_SIM_<NAME>, e.g. PD_SIM_CRASH_AFTER=10)")
     faults.add_argument("--sim-no-register", action="store_true", default=None)
     faults.add_argument("--sim-unresponsive", action="store_true", default=None)
@@ -187,6 +199,13 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Eng
     if not 0.0 <= faults.drop_notify <= 1.0:
         raise ConfigError(f"--sim-drop-notify is a fraction in [0, 1], got {faults.drop_notify}")
     registration: protocol.Generation = "G1" if knob("registration", str, "g2").lower() == "g1" else "G2"
+    vllm_version = ns.vllm_version or env.get(ENV_PREFIX + "VLLM_VERSION") or PINNED_VLLM_VERSION
+    try:
+        parse_version(vllm_version)
+    except ValueError as exc:
+        raise ConfigError(f"--vllm-version: {exc}") from None
+    if ns.num_gpu_blocks_override is not None and ns.num_gpu_blocks_override < 1:
+        raise ConfigError("--num-gpu-blocks-override must be at least 1")
     return EngineConfig(
         model=model,
         served_model_names=tuple(ns.served_model_name or [model]),
@@ -205,6 +224,8 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Eng
         request_id_suffix=knob("request-id-suffix", bool, True),
         require_transfer_id=knob("require-transfer-id", bool, True),
         faults=faults,
+        vllm_version=vllm_version,
+        kv_blocks=ns.num_gpu_blocks_override,
         ignored_flags=tuple(unknown),
     )
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pd_runtime.sim.clock import ScaledClock
@@ -38,16 +39,25 @@ class EngineCore:
         self._metrics = metrics
         self._wake = asyncio.Event()
         self._sinks: dict[int, asyncio.Queue[Emitted | str]] = {}
+        self._on_allocated: dict[int, Callable[[], None]] = {}
         self.first_scheduled: dict[int, float] = {}
 
     @property
     def load(self) -> int:
         return len(self._scheduler.running) + len(self._scheduler.waiting)
 
-    def submit(self, seq: Sequence) -> asyncio.Queue[Emitted | str]:
-        """Queue a sequence; its tokens (or, put there by others, an error message) arrive in the sink."""
+    @property
+    def waiting_for_kv(self) -> int:
+        """Sequences in WAITING_FOR_REMOTE_KVS: a request waiting here no prefill will serve is a leak."""
+        return sum(1 for seq in self._scheduler.waiting if not seq.ready)
+
+    def submit(self, seq: Sequence, on_allocated: Callable[[], None] | None = None) -> asyncio.Queue[Emitted | str]:
+        """Queue a sequence; its tokens (or, put there by others, an error message) arrive in the sink.
+        ``on_allocated`` runs when a remote-KV sequence gets its blocks (then decode asks for the KV)."""
         sink: asyncio.Queue[Emitted | str] = asyncio.Queue()
         self._sinks[id(seq)] = sink
+        if on_allocated is not None:
+            self._on_allocated[id(seq)] = on_allocated
         self._scheduler.add(seq)
         self._wake.set()
         return sink
@@ -62,15 +72,28 @@ class EngineCore:
         """Forget a sequence (finished, or aborted because its client went away)."""
         self._scheduler.abort(seq)
         self._sinks.pop(id(seq), None)
+        self._on_allocated.pop(id(seq), None)
         self.first_scheduled.pop(id(seq), None)
+        self._wake.set()  # its blocks and its slot are free now
+        self._gauges()
 
     def _gauges(self) -> None:
         self._metrics.running.set(len(self._scheduler.running))
         self._metrics.waiting.set(len(self._scheduler.waiting))
 
+    def _admit(self) -> None:
+        for seq in self._scheduler.preempt():
+            self._metrics.preemptions.inc()
+            log.info("rank %d preempted %s (stalls waiting for KV: %s)", self.rank, seq.seq_id, not seq.ready)
+        for seq in list(self._scheduler.allocate_remote()):
+            callback = self._on_allocated.pop(id(seq), None)
+            if callback is not None:
+                callback()
+
     async def run(self) -> None:
         deadline = self._clock.now()
         while True:
+            self._admit()
             step = self._scheduler.plan()
             self._gauges()
             if step is None:

@@ -30,14 +30,14 @@ from pd_runtime.sim.connector import Connector, ConsumerJob, ProducerJob
 from pd_runtime.sim.core import Emitted, EngineCore
 from pd_runtime.sim.metrics import EngineMetrics
 from pd_runtime.sim.profiles import Profile
-from pd_runtime.sim.scheduler import Scheduler, Sequence
+from pd_runtime.sim.scheduler import BLOCK_SIZE, Scheduler, Sequence
 from pd_runtime.sim.sidechannel import SideChannel, bind_host_for
 from pd_runtime.sim.system import eos_length
+from pd_runtime.sim.versions import ConnectorBehaviour
 
 log = logging.getLogger(__name__)
 
-Leg = Literal["plain", "producer", "consumer"]
-BLOCK_SIZE = 16
+Leg = Literal["plain", "producer", "consumer", "plain_waiting_for_kv", "plain_without_kv"]
 RECORDS_KEPT = 10000
 
 
@@ -88,8 +88,9 @@ class RequestHandle:
         self.seq = seq
         self.record = record
         self._finish = finish
-        self._sink = core.submit(seq)
         self._fetch: asyncio.Task[None] | None = None
+        self._fetch_job: tuple[Connector, ConsumerJob] | None = None
+        self._sink = core.submit(seq, self._start_fetch if seq.remote else None)
         self.kv_transfer_params: dict[str, Any] | None = None
         self.producer_job: ProducerJob | None = None
         self._done = False
@@ -97,6 +98,15 @@ class RequestHandle:
         self.ready_at: float | None = None
 
     def fetch_kv(self, connector: Connector, job: ConsumerJob) -> None:
+        """Fetch the KV once the scheduler allocates the sequence's blocks (vLLM's decode engine sends
+        its block list to prefill only then)."""
+        self._fetch_job = (connector, job)
+
+    def _start_fetch(self) -> None:
+        if self._fetch_job is None:
+            return
+        connector, job = self._fetch_job
+
         async def fetch() -> None:
             try:
                 await connector.consume(job)
@@ -151,17 +161,26 @@ class SimEngine:
         self.profile = profile
         self.clock = ScaledClock(config.time_scale)
         self.metrics = EngineMetrics(config.served_model_names[0])
+        read_mode = config.connector is not None and config.connector.read_mode
+        self.behaviour = ConnectorBehaviour.of(config.vllm_version, read_mode)
         self.cores = [
             EngineCore(
                 rank,
                 profile,
                 config.tp,
-                Scheduler(config.max_num_batched_tokens, config.max_num_seqs, config.chunked_prefill),
+                Scheduler(
+                    config.max_num_batched_tokens,
+                    config.max_num_seqs,
+                    config.chunked_prefill,
+                    kv_blocks=config.kv_blocks,
+                    preempted_remote_stalls=self.behaviour.preempted_remote_stalls,
+                ),
                 self.clock,
                 self.metrics,
             )
             for rank in range(config.dp)
         ]
+        self.metrics.waiting_for_kv.set_function(lambda: sum(core.waiting_for_kv for core in self.cores))
         self.connector = (
             Connector(config.connector, config.tp, profile, self.clock, self.metrics) if config.connector else None
         )
@@ -235,7 +254,7 @@ class SimEngine:
         params = request.kv_transfer_params or {}
         length, finish = output_length(request, self.profile)
         transfer_id: str | None = None
-        if leg != "plain":
+        if leg in ("producer", "consumer"):
             transfer_id = self._transfer_id(params, rid)
         if leg == "producer":
             length, finish = self._producer_output(finish, length)
@@ -246,7 +265,11 @@ class SimEngine:
             self._consumer_job(params, xid, rid, request, core.rank, transfer_id) if leg == "consumer" else None
         )
         producer_peer = self._producer_peer(params, xid) if leg == "producer" else None
-        seq = Sequence(rid, request.prompt_tokens, length, ready=leg != "consumer")
+        remote = leg in ("consumer", "plain_waiting_for_kv")
+        seq = Sequence(rid, request.prompt_tokens, length, ready=not remote, remote=remote)
+        if leg == "plain_without_kv":
+            seq.computed = request.prompt_tokens - 1  # claims the prompt's KV as loaded; it never was
+            self.metrics.decoded_without_kv.inc()
         handle = RequestHandle(self, core, seq, record, finish)
         self.records.append(record)
         if consumer_job is not None and self.connector is not None:
@@ -264,13 +287,20 @@ class SimEngine:
         return handle
 
     def _leg(self, request: openai.GenerationRequest) -> Leg:
-        params = request.kv_transfer_params
-        if self.connector is None or not params:
+        params = request.kv_transfer_params or {}
+        if self.connector is None:
             return "plain"
         if self.connector.config.role == "P" and params.get("do_remote_decode") is True:
             return "producer"
-        if self.connector.config.role == "D" and params.get("do_remote_prefill") is True:
-            return "consumer"
+        if self.connector.config.role == "D":
+            if params.get("do_remote_prefill") is True:
+                return "consumer"
+            if self.behaviour.plain_decode_waits_for_kv:
+                log.warning("request without do_remote_prefill on a decode engine: waits for KV (vLLM < 0.32)")
+                return "plain_waiting_for_kv"
+            if self.behaviour.plain_decode_skips_prefill:
+                log.warning("request without do_remote_prefill on a decode engine: decoded without KV (vLLM < 0.33)")
+                return "plain_without_kv"
         return "plain"
 
     def _transfer_id(self, params: dict[str, Any], rid: str) -> str:

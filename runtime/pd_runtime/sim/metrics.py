@@ -60,6 +60,19 @@ class EngineMetrics:
             ["outcome"],
             registry=reg,
         )
+        self.waiting_for_kv = Gauge(
+            "pd_sim_requests_waiting_for_kv",
+            "Decode requests waiting for KV from a prefill engine (WAITING_FOR_REMOTE_KVS).",
+            registry=reg,
+        )
+        self.preemptions = Counter(
+            "pd_sim_preemptions", "Running sequences preempted because the KV cache was full.", registry=reg
+        )
+        self.decoded_without_kv = Counter(
+            "pd_sim_requests_decoded_without_kv",
+            "Read-mode decode requests that claimed a prompt KV they never loaded (vLLM < 0.33; wrong output).",
+            registry=reg,
+        )
         self.blocks_held = Gauge(
             "pd_sim_kv_blocks_held", "Producer blocks kept for a decode engine (delay-freed).", registry=reg
         )

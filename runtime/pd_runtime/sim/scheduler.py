@@ -8,10 +8,14 @@ live engine and the discrete-event simulation drive the same class, so calibrati
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from pd_runtime.sim.timing import BatchShape
+
+BLOCK_SIZE = 16  # tokens per KV-cache block, vLLM's default
 
 
 @dataclass(eq=False)
@@ -24,6 +28,11 @@ class Sequence:
     """Tokens to generate before the sequence finishes (max_tokens, or where EOS falls)."""
     ready: bool = True
     """False while the KV cache is still coming from a prefill engine (WAITING_FOR_REMOTE_KVS)."""
+    remote: bool = False
+    """Its prompt's KV comes from a prefill engine (a write-mode decode request)."""
+    allocated: bool = False
+    """Holds KV blocks: running, or waiting for remote KV after its blocks were allocated."""
+    preemptions: int = 0
     computed: int = 0
     """Tokens whose KV is in the cache."""
     generated: int = 0
@@ -39,6 +48,11 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.generated >= self.output_tokens
+
+    @property
+    def blocks(self) -> int:
+        """Blocks for its KV including the token the next step writes."""
+        return math.ceil((self.length + 1) / BLOCK_SIZE)
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,10 @@ class Scheduler:
     max_batched_tokens: int
     max_num_seqs: int
     chunked_prefill: bool = True
+    kv_blocks: int | None = None
+    """KV-cache capacity in blocks; None: unbounded (no preemption)."""
+    preempted_remote_stalls: bool = False
+    """vLLM < 0.32, write mode: a preempted remote-KV request waits for that KV again (never comes)."""
     waiting: deque[Sequence] = field(default_factory=deque)
     running: list[Sequence] = field(default_factory=list)
 
@@ -81,6 +99,39 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        seq.allocated = False
+
+    def _free_blocks(self) -> float:
+        if self.kv_blocks is None:
+            return math.inf
+        held = sum(s.blocks for s in self.running) + sum(s.blocks for s in self.waiting if s.allocated)
+        return self.kv_blocks - held
+
+    def allocate_remote(self) -> Iterator[Sequence]:
+        """Remote-KV sequences that get their blocks now, which is when a decode engine sends its block
+        list to prefill: vLLM considers waiting requests only while fewer than ``max_num_seqs`` run, so
+        past that the list (and prefill's write) waits; prefill drops it after ``defer_timeout``."""
+        for seq in self.waiting:
+            if len(self.running) >= self.max_num_seqs:
+                return
+            if not seq.ready and not seq.allocated and seq.blocks <= self._free_blocks():
+                seq.allocated = True
+                yield seq
+
+    def preempt(self) -> list[Sequence]:
+        """vLLM's recompute preemption: while the running set's next tokens do not fit, the most recently
+        admitted sequence frees its blocks and goes back to the head of the queue."""
+        preempted: list[Sequence] = []
+        while self._free_blocks() < 0 and len(self.running) > 1:
+            victim = self.running.pop()
+            victim.computed = 0
+            victim.allocated = False
+            victim.preemptions += 1
+            if victim.remote and self.preempted_remote_stalls:
+                victim.ready = False  # waits for remote KV that prefill already sent and freed
+            self.waiting.appendleft(victim)
+            preempted.append(victim)
+        return preempted
 
     @property
     def has_work(self) -> bool:
@@ -104,7 +155,10 @@ class Scheduler:
             need = seq.length - seq.computed
             if need > budget and not self.chunked_prefill:
                 break
+            if not seq.allocated and seq.blocks > self._free_blocks():
+                break  # no room for its blocks: it waits (new requests never preempt running ones)
             take = min(need, budget)
+            seq.allocated = True
             self.waiting.remove(seq)
             self.running.append(seq)
             entries.append((seq, take))

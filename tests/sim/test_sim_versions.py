@@ -1,0 +1,41 @@
+"""The vLLM version knob: which connector behaviour each release has (read in vLLM's wheels)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pd_runtime.sim.config import ConfigError, parse_args
+from pd_runtime.sim.versions import ConnectorBehaviour, parse_version
+from pd_runtime.vllm_pin import PINNED_VLLM_VERSION
+
+
+@pytest.mark.parametrize(
+    ("version", "read", "waits", "skips", "stalls"),
+    [
+        ("0.29.0", False, True, False, True),
+        ("0.29.0", True, False, True, False),
+        ("0.31.1", False, True, False, True),
+        ("0.32.0", False, False, False, False),
+        ("0.32.0", True, False, True, False),
+        ("0.33.0", True, False, False, False),
+    ],
+)
+def test_behaviours_by_version(version: str, read: bool, waits: bool, skips: bool, stalls: bool) -> None:
+    behaviour = ConnectorBehaviour.of(version, read)
+    assert behaviour.plain_decode_waits_for_kv is waits
+    assert behaviour.plain_decode_skips_prefill is skips
+    assert behaviour.preempted_remote_stalls is stalls
+
+
+def test_versions_parse_like_release_tags() -> None:
+    assert parse_version("v0.32.0rc1") == (0, 32, 0) and parse_version("0.33") == (0, 33, 0)
+    with pytest.raises(ValueError):
+        parse_version("latest")
+
+
+def test_the_default_is_the_image_pin_and_the_flag_or_env_override_it() -> None:
+    assert parse_args(["m"], env={}).vllm_version == PINNED_VLLM_VERSION
+    assert parse_args(["m", "--vllm-version", "0.33.0"], env={}).vllm_version == "0.33.0"
+    assert parse_args(["m"], env={"PD_SIM_VLLM_VERSION": "0.32.0"}).vllm_version == "0.32.0"
+    with pytest.raises(ConfigError, match="vllm-version"):
+        parse_args(["m", "--vllm-version", "new"], env={})
