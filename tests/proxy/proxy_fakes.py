@@ -51,6 +51,8 @@ class FakeEngine:
     # behaviour
     status: int = 200
     null_params: bool = False
+    null_params_finish: str = "stop"  # with null_params: stop = EOS first token; else e.g. abort
+    chat_message: dict[str, Any] | None = None  # prefill answers in the chat shape with this message
     prefill_gate: asyncio.Event | None = None  # P waits for it before answering
     prefill_delay: float = 0.0
     chunks: int = 5
@@ -136,10 +138,11 @@ class FakeEngine:
                 status=self.status,
             )
         request_id = request.headers.get("X-Request-Id", "none")
-        if self.role == "P":
+        if self.role == "P" and "kv_transfer_params" in record.body:
             return await self._prefill_answer(record, request_id)
         if record.body.get("stream"):
             return await self._stream(request, record, request_id)
+        await asyncio.sleep(self.first_chunk_delay)
         record.answered = time.monotonic()
         self.events.append(f"{self.role}:done")
         return web.json_response(
@@ -168,11 +171,24 @@ class FakeEngine:
             }
         record.answered = time.monotonic()
         self.events.append("P:done")
+        choice: dict[str, Any] = {"index": 0, "text": "x"}
+        if self.chat_message is not None:
+            choice = {"index": 0, "message": self.chat_message}
         return web.json_response(
             {
                 "id": f"cmpl-{request_id}-0-11223344",
                 "object": "text_completion",
-                "choices": [{"index": 0, "text": "x", "finish_reason": "length" if returned else "stop"}],
+                "created": 1700000000,
+                "model": "m",
+                "choices": [
+                    {
+                        **choice,
+                        "logprobs": None,
+                        "finish_reason": "length" if returned else self.null_params_finish,
+                        "stop_reason": None,
+                    }
+                ],
+                "usage": {"prompt_tokens": 5, "total_tokens": 6, "completion_tokens": 1},
                 "kv_transfer_params": returned,
             }
         )

@@ -9,6 +9,7 @@ import time
 
 import aiohttp
 import msgpack
+import pytest
 
 from tests.proxy.conftest import SetupFactory
 from tests.proxy.proxy_fakes import wait_for
@@ -88,34 +89,106 @@ async def test_prefill_500_in_read_mode_never_reaches_decode(pd_setup: SetupFact
     assert setup.decode.requests == []
 
 
-async def test_null_kv_params_in_read_mode_fall_back_to_decode_only(pd_setup: SetupFactory) -> None:
-    setup = await pd_setup(mode="READ")
+@pytest.mark.parametrize("mode", ["READ", "WRITE"])
+async def test_eos_on_prefill_answers_with_prefills_own_response(pd_setup: SetupFactory, mode: str) -> None:
+    """Prefill's first token ended the request (null kv_transfer_params, finish_reason stop): its answer is
+    the whole answer. Never a plain request to decode: vLLM 0.29's decode engine would wait for KV forever."""
+    setup = await pd_setup(mode=mode)
     setup.prefill.null_params = True
-    status, _ = await setup.post("/v1/completions", BODY)
-    assert status == 200
-    (d_req,) = setup.decode.requests
-    assert "kv_transfer_params" not in d_req.body
-    assert d_req.body["max_tokens"] == 8
-    assert setup.proxy.core.last_transfer is None
-
-
-async def test_null_kv_params_in_read_mode_can_be_an_error(pd_setup: SetupFactory) -> None:
-    setup = await pd_setup(mode="READ", read_fallback="error")
-    setup.prefill.null_params = True
+    setup.decode.first_chunk_delay = 0.5
     status, body = await setup.post("/v1/completions", BODY)
-    assert status == 502 and body["error"]["code"] == "prefill_no_kv"
-    assert setup.decode.requests == []
+    assert status == 200
+    assert body["choices"][0]["text"] == "x" and body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"]["completion_tokens"] == 1
+    uid = body["id"].removeprefix("cmpl-").split("-")[0]
+    assert len(uid) == 32 and "prefill_addr" not in body["id"]
+    assert all("kv_transfer_params" in r.body and r.cancelled for r in setup.decode.requests)
+    assert len(setup.decode.requests) == (1 if mode == "WRITE" else 0)
+    assert len(setup.prefill.requests) == 1
 
 
-async def test_null_kv_params_in_write_mode_cancel_the_waiting_decode(pd_setup: SetupFactory) -> None:
+@pytest.mark.parametrize("chat", [False, True])
+async def test_eos_on_prefill_streams_prefills_response_as_sse(pd_setup: SetupFactory, chat: bool) -> None:
     setup = await pd_setup(mode="WRITE")
     setup.prefill.null_params = True
+    setup.decode.first_chunk_delay = 0.5  # a write-mode decode answers only once the KV arrived
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    request = {"model": "m", "max_tokens": 8, "stream_options": {"include_usage": True}}
+    request |= {"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "Hello"}
+    if chat:  # the fake answers in the completions shape; give its choice a chat message instead
+        setup.prefill.chat_message = {"role": "assistant", "content": "x"}
+    status, text = await setup.stream(request, path)
+    assert status == 200
+    events = _sse_events(text)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 1
+    content = chunks[:-1]
+    assert all("prefill_addr" not in c["id"] for c in chunks)
+    if chat:
+        assert [c["object"] for c in content] == ["chat.completion.chunk"] * 2
+        assert content[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert content[1]["choices"][0]["delta"] == {"content": "x"}
+    else:
+        assert [c["object"] for c in content] == ["text_completion"]
+        assert content[0]["choices"][0]["text"] == "x"
+    assert content[-1]["choices"][0]["finish_reason"] == "stop"
+    assert setup.proxy.metrics.no_kv.labels("prefill_finished")._value.get() == 1
+
+
+@pytest.mark.parametrize("mode", ["READ", "WRITE"])
+async def test_unusable_prefill_is_served_on_prefill_as_a_plain_request(pd_setup: SetupFactory, mode: str) -> None:
+    setup = await pd_setup(mode=mode)
+    setup.prefill.null_params, setup.prefill.null_params_finish = True, "abort"
     setup.decode.first_chunk_delay = 0.5
     status, text = await setup.stream(BODY)
     assert status == 200 and text.endswith("data: [DONE]\n\n")
-    first, fallback = setup.decode.requests
-    assert first.cancelled and "kv_transfer_params" in first.body
-    assert "kv_transfer_params" not in fallback.body
+    kv_leg, plain = setup.prefill.requests
+    assert "kv_transfer_params" in kv_leg.body and "kv_transfer_params" not in plain.body
+    assert plain.body["max_tokens"] == 8 and plain.body["stream"] is True
+    assert all("kv_transfer_params" in r.body and r.cancelled for r in setup.decode.requests)
+    assert setup.proxy.core.last_transfer is None
+
+
+async def test_unusable_prefill_can_be_an_error(pd_setup: SetupFactory) -> None:
+    setup = await pd_setup(mode="READ", no_kv_fallback="error")
+    setup.prefill.null_params, setup.prefill.null_params_finish = True, "abort"
+    status, body = await setup.post("/v1/completions", BODY)
+    assert status == 502 and body["error"]["code"] == "prefill_no_kv"
+    assert setup.decode.requests == [] and len(setup.prefill.requests) == 1
+
+
+async def test_a_transfer_that_never_completes_is_aborted_after_the_kv_wait(pd_setup: SetupFactory) -> None:
+    """Prefill answered, decode never gets its KV: the client gets a 504 once the kv wait (defer_timeout +
+    transfer_timeout of the engines) has passed since prefill's answer, not after the first-byte timeout."""
+    from pd_runtime.proxy.config import Timeouts
+
+    setup = await pd_setup(mode="WRITE", timeouts=Timeouts(first_byte=30, kv_wait=0.3))
+    setup.decode.first_chunk_delay = 30
+    started = time.monotonic()
+    status, body = await setup.post("/v1/completions", {**BODY, "stream": True})
+    assert status == 504 and body["error"]["code"] == "kv_transfer_timeout"
+    assert time.monotonic() - started < 3
+    await wait_for(lambda: setup.decode.requests[0].cancelled, what="decode leg aborted")
+    errors = setup.proxy.metrics.upstream_errors.labels("decode", "kv_timeout")._value.get()
+    assert errors == 1
+
+
+async def test_decode_engines_get_at_most_their_limit_in_flight(pd_setup: SetupFactory) -> None:
+    """One request per decode rank (its max_num_seqs), one more waits in the proxy before either leg starts,
+    the next gets 503 + Retry-After."""
+    setup = await pd_setup(mode="WRITE", decode_max_in_flight=1)
+    setup.decode.first_chunk_delay = 0.5
+    first = asyncio.create_task(setup.stream(BODY))
+    await wait_for(lambda: len(setup.decode.requests) == 1, what="first request at decode")
+    queued = asyncio.create_task(setup.stream(BODY))
+    await wait_for(lambda: setup.proxy.core.decode_queue == 1, what="second request queued")
+    assert len(setup.prefill.requests) == 1, "a queued request starts no leg"
+    async with setup.client.post(setup.url + "/v1/completions", json=BODY) as resp:
+        assert resp.status == 503 and resp.headers["Retry-After"] == "1"
+        assert (await resp.json())["error"]["code"] == "decode_at_capacity"
+    assert (await first)[0] == 200 and (await queued)[0] == 200
+    assert max(r.received for r in setup.decode.requests[1:]) >= setup.decode.requests[0].answered  # type: ignore[operator]
 
 
 async def test_decode_500_before_first_byte_cancels_prefill(pd_setup: SetupFactory) -> None:

@@ -1,7 +1,7 @@
 """Canary: a tiny request through P->D at start and at an interval, reported in /status.
 
 Readiness can then mean "a KV transfer really succeeded", not only "processes answer" (llm-d users
-report silent decode-only operation). A decode-only fallback does not count as success.
+report silent decode-only operation). An answer from prefill alone does not count as success.
 """
 
 from __future__ import annotations

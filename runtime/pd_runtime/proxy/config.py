@@ -1,53 +1,141 @@
-"""The proxy's settings: one frozen value built by the CLI (or by tests), read everywhere else."""
+"""The proxy's settings: one frozen value built by the CLI (or by tests), read everywhere else.
+
+Each setting is declared once, here: its default and its help text. ``pdctl proxy`` generates its
+flags from these fields (``cli.build_parser``), so a default cannot drift between the two.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
+from pd_runtime.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
+from pd_runtime.protocol import DEFAULT_DEFER_TIMEOUT_S, DEFAULT_TRANSFER_TIMEOUT_S, REGISTRATION_PORT
 from pd_runtime.proxy.legs import MaxTokensPolicy, ProxyMode
 from pd_runtime.proxy.registry import TransferModeSetting
 from pd_runtime.proxy.routing import Policy
 
-ReadFallback = Literal["decode", "error"]
+NoKvFallback = Literal["prefill", "error"]
+
+# Write mode: prefill drops a transfer when decode's block list comes more than defer_timeout after its
+# prefill; an accepted one completes within transfer_timeout. Past their sum decode will never get the KV.
+DEFAULT_KV_WAIT_S = DEFAULT_DEFER_TIMEOUT_S + DEFAULT_TRANSFER_TIMEOUT_S
+
+
+def flag(
+    help: str, *, name: str | None = None, parse: Callable[[str], Any] | None = None, metavar: str | None = None
+) -> dict[str, Any]:
+    """Field metadata for the setting's ``pdctl proxy`` flag: ``name`` defaults to ``--a-b`` for field
+    ``a_b`` (without a ``_s`` unit suffix), ``parse`` to the field's type."""
+    return {"help": help, "flag": name, "parse": parse, "metavar": metavar}
 
 
 @dataclass(frozen=True)
 class Timeouts:
-    """Seconds. The defaults never cut a healthy stream: a 1000-token answer at a slow 200 ms per
-    token is 200 s of streaming, but only the gap between chunks is bounded once it has started."""
+    """Seconds (flags ``--<name>-timeout``). The defaults never cut a healthy stream: a 1000-token answer
+    at a slow 200 ms per token is 200 s of streaming, but only the gap between chunks is bounded once it
+    has started."""
 
-    connect: float = 5.0
-    prefill: float = 300.0  # whole prefill leg (queueing + a long prompt)
-    first_byte: float = 300.0  # streaming decode: until the first body byte (write mode waits for P too)
-    idle: float = 60.0  # streaming decode: longest gap between two chunks
-    response: float = 1800.0  # non-streaming decode: whole response (the engine answers only when done)
-    health: float = 5.0  # one /health probe
+    connect: float = field(default=5.0, metadata=flag("connecting to an engine", parse=positive_float))
+    prefill: float = field(
+        default=300.0, metadata=flag("whole prefill leg (queueing + a long prompt)", parse=positive_float)
+    )
+    first_byte: float = field(
+        default=300.0,
+        metadata=flag("streaming decode: until the first body byte (write mode waits for P too)", parse=positive_float),
+    )
+    kv_wait: float = field(
+        default=DEFAULT_KV_WAIT_S,
+        metadata=flag(
+            "streaming decode: until the first body byte, counted from prefill's answer; past the engines' "
+            "defer_timeout + transfer_timeout the KV can no longer come (the operator derives it from them)",
+            parse=positive_float,
+        ),
+    )
+    idle: float = field(
+        default=60.0, metadata=flag("streaming decode: longest gap between two chunks", parse=positive_float)
+    )
+    response: float = field(
+        default=1800.0,
+        metadata=flag("non-streaming decode: whole response (the engine answers only when done)", parse=positive_float),
+    )
+    health: float = field(default=5.0, metadata=flag("one /health probe", parse=positive_float))
 
 
 @dataclass(frozen=True)
 class ProxyConfig:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    registration_address: str = "tcp://127.0.0.1:36367"
-    mode: ProxyMode = "disaggregated"
-    transfer_mode: TransferModeSetting = "auto"
-    engines: tuple[str, ...] = ()
-    policy: Policy = "round_robin"
-    heartbeat_ttl_s: float | None = None  # None: three heartbeat intervals of the instance's generation
-    admin_host: str | None = None  # None: same as host
-    admin_port: int | None = 8001  # None: no admin server
+    host: str = field(default="127.0.0.1", metadata=flag("API listen address"))
+    port: int = field(default=8000, metadata=flag("API port"))
+    registration_address: str = field(
+        default=f"tcp://127.0.0.1:{REGISTRATION_PORT}", metadata=flag("ZMQ ROUTER bind address for engine heartbeats")
+    )
+    mode: ProxyMode = field(
+        default="disaggregated", metadata=flag("disaggregated: P and D legs; colocated: one plain request")
+    )
+    transfer_mode: TransferModeSetting = field(
+        default="auto",
+        metadata=flag("auto: taken from the first registration; instances with another mode are refused"),
+    )
+    engines: tuple[str, ...] = field(
+        default=(),
+        metadata=flag("static engine http://host:port (colocated; repeat the flag)", name="--engine", metavar="URL"),
+    )
+    policy: Policy = field(default="round_robin", metadata=flag("how engines are picked"))
+    heartbeat_ttl_s: float | None = field(
+        default=None,
+        metadata=flag(
+            "evict an instance this long after its last heartbeat (default: 10 heartbeat intervals, 30 s G2, 50 s G1)",
+            parse=positive_float,
+            metavar="SECONDS",
+        ),
+    )
+    admin_host: str | None = field(default=None, metadata=flag("admin listen address (default: --host)"))
+    admin_port: int | None = field(default=8001, metadata=flag("admin port for /status and /metrics; 0 picks one"))
     timeouts: Timeouts = field(default_factory=Timeouts)
-    health_interval_s: float = 5.0
-    max_tokens_policy: MaxTokensPolicy = "exact"
-    max_tokens_limit: int = 1_000_000
-    read_fallback: ReadFallback = "decode"
-    max_body_bytes: int = 32 * 1024 * 1024
-    max_in_flight: int = 0  # 0: no admission limit
-    api_key: str | None = None  # required from clients when set
-    engine_api_key: str | None = None  # sent to the engines when set
-    canary_interval_s: float = 0.0  # 0: no canary
-    canary_model: str | None = None  # None: the first model a decode engine lists
-    canary_prompt: str = "Hello"
-    drain_timeout_s: float = 30.0
-    backlog: int = 4096
+    health_interval_s: float = field(default=5.0, metadata=flag("seconds between /health probes", parse=positive_float))
+    max_tokens_policy: MaxTokensPolicy = field(
+        default="exact",
+        metadata=flag("decode-leg token limit: exact = the client's, decrement = minus 1 like vLLM's toy proxy"),
+    )
+    max_tokens_limit: int = field(
+        default=1_000_000, metadata=flag("reject larger max_tokens with 400", parse=positive_int)
+    )
+    no_kv_fallback: NoKvFallback = field(
+        default="prefill",
+        metadata=flag(
+            "when prefill answers without usable kv_transfer_params and did not finish the request itself: "
+            "prefill = serve it on the prefill engine as a plain request, error = answer 502. Never decode: "
+            "vLLM < 0.32 (write) / 0.33 (read) treats every decode request as a remote prefill"
+        ),
+    )
+    max_body_bytes: int = field(
+        default=32 * 1024 * 1024, metadata=flag("largest accepted request body", parse=positive_int)
+    )
+    max_in_flight: int = field(
+        default=0,
+        metadata=flag(
+            "answer 503 + Retry-After past this many requests in the proxy; 0: no limit", parse=non_negative_int
+        ),
+    )
+    decode_max_in_flight: int = field(
+        default=0,
+        metadata=flag(
+            "answer 503 + Retry-After when every decode DP rank has this many requests; the operator sets the "
+            "decode engine's max_num_seqs; 0: no limit",
+            parse=non_negative_int,
+        ),
+    )
+    api_key: str | None = None  # required from clients when set; read from --api-key-env
+    engine_api_key: str | None = None  # sent to the engines when set; read from --engine-api-key-env
+    canary_interval_s: float = field(
+        default=0.0, metadata=flag("seconds between canary requests; 0 disables the canary", parse=non_negative_float)
+    )
+    canary_model: str | None = field(
+        default=None, metadata=flag("model for the canary (default: first one a decode engine lists)")
+    )
+    canary_prompt: str = field(default="Hello", metadata=flag("prompt of the canary request"))
+    drain_timeout_s: float = field(
+        default=30.0, metadata=flag("seconds to let streams finish on SIGTERM", parse=non_negative_float)
+    )
+    backlog: int = field(default=4096, metadata=flag("listen backlog of the API and admin sockets", parse=positive_int))

@@ -61,3 +61,13 @@ def upstream_failed(message: str, code: str = "upstream_error") -> ApiError:
 
 def upstream_timeout(message: str) -> ApiError:
     return ApiError(504, message, type="upstream_error", code="upstream_timeout")
+
+
+def kv_transfer_timeout(kv_wait: float) -> ApiError:
+    return ApiError(
+        504,
+        f"decode got no KV within {kv_wait:g} s of prefill's answer: the transfer was dropped or is stuck "
+        "(both legs aborted)",
+        type="upstream_error",
+        code="kv_transfer_timeout",
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -18,8 +19,9 @@ from typing import Any, Literal
 import aiohttp
 
 from pd_runtime.protocol import check_prefill_response, new_request_uid
+from pd_runtime.proxy.answers import final_answer_events, finished_on_prefill
 from pd_runtime.proxy.config import ProxyConfig
-from pd_runtime.proxy.errors import ApiError, unavailable, upstream_failed, upstream_timeout
+from pd_runtime.proxy.errors import ApiError, kv_transfer_timeout, unavailable, upstream_failed, upstream_timeout
 from pd_runtime.proxy.legs import (
     ClientRequest,
     IdRewriter,
@@ -53,13 +55,26 @@ class LegFailure(Exception):
         self.error = error
 
 
+@dataclass(frozen=True)
+class PrefillAnswer:
+    """Prefill's HTTP answer (status 200), internal ids already replaced by the public one."""
+
+    body: bytes
+    document: Any
+
+    @property
+    def kv_transfer_params(self) -> Any:
+        return self.document.get("kv_transfer_params") if isinstance(self.document, dict) else None
+
+
 class NoKvTransfer(LegFailure):
     """Prefill answered but its kv_transfer_params cannot feed a decode (e.g. first token was EOS)."""
 
-    def __init__(self, problem: str) -> None:
+    def __init__(self, problem: str, answer: PrefillAnswer) -> None:
         super().__init__(
             "prefill", "no_kv", upstream_failed(f"prefill produced no KV transfer: {problem}", "prefill_no_kv")
         )
+        self.answer = answer
 
 
 @dataclass
@@ -73,9 +88,23 @@ class Exchange:
     decode: Target | None = None
     started: float = field(default_factory=time.monotonic)
     rewriter: IdRewriter = field(init=False)
+    kv_deadline: float | None = None
+    """Loop time after which decode can no longer get the KV (prefill's answer + the kv wait)."""
+    first_byte_timer: asyncio.Timeout | None = None
+    """The streaming decode leg's deadline while it waits for its first byte."""
 
     def __post_init__(self) -> None:
         self.rewriter = IdRewriter(self.ids.request_id, self.ids.uid)
+
+    def prefill_answered(self, kv_wait: float) -> None:
+        """From prefill's answer on, decode's first byte is due within the kv wait (dropped transfers)."""
+        self.kv_deadline = asyncio.get_running_loop().time() + kv_wait
+        self.bound_first_byte()
+
+    def bound_first_byte(self) -> None:
+        timer, deadline = self.first_byte_timer, self.kv_deadline
+        if timer is not None and deadline is not None and deadline < (timer.when() or math.inf):
+            timer.reschedule(deadline)
 
 
 @dataclass(frozen=True)
@@ -95,6 +124,8 @@ class ProxyCore:
         self.session: aiohttp.ClientSession | None = None
         self.last_transfer: LastTransfer | None = None
         self.in_flight = 0
+        self.decode_queue = 0
+        self._slot_freed = asyncio.Event()
         self.draining = False
         self._background: set[asyncio.Task[None]] = set()
 
@@ -128,7 +159,7 @@ class ProxyCore:
         self.metrics.in_flight.inc()
         exchange: Exchange | None = None
         try:
-            exchange = self._route(request, source)
+            exchange = await self._route(request, source)
             verified = await self._serve(exchange, sink)
             return self._finish(request, exchange, "ok", verified)
         except ApiError as err:
@@ -173,15 +204,17 @@ class ProxyCore:
 
     # -- routing -------------------------------------------------------------------------------
 
-    def _route(self, request: ClientRequest, source: Source) -> Exchange:
+    async def _route(self, request: ClientRequest, source: Source) -> Exchange:
         if self.draining:
             raise unavailable("the proxy is shutting down", "shutting_down")
         if self.registry.mode == "colocated":
             uid = new_request_uid()
             ids = TransferIds(uid=uid, transfer_id="", request_id=uid)
             return Exchange(request, ids, source, decode=self._pick("E", None))
+        if not self.registry.live("P", time.monotonic()):
+            raise _no_live("P")  # before waiting for a decode slot
+        decode_slot = await self._decode_slot()
         prefill = self._pick("P", "P")
-        decode_slot = self._pick("D", "D")
         decode = Target(
             decode_slot.instance,
             decode_dp_rank(
@@ -191,13 +224,45 @@ class ProxyCore:
         return Exchange(request, TransferIds.mint(prefill.instance, decode.instance), source, prefill, decode)
 
     def _pick(self, pool: str, role: InstanceRole | None) -> Target:
+        target = self._pick_within(pool, role, 0)
+        assert target is not None  # without a limit there is always a slot
+        return target
+
+    def _pick_within(self, pool: str, role: InstanceRole | None, limit: int) -> Target | None:
+        """A slot with fewer than ``limit`` requests in flight (0: any), None when all are full."""
         live = self.registry.live(role, time.monotonic())
         if not live:
-            what = {"P": "prefill", "D": "decode"}.get(role or "", "engine")
-            raise unavailable(f"no live {what} instance is registered", f"no_{what}_instance")
+            raise _no_live(role)
         by_key: dict[str, Instance] = {inst.key: inst for inst in live}
-        slot = self.router.pick(pool, [Candidate(inst.key, inst.registration.dp_size) for inst in live])
-        return Target(by_key[slot.key].registration, slot.dp_rank)
+        slot = self.router.pick(pool, [Candidate(inst.key, inst.registration.dp_size) for inst in live], limit)
+        return None if slot is None else Target(by_key[slot.key].registration, slot.dp_rank)
+
+    async def _decode_slot(self) -> Target:
+        """A decode DP rank with fewer than --decode-max-in-flight requests (its max_num_seqs).
+
+        Past max_num_seqs vLLM queues a request without allocating its blocks, so in write mode its block
+        list reaches prefill late, and after defer_timeout prefill drops the transfer. Waiting here instead
+        starts neither leg: prefill's clock does not run. The wait is bounded by one more full batch per
+        rank and by the first-byte timeout; past either the client gets 503 + Retry-After.
+        """
+        limit = self.config.decode_max_in_flight
+        deadline = asyncio.get_running_loop().time() + self.config.timeouts.first_byte
+        while (target := self._pick_within("D", "D", limit)) is None:
+            ranks = sum(inst.registration.dp_size for inst in self.registry.live("D", time.monotonic()))
+            if self.decode_queue >= limit * ranks:
+                raise _decode_full(limit)
+            freed = self._slot_freed
+            self.decode_queue += 1
+            self.metrics.decode_queue.inc()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await freed.wait()
+            except TimeoutError:
+                raise _decode_full(limit) from None
+            finally:
+                self.decode_queue -= 1
+                self.metrics.decode_queue.dec()
+        return target
 
     # -- flows ---------------------------------------------------------------------------------
 
@@ -208,7 +273,8 @@ class ProxyCore:
             self.router.acquire(slot)
         try:
             if exchange.prefill is None:
-                await self._relay(exchange, self._plain(exchange), "engine", sink)
+                assert exchange.decode is not None
+                await self._relay(exchange, exchange.decode, self._plain(exchange, exchange.decode), "engine", sink)
                 return False
             if self.registry.transfer_mode == "READ":
                 return await self._read_flow(exchange, sink)
@@ -216,10 +282,11 @@ class ProxyCore:
         finally:
             for slot in slots:
                 self.router.release(slot)
+            self._slot_freed.set()  # requests waiting for a decode slot look again
+            self._slot_freed = asyncio.Event()
 
-    def _plain(self, exchange: Exchange) -> Leg:
-        assert exchange.decode is not None
-        return plain_leg(exchange.request, exchange.decode, exchange.ids.uid, self.config.engine_api_key)
+    def _plain(self, exchange: Exchange, target: Target) -> Leg:
+        return plain_leg(exchange.request, target, exchange.ids.uid, self.config.engine_api_key)
 
     def _decode_leg(self, exchange: Exchange, prefill_params: dict[str, Any] | None) -> Leg:
         assert exchange.prefill is not None and exchange.decode is not None
@@ -235,15 +302,15 @@ class ProxyCore:
 
     async def _read_flow(self, exchange: Exchange, sink: Sink) -> bool:
         """§3.6: strictly serial; D is sent only after P's answer was validated."""
-        try:
-            params = await self._prefill(exchange)
-            problem = check_prefill_response(params, exchange.ids.transfer_id)
-            if problem:
-                raise NoKvTransfer(problem)
-        except NoKvTransfer as missing:
-            await self._decode_only(exchange, sink, missing)
+        assert exchange.decode is not None
+        answer = await self._prefill(exchange)
+        params = answer.kv_transfer_params
+        problem = check_prefill_response(params, exchange.ids.transfer_id)
+        if problem:
+            await self._without_kv(exchange, sink, NoKvTransfer(problem, answer))
             return False
-        await self._relay(exchange, self._decode_leg(exchange, params), "decode", sink)
+        exchange.prefill_answered(self.config.timeouts.kv_wait)
+        await self._relay(exchange, exchange.decode, self._decode_leg(exchange, params), "decode", sink)
         self._record_transfer(exchange)
         return True
 
@@ -252,7 +319,10 @@ class ProxyCore:
 
         D goes out first: it must allocate blocks and send them to P before P's KV writes can start.
         """
-        decode = asyncio.create_task(self._relay(exchange, self._decode_leg(exchange, None), "decode", sink))
+        assert exchange.decode is not None
+        decode = asyncio.create_task(
+            self._relay(exchange, exchange.decode, self._decode_leg(exchange, None), "decode", sink)
+        )
         prefill = asyncio.create_task(self._prefill_with_kv(exchange))
         handed_off = False
         try:
@@ -264,7 +334,7 @@ class ProxyCore:
                     await _cancel(decode)
             if prefill_failure is not None and (decode.cancelled() or decode.exception() is not None):
                 if isinstance(prefill_failure, NoKvTransfer):
-                    await self._decode_only(exchange, sink, prefill_failure)
+                    await self._without_kv(exchange, sink, prefill_failure)
                     return False
                 raise prefill_failure
             decode.result()
@@ -296,13 +366,33 @@ class ProxyCore:
             return
         self._record_transfer(exchange)
 
-    async def _decode_only(self, exchange: Exchange, sink: Sink, missing: NoKvTransfer) -> None:
-        """The configured answer to an unusable prefill: a plain request to D, or the error."""
-        if self.config.read_fallback != "decode" or sink.started:
+    async def _without_kv(self, exchange: Exchange, sink: Sink, missing: NoKvTransfer) -> None:
+        """Prefill gave no KV for decode (any decode leg is already cancelled). Never a plain request to
+        decode: vLLM < 0.32 (write) / 0.33 (read) would wait for KV forever or decode from nothing.
+        Prefill's answer when its first token ended the request; else the configured fallback."""
+        assert exchange.prefill is not None
+        if sink.started:
             raise missing
-        self.metrics.read_fallbacks.inc()
-        log.warning("decode-only fallback transfer_id=%s: %s", exchange.ids.transfer_id, missing)
-        await self._relay(exchange, self._plain(exchange), "decode", sink)
+        if finished_on_prefill(missing.answer.document):
+            self.metrics.no_kv.labels("prefill_finished").inc()
+            await self._answer_from_prefill(exchange, missing.answer, sink)
+            return
+        if self.config.no_kv_fallback == "error":
+            self.metrics.no_kv.labels("error").inc()
+            raise missing
+        self.metrics.no_kv.labels("prefill_plain").inc()
+        log.warning("serving on prefill as a plain request transfer_id=%s: %s", exchange.ids.transfer_id, missing)
+        plain = self._plain(exchange, exchange.prefill)
+        await self._relay(exchange, exchange.prefill, plain, "prefill", sink)
+
+    async def _answer_from_prefill(self, exchange: Exchange, answer: PrefillAnswer, sink: Sink) -> None:
+        if not exchange.request.stream:
+            await sink.whole(200, "application/json", answer.body)
+            return
+        await sink.begin_stream("text/event-stream")
+        self.metrics.ttft.observe(time.monotonic() - exchange.started)
+        await sink.write(final_answer_events(answer.document, exchange.request))
+        await sink.end_stream()
 
     def _record_transfer(self, exchange: Exchange) -> None:
         assert exchange.prefill is not None and exchange.decode is not None
@@ -324,12 +414,14 @@ class ProxyCore:
 
     async def _prefill_with_kv(self, exchange: Exchange) -> None:
         """Write mode: a P answer without kv_transfer_params means no KV will ever reach D."""
-        params = await self._prefill(exchange)
-        if not isinstance(params, dict):
-            raise NoKvTransfer("kv_transfer_params is null (first token was EOS or the request was aborted)")
+        answer = await self._prefill(exchange)
+        if not isinstance(answer.kv_transfer_params, dict):
+            problem = "kv_transfer_params is null (first token was EOS or the request was aborted)"
+            raise NoKvTransfer(problem, answer)
+        exchange.prefill_answered(self.config.timeouts.kv_wait)
 
-    async def _prefill(self, exchange: Exchange) -> Any:
-        """POST the P leg and return its ``kv_transfer_params`` (whatever JSON value it is)."""
+    async def _prefill(self, exchange: Exchange) -> PrefillAnswer:
+        """POST the P leg and return its answer (a failure raises LegFailure)."""
         assert exchange.prefill is not None and exchange.decode is not None and self.session is not None
         leg = prefill_leg(exchange.request, exchange.prefill, exchange.decode, exchange.ids, self.config.engine_api_key)
         url = exchange.prefill.instance.base_url + leg.path
@@ -350,26 +442,31 @@ class ProxyCore:
             self.metrics.leg_seconds.labels("prefill").observe(time.monotonic() - started)
         if status != 200:
             raise LegFailure("prefill", "http", upstream_error_for_client(status, body, "prefill", exchange.rewriter))
+        body = exchange.rewriter.whole(body)
         try:
             document = json.loads(body)
         except ValueError as exc:
             raise LegFailure(
                 "prefill", "protocol", upstream_failed("prefill answered invalid JSON", "prefill_failed")
             ) from exc
-        return document.get("kv_transfer_params") if isinstance(document, dict) else None
+        return PrefillAnswer(body, document)
 
-    async def _relay(self, exchange: Exchange, leg: Leg, name: str, sink: Sink) -> None:
-        """POST a decode (or colocated) leg and pass its answer through, SSE chunk by chunk."""
-        assert exchange.decode is not None and self.session is not None
+    async def _relay(self, exchange: Exchange, target: Target, leg: Leg, name: str, sink: Sink) -> None:
+        """POST a decode (or colocated, or plain prefill) leg and pass its answer through, SSE chunk by chunk."""
+        assert self.session is not None
         timeouts = self.config.timeouts
-        url = exchange.decode.instance.base_url + leg.path
+        url = target.instance.base_url + leg.path
         loop = asyncio.get_running_loop()
         first_deadline = timeouts.first_byte if exchange.request.stream else timeouts.response
+        first_byte_due = loop.time() + first_deadline
         streaming = False
         started = time.monotonic()
         slack = min(1.0, timeouts.idle / 10)  # move the idle deadline only when it is this far off
         try:
             async with asyncio.timeout(first_deadline) as deadline:
+                if exchange.request.stream and name == "decode":
+                    exchange.first_byte_timer = deadline
+                    exchange.bound_first_byte()
                 async with self.session.post(url, data=leg.encoded(), headers=leg.headers) as resp:
                     if resp.status != 200:
                         body = await resp.read()
@@ -388,6 +485,7 @@ class ProxyCore:
                         if out:
                             if not streaming:
                                 streaming = True
+                                exchange.first_byte_timer = None
                                 await sink.begin_stream(content_type)
                                 self.metrics.ttft.observe(time.monotonic() - exchange.started)
                             else:
@@ -403,6 +501,8 @@ class ProxyCore:
                         await sink.write(tail)
                     await sink.end_stream()
         except TimeoutError as exc:
+            if not streaming and exchange.first_byte_timer is not None and _kv_bound(exchange, first_byte_due):
+                raise LegFailure(name, "kv_timeout", kv_transfer_timeout(timeouts.kv_wait)) from exc
             what = f"no chunk for {timeouts.idle:g} s" if streaming else f"no first byte within {first_deadline:g} s"
             raise LegFailure(name, "timeout", upstream_timeout(f"{name} engine timed out: {what}")) from exc
         except aiohttp.ClientError as exc:
@@ -412,6 +512,23 @@ class ProxyCore:
             ) from exc
         finally:
             self.metrics.leg_seconds.labels(name).observe(time.monotonic() - started)
+
+
+def _no_live(role: InstanceRole | None) -> ApiError:
+    what = {"P": "prefill", "D": "decode"}.get(role or "", "engine")
+    return unavailable(f"no live {what} instance is registered", f"no_{what}_instance")
+
+
+def _decode_full(limit: int) -> ApiError:
+    return unavailable(
+        f"every decode engine already has {limit} requests in flight (its max_num_seqs) and a full queue",
+        "decode_at_capacity",
+    )
+
+
+def _kv_bound(exchange: Exchange, first_byte_due: float) -> bool:
+    """Whether the kv wait, not the first-byte timeout, ended the wait for decode's first byte."""
+    return exchange.kv_deadline is not None and exchange.kv_deadline < first_byte_due
 
 
 def _slot(target: Target) -> Slot:

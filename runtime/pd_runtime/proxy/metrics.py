@@ -55,10 +55,17 @@ class ProxyMetrics:
         )
         self.evictions = Counter("pd_proxy_evictions", "Instances evicted (heartbeat TTL)", ["role"], registry=r)
         self.health_checks = Counter("pd_proxy_health_checks", "Instance /health probes", ["result"], registry=r)
-        self.read_fallbacks = Counter(
-            "pd_proxy_read_fallbacks", "Read-mode requests served decode-only after an unusable prefill", registry=r
+        self.no_kv = Counter(
+            "pd_proxy_no_kv",
+            "Requests whose prefill gave no KV for decode, by answer: prefill_finished (prefill's own answer, "
+            "its first token ended the request), prefill_plain (served on prefill as a plain request), error",
+            ["answer"],
+            registry=r,
         )
         self.in_flight = Gauge("pd_proxy_in_flight", "Client requests in progress", registry=r)
+        self.decode_queue = Gauge(
+            "pd_proxy_decode_queue", "Requests waiting for a decode DP rank below --decode-max-in-flight", registry=r
+        )
         self.canary_ok = Gauge("pd_proxy_canary_ok", "1 if the last canary transfer succeeded", registry=r)
         self.last_transfer = Gauge(
             "pd_proxy_last_transfer_timestamp_seconds", "Unix time of the last verified P->D transfer", registry=r

@@ -24,8 +24,13 @@ TransferModeSetting = Literal["auto", "write", "read"]
 # A new instance starts at the threshold: vLLM heartbeats from its workers before its HTTP server is up,
 # so an instance enters the rotation only after its first successful probe (sent as it registers).
 HEALTH_FAILURE_THRESHOLD = 2
-# TTL = this many heartbeat intervals of the instance's generation unless --heartbeat-ttl is given.
-DEFAULT_TTL_BEATS = 3
+# TTL = this many heartbeat intervals of the instance's generation unless --heartbeat-ttl is given: 30 s
+# for G2. Before vLLM 0.32 the heartbeat is a thread inside the GPU worker (moriio_connector.py,
+# MoRIIOConnectorWorker._ping), which shares the GIL with the model runner and misses beats during long
+# steps; 0.32 moved it to a subprocess. A long TTL costs little: an engine that stops answering leaves
+# the rotation through its failed /health probes (HEALTH_FAILURE_THRESHOLD), so the TTL only decides
+# when a silent instance is forgotten.
+DEFAULT_TTL_BEATS = 10
 
 
 @dataclass

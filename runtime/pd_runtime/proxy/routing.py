@@ -35,14 +35,18 @@ def interleaved_slots(candidates: Sequence[Candidate]) -> list[Slot]:
     ]
 
 
-def round_robin(candidates: Sequence[Candidate], counter: int) -> Slot:
+def slots_with_room(candidates: Sequence[Candidate], outstanding: Mapping[Slot, int], limit: int) -> list[Slot]:
+    """The slots with fewer than ``limit`` requests in flight (every slot when ``limit`` is 0)."""
     slots = interleaved_slots(candidates)
+    return [slot for slot in slots if outstanding.get(slot, 0) < limit] if limit > 0 else slots
+
+
+def round_robin(slots: list[Slot], counter: int) -> Slot:
     return slots[counter % len(slots)]
 
 
-def least_outstanding(candidates: Sequence[Candidate], outstanding: Mapping[Slot, int], counter: int) -> Slot:
+def least_outstanding(slots: list[Slot], outstanding: Mapping[Slot, int], counter: int) -> Slot:
     """The slot with the fewest requests in flight; ties go round-robin so idle slots share load."""
-    slots = interleaved_slots(candidates)
     start = counter % len(slots)
     rotated = slots[start:] + slots[:start]
     return min(rotated, key=lambda slot: outstanding.get(slot, 0))
@@ -66,13 +70,17 @@ class Router:
         self._counters: Counter[str] = Counter()
         self._outstanding: Counter[Slot] = Counter()
 
-    def pick(self, pool: str, candidates: Sequence[Candidate]) -> Slot:
-        """Choose a slot among ``candidates`` (non-empty) for the pool named ``pool`` (P, D, E)."""
+    def pick(self, pool: str, candidates: Sequence[Candidate], limit: int = 0) -> Slot | None:
+        """Choose a slot among ``candidates`` (non-empty) for the pool named ``pool`` (P, D, E); None when
+        every slot already has ``limit`` requests in flight (0: no limit)."""
+        slots = slots_with_room(candidates, self._outstanding, limit)
+        if not slots:
+            return None
         counter = self._counters[pool]
         self._counters[pool] += 1
         if self.policy == "least_outstanding":
-            return least_outstanding(candidates, self._outstanding, counter)
-        return round_robin(candidates, counter)
+            return least_outstanding(slots, self._outstanding, counter)
+        return round_robin(slots, counter)
 
     def acquire(self, slot: Slot) -> None:
         self._outstanding[slot] += 1

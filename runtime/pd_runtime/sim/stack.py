@@ -98,7 +98,12 @@ def _kv_config(role: str, port: int, handshake: int, notify: int, registration: 
 
 
 def launch(
-    topology: Topology, profile: str, time_scale: float, log_dir: Path, extra_engine_args: tuple[str, ...] = ()
+    topology: Topology,
+    profile: str,
+    time_scale: float,
+    log_dir: Path,
+    extra_engine_args: tuple[str, ...] = (),
+    extra_proxy_args: tuple[str, ...] = (),
 ) -> LocalStack:
     """Start the proxy and the engines of ``topology``; call ``wait_ready`` before sending traffic."""
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -128,6 +133,8 @@ def launch(
             )  # fmt: skip
             stack.engine_urls[name] = f"http://127.0.0.1:{port}"
         proxy += ["--mode", "disaggregated", "--transfer-mode", topology.kind]
+        proxy += ["--decode-max-in-flight", str(topology.decode.max_num_seqs)]  # as the operator renders it
+    proxy += list(extra_proxy_args)
     commands = {"proxy": _pdctl(*proxy), **commands}
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     for name, argv in commands.items():

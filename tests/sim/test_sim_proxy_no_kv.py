@@ -1,0 +1,94 @@
+"""Real processes (`pdctl proxy` + simulated engines at the image's vLLM version, 0.29): requests whose
+KV never reaches decode end cleanly, and the decode engine is left with no request waiting for KV.
+
+On vLLM 0.29 a decode engine treats every request as a remote prefill, so a plain request sent there
+waits for KV forever; the simulator reproduces that, which is what makes these tests able to fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from pd_runtime.sim.stack import LocalStack, launch
+from pd_runtime.sim.system import EngineShape, Topology
+from tests.sim.sim_helpers import metric, scrape
+
+pytestmark = pytest.mark.timeout(120)
+SHAPE = EngineShape(tp=1, max_batched_tokens=4096, max_num_seqs=8)
+BODY = {"model": "sim-model", "prompt": "a question", "max_tokens": 8}
+
+
+@pytest.fixture
+def stacks() -> Iterator[list[LocalStack]]:
+    started: list[LocalStack] = []
+    yield started
+    for stack in started:
+        stack.stop()
+
+
+async def _start(
+    stacks: list[LocalStack], path: Path, mode: str, engine: tuple[str, ...], proxy: tuple[str, ...]
+) -> LocalStack:
+    topology = Topology(mode, prefill=SHAPE, decode=SHAPE)  # type: ignore[arg-type]
+    stack = launch(topology, "instant", 1.0, path, extra_engine_args=engine, extra_proxy_args=proxy)
+    stacks.append(stack)
+    await stack.wait_ready(timeout_s=60)
+    return stack
+
+
+async def _decode_metrics_once_idle(session: aiohttp.ClientSession, url: str) -> str:
+    """Decode's metrics once no request waits for KV, or after 5 s: an aborted leg leaves the engine when
+    it sees the closed connection, a moment after the proxy answered."""
+    deadline = time.monotonic() + 5
+    while True:
+        text = await scrape(session, url)
+        if metric(text, "pd_sim_requests_waiting_for_kv") == 0 or time.monotonic() > deadline:
+            return text
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.parametrize("mode", ["write", "read"])
+async def test_eos_on_prefill_is_answered_without_touching_decode(
+    stacks: list[LocalStack], tmp_path: Path, mode: str
+) -> None:
+    stack = await _start(stacks, tmp_path, mode, ("--sim-eos-first-token",), ("--response-timeout", "20"))
+    async with aiohttp.ClientSession() as session:
+        async with session.post(stack.proxy_url + "/v1/completions", json=BODY) as resp:
+            assert resp.status == 200, await resp.text()
+            answer = await resp.json()
+        async with session.post(stack.proxy_url + "/v1/completions", json={**BODY, "stream": True}) as resp:
+            assert resp.status == 200
+            events = (await resp.read()).decode().split("\n\n")
+        decode = await _decode_metrics_once_idle(session, stack.engine_urls["decode"])
+    assert answer["choices"][0]["finish_reason"] == "stop" and answer["usage"]["completion_tokens"] == 1
+    chunk = json.loads(events[0].removeprefix("data: "))
+    assert chunk["choices"][0]["finish_reason"] == "stop" and events[-2] == "data: [DONE]"
+    assert metric(decode, "pd_sim_requests_waiting_for_kv") == 0
+    assert metric(decode, "pd_sim_requests_decoded_without_kv_total") == 0
+    assert metric(decode, "vllm:request_success_total") == 0
+
+
+async def test_a_transfer_that_never_completes_ends_with_504_and_leaves_decode_idle(
+    stacks: list[LocalStack], tmp_path: Path
+) -> None:
+    """Every notify is dropped, so prefill never writes and decode never gets its KV."""
+    stack = await _start(stacks, tmp_path, "write", ("--sim-drop-notify", "1"), ("--kv-wait-timeout", "1"))
+    async with aiohttp.ClientSession() as session:
+        started = time.monotonic()
+        async with session.post(stack.proxy_url + "/v1/completions", json={**BODY, "stream": True}) as resp:
+            status, body = resp.status, await resp.json()
+        elapsed = time.monotonic() - started
+        decode = await _decode_metrics_once_idle(session, stack.engine_urls["decode"])
+        async with session.get(stack.admin_url + "/metrics") as resp:
+            proxy = await resp.text()
+    assert status == 504 and body["error"]["code"] == "kv_transfer_timeout"
+    assert elapsed < 5
+    assert metric(decode, "pd_sim_requests_waiting_for_kv") == 0
+    assert metric(proxy, "pd_proxy_upstream_errors_total", leg="decode", kind="kv_timeout") == 1
