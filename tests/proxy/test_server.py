@@ -267,3 +267,23 @@ def test_pdctl_proxy_runs_and_stops_on_sigterm() -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_cli_flags_come_from_the_config_fields() -> None:
+    """Each default exists once: no flags give ProxyConfig(), and every documented field has its flag."""
+    import dataclasses
+
+    from pd_runtime.proxy.cli import build_parser, config_from_args
+    from pd_runtime.proxy.config import ProxyConfig, Timeouts
+
+    parser = build_parser()
+    assert config_from_args(parser.parse_args([]), {}) == ProxyConfig()
+    args = parser.parse_args(["--kv-wait-timeout", "7", "--no-kv-fallback", "error", "--decode-max-in-flight", "3"])
+    config = config_from_args(args, {})
+    assert (config.timeouts.kv_wait, config.no_kv_fallback, config.decode_max_in_flight) == (7.0, "error", 3)
+    documented = [f for cls in (ProxyConfig, Timeouts) for f in dataclasses.fields(cls) if "help" in f.metadata]
+    process_flags = ("api_key_env", "engine_api_key_env", "loop", "log_level", "log_format")  # not settings
+    assert len(vars(parser.parse_args([]))) == len(documented) + len(process_flags)
+    assert {"--engine", "--heartbeat-ttl", "--connect-timeout"} <= set(parser._option_string_actions)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--no-kv-fallback", "decode"])
