@@ -521,6 +521,16 @@ class ProxyTimeouts(ApiModel):
     decode_first_byte_seconds: float | None = Field(
         None, gt=0, le=86400, description="Until the decode leg's first byte."
     )
+    kv_wait_seconds: float | None = Field(
+        None,
+        gt=0,
+        le=86400,
+        description=(
+            "Streaming decode: until its first byte, counted from prefill's answer; then both legs are aborted "
+            "(a dropped KV transfer). Unset = kvTransfer.deferTimeoutSeconds + kvTransfer.transferTimeoutSeconds "
+            "(divided by simulation.timeScale for engine simulated); a larger value is refused."
+        ),
+    )
     idle_seconds: float | None = Field(None, gt=0, le=86400, description="Longest gap between streamed chunks.")
     response_seconds: float | None = Field(None, gt=0, le=86400, description="Whole non-streaming decode answer.")
 
@@ -540,7 +550,18 @@ class ProxySpec(ApiModel):
         "round_robin", description="How the proxy picks engines."
     )
     heartbeat_ttl_seconds: float | None = Field(
-        None, gt=0, le=3600, description="Registration TTL; unset = three heartbeat intervals."
+        None,
+        gt=0,
+        le=3600,
+        description="Registration TTL; unset = ten heartbeat intervals (30 s; vLLM < 0.32 may miss beats under load).",
+    )
+    no_kv_fallback: Literal["prefill", "error"] = Field(
+        "prefill",
+        description=(
+            "When prefill answers without usable KV for decode and did not finish the request itself (EOS or a "
+            "stop string, then prefill's answer is the client's): prefill = serve the request on the prefill "
+            "engine as a plain request, error = answer 502. Never decode, which vLLM < 0.32/0.33 would hang."
+        ),
     )
     timeouts: ProxyTimeouts = Field(default_factory=ProxyTimeouts, description="Upstream timeouts.")
     canary_interval_seconds: float = Field(
@@ -795,6 +816,17 @@ class PDDeploymentSpec(ApiModel):
         300, ge=0, le=86400, description="Time for in-flight requests and KV transfers to drain on deletion."
     )
 
+    def proxy_kv_wait_limit(self) -> float:
+        """Past defer + transfer timeout (engine time) decode can no longer get its KV: prefill dropped it."""
+        kv = self.kv_transfer
+        engine_seconds = kv.defer_timeout_seconds + kv.transfer_timeout_seconds
+        return engine_seconds / self.simulation.time_scale if self.engine == "simulated" else engine_seconds
+
+    def proxy_kv_wait_seconds(self) -> float:
+        """The proxy's wait for decode's first byte after prefill answered (--kv-wait-timeout)."""
+        chosen = self.proxy.timeouts.kv_wait_seconds
+        return self.proxy_kv_wait_limit() if chosen is None else chosen
+
     _rules = (
         _role_within_node_rule("prefill"),
         _role_within_node_rule("decode"),
@@ -858,6 +890,20 @@ class PDDeploymentSpec(ApiModel):
                 or any("cudagraph_mode" in a for a in s.decode.extra_args)
             ),
             field_path=".decode.extraArgs",
+        ),
+        Rule(
+            cel="self.mode != 'disaggregated' || !has(self.proxy.timeouts.kvWaitSeconds) || "
+            "self.proxy.timeouts.kvWaitSeconds <= (self.kvTransfer.deferTimeoutSeconds + "
+            "self.kvTransfer.transferTimeoutSeconds) / (self.engine == 'simulated' ? self.simulation.timeScale : 1.0)",
+            message="proxy.timeouts.kvWaitSeconds must be <= kvTransfer.deferTimeoutSeconds + "
+            "kvTransfer.transferTimeoutSeconds (divided by simulation.timeScale for engine simulated): past that, "
+            "prefill has dropped the KV transfer and the proxy would wait for KV that never comes",
+            check=lambda s: (
+                not _disaggregated(s)
+                or s.proxy.timeouts.kv_wait_seconds is None
+                or s.proxy.timeouts.kv_wait_seconds <= s.proxy_kv_wait_limit()
+            ),
+            field_path=".proxy.timeouts.kvWaitSeconds",
         ),
         Rule(
             cel="self.mode != 'disaggregated' || self.kvTransfer.backend != 'xgmi' || "

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pd_operator.api import ColocatedEngineSpec, EngineSettings, PDDeploymentSpec, sets_compilation_config
 from pd_operator.rules import gpu_indices
+from pd_runtime.vllm_pin import DEFAULT_MAX_NUM_SEQS
 
 EngineRoleName = Literal["prefill", "decode", "engine"]
 EnvEntry = dict[str, Any]
@@ -258,6 +259,12 @@ def proxy_command(spec: PDDeploymentSpec) -> list[str]:
     for flag, value in timeouts.items():
         if value is not None:
             cmd += [flag, _number(value)]
+    if spec.mode == "disaggregated":
+        # Derived from the engines' settings, so the proxy never waits for KV prefill dropped, and never sends
+        # decode more than it runs at once (vLLM's default max_num_seqs when unset).
+        max_num_seqs = spec.decode.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+        cmd += ["--kv-wait-timeout", _number(spec.proxy_kv_wait_seconds()), "--decode-max-in-flight", str(max_num_seqs)]
+        cmd += ["--no-kv-fallback", p.no_kv_fallback]
     return cmd + list(p.extra_args)
 
 

@@ -294,6 +294,13 @@ def test_proxy_command_follows_the_contract() -> None:
         "8001",
         "--canary-interval",
         "300",
+        # derived from the engines: kvTransfer defer (60) + transfer (30) timeouts, decode's maxNumSeqs
+        "--kv-wait-timeout",
+        "90",
+        "--decode-max-in-flight",
+        "64",
+        "--no-kv-fallback",
+        "prefill",
     ]
     colocated = container(spec_of("qwen3-235b-colocated.yaml"), "proxy")["command"]
     assert colocated[colocated.index("--mode") : colocated.index("--policy")] == [
