@@ -11,7 +11,7 @@ import aiohttp
 import msgpack
 import pytest
 
-from tests.proxy.conftest import SetupFactory
+from tests.proxy.conftest import SetupFactory, register_pair
 from tests.proxy.proxy_fakes import wait_for
 
 BODY = {"model": "m", "prompt": "Hello", "max_tokens": 8}
@@ -331,3 +331,21 @@ async def test_client_disconnect_while_waiting_for_prefill_in_read_mode(pd_setup
         task.cancel()
     await wait_for(lambda: setup.prefill.requests[0].cancelled, what="prefill closed")
     assert setup.decode.requests == []
+
+
+async def test_the_decode_limit_holds_per_rank_when_both_legs_share_the_rank(pd_setup: SetupFactory) -> None:
+    """Equal DP sizes pin both legs to one rank; that rank is the decode rank chosen below its limit."""
+    setup = await pd_setup(register=False, decode_max_in_flight=1)
+    setup.prefill.dp_size = setup.decode.dp_size = 2
+    setup.decode.first_chunk_delay = 0.5
+    await register_pair(setup, "WRITE", "G2")
+    streams = [asyncio.create_task(setup.stream(BODY)) for _ in range(2)]
+    await wait_for(lambda: len(setup.decode.requests) == 2, what="both requests at decode")
+    assert sorted(r.headers["X-data-parallel-rank"] for r in setup.decode.requests) == ["0", "1"]
+    await wait_for(lambda: len(setup.prefill.requests) == 2, what="both requests at prefill")
+    rank_of = {
+        r.body["kv_transfer_params"]["transfer_id"]: r.headers["X-data-parallel-rank"] for r in setup.prefill.requests
+    }
+    for d_req in setup.decode.requests:
+        assert rank_of[d_req.body["kv_transfer_params"]["transfer_id"]] == d_req.headers["X-data-parallel-rank"]
+    assert [status for status, _ in await asyncio.gather(*streams)] == [200, 200]

@@ -215,6 +215,9 @@ class ProxyCore:
             raise _no_live("P")  # before waiting for a decode slot
         decode_slot = await self._decode_slot()
         prefill = self._pick("P", "P")
+        if prefill.instance.dp_size == decode_slot.instance.dp_size > 1:
+            # Both legs on one rank (PR #46115): the decode rank, which was chosen below its in-flight limit.
+            prefill = Target(prefill.instance, decode_slot.dp_rank)
         decode = Target(
             decode_slot.instance,
             decode_dp_rank(
