@@ -528,7 +528,9 @@ class ProxyTimeouts(ApiModel):
         description=(
             "Streaming decode: until its first byte, counted from prefill's answer; then both legs are aborted "
             "(a dropped KV transfer). Unset = kvTransfer.deferTimeoutSeconds + kvTransfer.transferTimeoutSeconds "
-            "(divided by simulation.timeScale for engine simulated); a larger value is refused."
+            f"(divided by simulation.timeScale for engine simulated) + {protocol.KV_WAIT_MARGIN_S:g} s for notifies, "
+            "a decode step and HTTP; "
+            "a larger value is refused."
         ),
     )
     idle_seconds: float | None = Field(None, gt=0, le=86400, description="Longest gap between streamed chunks.")
@@ -820,7 +822,8 @@ class PDDeploymentSpec(ApiModel):
         """Past defer + transfer timeout (engine time) decode can no longer get its KV: prefill dropped it."""
         kv = self.kv_transfer
         engine_seconds = kv.defer_timeout_seconds + kv.transfer_timeout_seconds
-        return engine_seconds / self.simulation.time_scale if self.engine == "simulated" else engine_seconds
+        scale = self.simulation.time_scale if self.engine == "simulated" else 1.0
+        return engine_seconds / scale + protocol.KV_WAIT_MARGIN_S
 
     def proxy_kv_wait_seconds(self) -> float:
         """The proxy's wait for decode's first byte after prefill answered (--kv-wait-timeout)."""
@@ -894,10 +897,12 @@ class PDDeploymentSpec(ApiModel):
         Rule(
             cel="self.mode != 'disaggregated' || !has(self.proxy.timeouts.kvWaitSeconds) || "
             "self.proxy.timeouts.kvWaitSeconds <= (self.kvTransfer.deferTimeoutSeconds + "
-            "self.kvTransfer.transferTimeoutSeconds) / (self.engine == 'simulated' ? self.simulation.timeScale : 1.0)",
+            "self.kvTransfer.transferTimeoutSeconds) / (self.engine == 'simulated' ? self.simulation.timeScale : 1.0) "
+            f"+ {protocol.KV_WAIT_MARGIN_S}",
             message="proxy.timeouts.kvWaitSeconds must be <= kvTransfer.deferTimeoutSeconds + "
-            "kvTransfer.transferTimeoutSeconds (divided by simulation.timeScale for engine simulated): past that, "
-            "prefill has dropped the KV transfer and the proxy would wait for KV that never comes",
+            f"kvTransfer.transferTimeoutSeconds (divided by simulation.timeScale for engine simulated) + "
+            f"{protocol.KV_WAIT_MARGIN_S:g} s: past that, prefill has dropped the KV transfer and the proxy would "
+            "wait for KV that never comes",
             check=lambda s: (
                 not _disaggregated(s)
                 or s.proxy.timeouts.kv_wait_seconds is None

@@ -43,6 +43,9 @@ GET_META_MSG = b"get_meta_msg"
 POP_DONE_RECV = b"pop_done_recv"
 DEFAULT_TRANSFER_TIMEOUT_S = 30.0
 DEFAULT_DEFER_TIMEOUT_S = 60.0
+# After prefill's answer a decode can get its KV for at most defer_timeout + transfer_timeout (engine time);
+# the proxy waits that plus this much wall time for what does not scale: notifies, a decode step, HTTP.
+KV_WAIT_MARGIN_S = 5.0
 
 # §3.2: the engines' own regexes; the trailing id must be exactly 32 lowercase hex characters.
 PREFILL_ZMQ_RE = re.compile(r"___prefill_addr_(.+?)___decode_addr_")

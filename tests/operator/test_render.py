@@ -294,9 +294,9 @@ def test_proxy_command_follows_the_contract() -> None:
         "8001",
         "--canary-interval",
         "300",
-        # derived from the engines: kvTransfer defer (60) + transfer (30) timeouts, decode's maxNumSeqs
+        # derived from the engines: kvTransfer defer (60) + transfer (30) timeouts + 5 s, decode's maxNumSeqs
         "--kv-wait-timeout",
-        "90",
+        "95",
         "--decode-max-in-flight",
         "64",
         "--no-kv-fallback",

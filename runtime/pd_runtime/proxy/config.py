@@ -11,7 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pd_runtime.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
-from pd_runtime.protocol import DEFAULT_DEFER_TIMEOUT_S, DEFAULT_TRANSFER_TIMEOUT_S, REGISTRATION_PORT
+from pd_runtime.protocol import (
+    DEFAULT_DEFER_TIMEOUT_S,
+    DEFAULT_TRANSFER_TIMEOUT_S,
+    KV_WAIT_MARGIN_S,
+    REGISTRATION_PORT,
+)
 from pd_runtime.proxy.legs import MaxTokensPolicy, ProxyMode
 from pd_runtime.proxy.registry import TransferModeSetting
 from pd_runtime.proxy.routing import Policy
@@ -20,7 +25,7 @@ NoKvFallback = Literal["prefill", "error"]
 
 # Write mode: prefill drops a transfer when decode's block list comes more than defer_timeout after its
 # prefill; an accepted one completes within transfer_timeout. Past their sum decode will never get the KV.
-DEFAULT_KV_WAIT_S = DEFAULT_DEFER_TIMEOUT_S + DEFAULT_TRANSFER_TIMEOUT_S
+DEFAULT_KV_WAIT_S = DEFAULT_DEFER_TIMEOUT_S + DEFAULT_TRANSFER_TIMEOUT_S + KV_WAIT_MARGIN_S
 
 
 def flag(
@@ -49,7 +54,8 @@ class Timeouts:
         default=DEFAULT_KV_WAIT_S,
         metadata=flag(
             "streaming decode: until the first body byte, counted from prefill's answer; past the engines' "
-            "defer_timeout + transfer_timeout the KV can no longer come (the operator derives it from them)",
+            f"defer_timeout + transfer_timeout (+ {KV_WAIT_MARGIN_S:g} s) the KV can no longer come (the operator "
+            "derives it)",
             parse=positive_float,
         ),
     )
