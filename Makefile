@@ -4,9 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export GOTOOLCHAIN := local
 
-.PHONY: test venv lint unit e2e demo cluster-up cluster-down control-plane generate
+.PHONY: test venv lint unit e2e test-vllm demo cluster-up cluster-down control-plane generate
 
-test: venv lint unit e2e
+test: venv lint unit e2e test-vllm
 
 venv: $(VENV)/.installed
 
@@ -17,13 +17,20 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 lint: venv
-	$(VENV)/bin/ruff check operator runtime tests e2e benchmarks
-	$(VENV)/bin/ruff format --check operator runtime tests e2e benchmarks
+	$(VENV)/bin/ruff check operator runtime tests e2e benchmarks conformance
+	$(VENV)/bin/ruff format --check operator runtime tests e2e benchmarks conformance
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 
 unit: venv
 	$(VENV)/bin/pytest -q tests
+
+# Conformance against vLLM's own code (conformance/): vLLM from PyPI at the image's version (override with
+# VLLM_VERSION=...) in its own venv under ~/.cache/pd-operator-vllm (several GB, made once).
+VLLM_VERSION ?= $(shell sed -n 's/^PINNED_VLLM_VERSION = "\(.*\)"/\1/p' runtime/pd_runtime/vllm_pin.py)
+
+test-vllm:
+	@vllm_venv=$$(bash conformance/venv.sh $(VLLM_VERSION)) && $$vllm_venv/bin/python -m pytest -q conformance
 
 control-plane:
 	bash e2e/build-control-plane.sh
