@@ -378,16 +378,19 @@ def check_prefill_response(params: Any, transfer_id: str) -> str | None:
         return "prefill kv_transfer_params has do_remote_prefill != true"
     if params.get("transfer_id", transfer_id) != transfer_id:
         return "prefill kv_transfer_params carries another transfer_id"
-    blocks = params.get("remote_block_ids")
-    if (
-        not isinstance(blocks, list)
-        or not blocks
-        or not all(isinstance(b, int) and not isinstance(b, bool) for b in blocks)
-    ):
+    if not _block_ids(params.get("remote_block_ids")):
         return "prefill kv_transfer_params has no list of integer remote_block_ids"
     if not params.get("remote_engine_id"):
         return "prefill kv_transfer_params has no remote_engine_id"
     return None
+
+
+def _block_ids(blocks: Any) -> bool:
+    """Non-empty block ids: one list of ints (vLLM before 0.31) or one such list per KV-cache group (0.31 on)."""
+    if not isinstance(blocks, list) or not blocks:
+        return False
+    groups = blocks if all(isinstance(g, list) for g in blocks) else [blocks]
+    return any(groups) and all(isinstance(b, int) and not isinstance(b, bool) for g in groups for b in g)
 
 
 def producer_response_params(

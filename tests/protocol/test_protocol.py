@@ -265,6 +265,8 @@ def test_decode_leg_params_write_and_read() -> None:
         ({"do_remote_prefill": True, "transfer_id": "tx-2", "remote_block_ids": [1]}, "another transfer_id"),
         ({"do_remote_prefill": True, "remote_block_ids": []}, "integer remote_block_ids"),
         ({"do_remote_prefill": True, "remote_block_ids": ["1"]}, "integer remote_block_ids"),
+        ({"do_remote_prefill": True, "remote_block_ids": [[]]}, "integer remote_block_ids"),
+        ({"do_remote_prefill": True, "remote_block_ids": [[1], 2]}, "integer remote_block_ids"),
         ({"do_remote_prefill": True, "remote_block_ids": [1]}, "remote_engine_id"),
     ],
 )
@@ -288,6 +290,13 @@ def test_valid_prefill_response_passes() -> None:
         "tp_size": 4,
         "transfer_id": "tx-1",
     }
+    assert protocol.check_prefill_response(params, "tx-1") is None
+
+
+def test_block_ids_grouped_per_kv_cache_group_pass() -> None:
+    """vLLM 0.31 and later return one list of block ids per KV-cache group."""
+    params = protocol.producer_response_params("10.0.0.1", 6301, 6105, [1, 2], 1, 4, "tx-1")
+    params["remote_block_ids"] = [[1, 2], [7]]
     assert protocol.check_prefill_response(params, "tx-1") is None
 
 
