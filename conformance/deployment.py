@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import socket
 import subprocess
 import sys
@@ -38,13 +39,24 @@ class Deployment:
         return [leg for engine in self.engines.values() if engine.role == role for leg in engine.legs]
 
 
+# Below Linux's ephemeral range (32768-60999), where admission wants the side channels (vLLM binds them late).
+PORT_RANGE = (20000, 32000)
+
+
 def distinct_free_ports(count: int) -> list[int]:
-    """``count`` different ports free on 127.0.0.1 (held open together, so none is handed out twice)."""
+    """``count`` different ports free on 127.0.0.1 in PORT_RANGE (held open together while chosen)."""
     with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
+        ports: list[int] = []
+        for port in random.sample(range(*PORT_RANGE), 200):
+            sock = stack.enter_context(socket.socket())
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise RuntimeError(f"no {count} free ports in {PORT_RANGE}")
 
 
 def _spec(mode: str) -> dict[str, Any]:

@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Literal
@@ -64,6 +64,7 @@ PROMPT_TOKENS = 40  # three 16-token blocks: enough for the connector to move KV
 BLOCK_SIZE = 16
 ABANDON_GRACE_S = 2.0  # how long a decode may hold a request whose KV never comes before it is a violation
 KV_WAIT_S = 8.0  # how long a decode waits for its prefill's outcome
+NOTIFY_WAIT_S = 1.0  # how long a write-mode notify may take to reach the prefill over loopback ZMQ
 
 
 def engine_request_id(headers: CIMultiDict[str], body_request_id: str | None) -> str:
@@ -93,11 +94,27 @@ class Ledger:
     """Shared by the engines of one test: the prefill outcome of each transfer id."""
 
     outcomes: dict[str, ProducerOutcome] = field(default_factory=dict)
+    told: set[str] = field(default_factory=set)  # write mode: transfer ids a prefill got decode's blocks for
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def record(self, transfer_id: str, outcome: ProducerOutcome) -> None:
         self.outcomes[transfer_id] = outcome
         self.changed.set()
+
+    def tell(self, transfer_id: str) -> None:
+        self.told.add(transfer_id)
+        self.changed.set()
+
+    async def until(self, done: Callable[[], bool], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not done():
+            self.changed.clear()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), remaining)
+        return True
 
     async def wait_for(self, transfer_id: str, timeout: float) -> ProducerOutcome | None:
         deadline = time.monotonic() + timeout
@@ -199,7 +216,10 @@ class RecordingEngine:
     async def _read_notifies(self, sock: zmq.asyncio.Socket) -> None:
         while True:
             _identity, frame = await sock.recv_multipart()
-            self.notifies.append(msgpack.unpackb(frame, raw=False))
+            message = msgpack.unpackb(frame, raw=False)
+            self.notifies.append(message)
+            if isinstance(message, dict) and message.get("type") == "remote_blocks":
+                self.ledger.tell(str(message.get("transfer_id")))
 
     # -- HTTP --------------------------------------------------------------------------------------
 
@@ -317,6 +337,10 @@ class RecordingEngine:
             return
         outcome = await self.ledger.wait_for(leg.transfer_id, KV_WAIT_S) if leg.transfer_id else None
         problem = self._kv_problem(leg, outcome)
+        if problem is None and self.connector.mode == moriio_common.MoRIIOMode.WRITE:
+            tid = leg.transfer_id
+            if not await self.ledger.until(lambda: tid in self.ledger.told, NOTIFY_WAIT_S):
+                problem = "waits for KV, but its prefill was never told where to write it (no remote_blocks notify)"
         if problem is None:
             return
         # vLLM waits (write) or decodes from nothing (read); either way the proxy must not keep the leg.
