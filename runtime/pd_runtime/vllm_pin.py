@@ -7,7 +7,7 @@ equals the image's ``VLLM_VERSION`` build argument.
 
 from __future__ import annotations
 
-PINNED_VLLM_VERSION = "0.29.0"
+PINNED_VLLM_VERSION = "0.31.0"
 
 # vLLM V1's max_num_seqs for the OpenAI server on GPUs with >= 70 GiB (MI300X), what an engine uses when
 # the spec leaves it unset: the simulator's default, and the proxy's per-decode in-flight limit.
