@@ -117,15 +117,8 @@ class Ledger:
         return True
 
     async def wait_for(self, transfer_id: str, timeout: float) -> ProducerOutcome | None:
-        deadline = time.monotonic() + timeout
-        while transfer_id not in self.outcomes:
-            self.changed.clear()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), remaining)
-        return self.outcomes[transfer_id]
+        await self.until(lambda: transfer_id in self.outcomes, timeout)
+        return self.outcomes.get(transfer_id)
 
 
 @dataclass
