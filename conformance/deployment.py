@@ -74,8 +74,7 @@ def _spec(mode: str) -> dict[str, Any]:
             prefill_ports=tuple(ports[:3]),
             decode_ports=tuple(ports[3:6]),
         )
-        spec["proxy"]["registrationPort"] = ports[6]
-    spec.setdefault("proxy", {}).update(port=ports[7], adminPort=ports[8])
+    spec.setdefault("proxy", {}).update(registrationPort=ports[6], port=ports[7], adminPort=ports[8])
     return spec
 
 
@@ -128,6 +127,8 @@ async def deployment(
             engines[name] = engine
             if config is not None:
                 stack.enter_context(registering_worker(config, monkeypatch, payloads))
+        expected = {"P" if e.role == "prefill" else "D" for e in engines.values() if e.role != "engine"}
+        await _until_registered(payloads, expected)
         for payload in payloads:
             peer_zmq["prefill" if payload["type"] == "P" else "decode"] = payload["zmq_address"]
         proxy_url = f"http://127.0.0.1:{spec.proxy.port}"
@@ -137,6 +138,16 @@ async def deployment(
         finally:
             for engine in engines.values():
                 await engine.stop()
+
+
+async def _until_registered(payloads: list[dict[str, Any]], roles: set[str], timeout_s: float = 10.0) -> None:
+    """vLLM's heartbeat thread sends its first registration shortly after the worker starts."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not roles <= {p["type"] for p in payloads}:
+        if loop.time() > deadline:
+            raise TimeoutError(f"no registration from {roles} within {timeout_s} s: {payloads}")
+        await asyncio.sleep(0.05)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
