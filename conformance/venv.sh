@@ -28,7 +28,7 @@ fi
 # This checkout's package, re-installed when the checkout or its dependencies change (editable: seconds).
 stamp="$repo $(sha256sum "$repo/pyproject.toml" | cut -c1-16)"
 if [[ $(cat "$venv/.ours-installed" 2>/dev/null) != "$stamp" ]]; then
-  "$venv/bin/python" -m pip --disable-pip-version-check -q install -e "$repo" \
+  "$venv/bin/python" -m pip --disable-pip-version-check -q install -e "$repo[api,proxy]" \
     'pytest>=8' 'pytest-asyncio>=0.24' 'pytest-timeout>=2.3' >&2
   echo "$stamp" >"$venv/.ours-installed"
 fi
