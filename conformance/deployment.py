@@ -38,6 +38,18 @@ class Deployment:
     def legs(self, role: EngineRole) -> list[Any]:
         return [leg for engine in self.engines.values() if engine.role == role for leg in engine.legs]
 
+    async def settle(self, timeout: float) -> None:
+        """Wait (bounded) until every decode leg has ended: answered, closed, or judged.
+
+        The proxy may answer its client a moment before its close of a decode leg reaches the engine.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline and any(
+            not (leg.answered or leg.closed_by_proxy or leg.violations) for leg in self.legs("decode")
+        ):
+            await asyncio.sleep(0.02)
+
 
 # Below Linux's ephemeral range (32768-60999), where admission wants the side channels (vLLM binds them late).
 PORT_RANGE = (20000, 32000)

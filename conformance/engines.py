@@ -232,7 +232,7 @@ class RecordingEngine:
             if self.role == "prefill":
                 return await self._prefill(leg, request)
             if self.role == "decode":
-                await self._decode_gets_its_kv(leg, request)
+                await self._decode_gets_its_kv(http, leg, request)
             return await self._answer(http, leg, request)
         except (asyncio.CancelledError, ConnectionResetError):
             leg.closed_by_proxy = True
@@ -312,7 +312,7 @@ class RecordingEngine:
 
     # -- decode ------------------------------------------------------------------------------------
 
-    async def _decode_gets_its_kv(self, leg: LegRecord, request: Request) -> None:
+    async def _decode_gets_its_kv(self, http: web.Request, leg: LegRecord, request: Request) -> None:
         """Judge the leg with the consumer's connector; hold it like vLLM when its KV never comes."""
         assert self.connector is not None
         params = leg.kv_transfer_params
@@ -337,7 +337,9 @@ class RecordingEngine:
         if problem is None:
             return
         # vLLM waits (write) or decodes from nothing (read); either way the proxy must not keep the leg.
-        await asyncio.sleep(ABANDON_GRACE_S)
+        if await _closed_within(http, ABANDON_GRACE_S):
+            leg.closed_by_proxy = True  # aiohttp may not cancel a handler whose client left before it ran
+            return
         leg.violations.append(
             f"decode request {leg.request_id!r} {problem}, and the proxy still held it {ABANDON_GRACE_S:g} s later "
             f"(connector: get_num_new_matched_tokens -> {leg.matched})"
@@ -403,3 +405,14 @@ class RecordingEngine:
         if self.connector is not None:
             request.status = RequestStatus.FINISHED_LENGTH_CAPPED
             self.connector.request_finished(request, [])
+
+
+async def _closed_within(http: web.Request, seconds: float) -> bool:
+    """Whether the client closes the request's connection within ``seconds`` (polled)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while loop.time() < deadline:
+        if http.transport is None or http.transport.is_closing():
+            return True
+        await asyncio.sleep(0.02)
+    return False

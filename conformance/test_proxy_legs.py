@@ -15,7 +15,7 @@ import pytest
 from vllm.distributed.kv_transfer.kv_connector.v1.moriio import moriio_common
 
 from conformance.deployment import Deployment, deployment
-from conformance.engines import Behaviour, LegRecord
+from conformance.engines import ABANDON_GRACE_S, Behaviour, LegRecord
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
 
@@ -42,7 +42,8 @@ def violations(dep: Deployment) -> list[str]:
     return found
 
 
-def assert_conformant(dep: Deployment) -> None:
+async def assert_conformant(dep: Deployment) -> None:
+    await dep.settle(ABANDON_GRACE_S + 3)
     problems = violations(dep)
     assert not problems, "\n".join(problems)
 
@@ -75,7 +76,7 @@ async def test_every_leg_of_a_transfer_is_what_vllm_expects(
         results = await asyncio.gather(*(complete(dep, stream) for _ in range(3)))
         assert [status for status, _ in results] == [200] * 3, results
         assert all("tok" in text for _, text in results)
-        assert_conformant(dep)
+        await assert_conformant(dep)
         legs = pairs(dep)
         assert len(legs) == 3 == len(dep.legs("prefill")) == len(dep.legs("decode"))
         for prefill, decode in legs:
@@ -110,7 +111,7 @@ async def test_a_prefill_that_finished_never_sends_decode_a_request_without_kv(
     async with deployment(mode, Behaviour(first_token_ends=True), monkeypatch, tmp_path) as dep:
         status, text = await complete(dep, stream)
         assert [leg.kv_transfer_params for leg in dep.legs("prefill")] != []
-        assert_conformant(dep)
+        await assert_conformant(dep)
         assert status == 200 and "first" in text, (status, text)  # the prefill's own answer
 
 
@@ -130,7 +131,7 @@ async def test_a_client_that_goes_away_closes_every_leg(
         assert all(leg.closed_by_proxy for leg in dep.legs("prefill")), "prefill leg left running after cancel"
         assert all(leg.closed_by_proxy or leg.answered for leg in dep.legs("decode"))
         assert len(dep.legs("decode")) == (1 if mode == "write" else 0)
-        assert_conformant(dep)
+        await assert_conformant(dep)
 
 
 async def _until(condition: Any, timeout_s: float) -> None:
