@@ -27,6 +27,10 @@ CRASH_REASONS = frozenset(
     }
 )
 MESSAGE_LIMIT = 1024
+# `pdctl engine` exits with this code (EX_CONFIG) when its preflight refuses to start the engine; its
+# reason is the container's termination message (pd_runtime.launcher.EXIT_PREFLIGHT_FAILED).
+PREFLIGHT_EXIT_CODE = 78
+PREFLIGHT_FAILED = "PreflightFailed"
 
 
 @dataclass(frozen=True)
@@ -69,13 +73,15 @@ def _expected_containers(spec: PDDeploymentSpec) -> list[tuple[str, str]]:
 
 
 def _state(cs: Mapping[str, Any]) -> tuple[str, str, str]:
-    """(state, reason, message) of a containerStatus, preferring the last termination's message."""
+    """(state, reason, message) of a containerStatus. While it waits to restart, the last termination's
+    message says why it ended; the kubelet's back-off note says only when it retries."""
     state = cs.get("state") or {}
     last = (cs.get("lastState") or {}).get("terminated") or {}
     for kind in ("waiting", "running", "terminated"):
         if kind in state:
             detail = state[kind] or {}
-            message = detail.get("message") or last.get("message") or ""
+            first, second = (last, detail) if kind == "waiting" else (detail, last)
+            message = first.get("message") or second.get("message") or ""
             reason = detail.get("reason") or ("" if kind == "running" else last.get("reason", ""))
             return kind, str(reason), str(message)[:MESSAGE_LIMIT]
     return "unknown", "", ""
@@ -91,6 +97,16 @@ def _gpus(spec: PDDeploymentSpec, name: str) -> Obj | None:
     if gpu_devices_pinned(spec):
         gpus["devices"] = eng.settings.gpus
     return gpus
+
+
+def preflight_failures(pod: Mapping[str, Any] | None) -> dict[str, str]:
+    """Container name -> the launcher's refusal, for engines whose latest run ended in a failed preflight."""
+    found = {}
+    for cs in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+        ended = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
+        if ended.get("exitCode") == PREFLIGHT_EXIT_CODE:
+            found[str(cs.get("name"))] = str(ended.get("message") or "the engine preflight failed")
+    return found
 
 
 def role_statuses(spec: PDDeploymentSpec, pod: Mapping[str, Any] | None) -> list[Obj]:
@@ -197,9 +213,14 @@ def _condition(kind: str, ok: bool | None, reason: str, message: str) -> Obj:
     return {"type": kind, "status": status, "reason": reason, "message": message[:MESSAGE_LIMIT]}
 
 
-def _ready_condition(kind: str, names: Sequence[str], roles: Sequence[Mapping[str, Any]], pod: bool) -> Obj:
+def _ready_condition(
+    kind: str, names: Sequence[str], roles: Sequence[Mapping[str, Any]], pod: bool, preflight: Mapping[str, str]
+) -> Obj:
     if not pod:
         return _condition(kind, False, "NoPod", "the serving pod does not exist yet")
+    refused = [f"{name}: {preflight[name].strip()}" for name in names if name in preflight]
+    if refused:
+        return _condition(kind, False, PREFLIGHT_FAILED, "; ".join(refused))
     mine = [r for r in roles if r["name"] in names]
     not_ready = [r["name"] for r in mine if not r["ready"]]
     if not not_ready:
@@ -281,16 +302,17 @@ def conditions(snap: Snapshot, roles: Sequence[Mapping[str, Any]], phase: Phase,
         kept = [dict(c) for c in old if c.get("type") != "SpecValid"]
         return _with_transition_times([invalid, *kept], old, snap.now, snap.generation)
     spec, pod = snap.spec, snap.pod is not None
+    refused = preflight_failures(snap.pod)
     conds = [_condition("SpecValid", True, "Valid", "the spec passed validation")]
     if spec.mode == "disaggregated":
         conds += [
-            _ready_condition("PrefillReady", ["prefill"], roles, pod),
-            _ready_condition("DecodeReady", ["decode"], roles, pod),
+            _ready_condition("PrefillReady", ["prefill"], roles, pod, refused),
+            _ready_condition("DecodeReady", ["decode"], roles, pod, refused),
         ]
     else:
         engines = [e.name for e in engine_containers(spec)]
-        conds.append(_ready_condition("EngineReady", engines, roles, pod))
-    conds.append(_ready_condition("ProxyReady", [PROXY_CONTAINER], roles, pod))
+        conds.append(_ready_condition("EngineReady", engines, roles, pod, refused))
+    conds.append(_ready_condition("ProxyReady", [PROXY_CONTAINER], roles, pod, refused))
     conds.append(_condition("Ready", phase == "Ready", phase, "serving" if phase == "Ready" else "not serving"))
     previous_kv = next((c for c in old if c.get("type") == "KVTransferVerified"), None)
     conds.append(kv_transfer_condition(snap, previous_kv))
@@ -365,8 +387,11 @@ def events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
     if phase and phase != old.get("phase"):
         found.append(Event(_PHASE_EVENT[phase], phase, str(new.get("message", ""))))
     before = {c.get("type"): c.get("status") for c in old.get("conditions") or []}
+    reasons_before = {c.get("type"): c.get("reason") for c in old.get("conditions") or []}
     for cond in new.get("conditions") or []:
         kind, value = cond["type"], cond["status"]
+        if cond.get("reason") == PREFLIGHT_FAILED and reasons_before.get(kind) != PREFLIGHT_FAILED:
+            found.append(Event("Warning", PREFLIGHT_FAILED, cond["message"]))
         if before.get(kind) == value or value == "Unknown":
             continue
         if kind == "SpecValid" and value == "False":
