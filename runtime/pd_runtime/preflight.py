@@ -184,7 +184,9 @@ def check_rdma(needs: EngineNeeds, facts: HostFacts) -> list[str]:
     if not facts.uverbs_nodes:
         problems.append(
             "backend rdma, but the container has no /dev/infiniband/uverbs* device: request the RDMA "
-            "device-plugin resource (e.g. rdma/hca_shared_devices_a: 1) or mount /dev/infiniband"
+            "device-plugin resource (e.g. rdma/hca_shared_devices_a: 1) or mount /dev/infiniband; if the "
+            "container requests it, the node has no uverbs device for the plugin to mount (ib_uverbs not "
+            "loaded, or the plugin's selectors match no NIC)"
         )
     return problems
 
