@@ -1,5 +1,10 @@
 """Pod networking for the node agent: one network namespace per pod, veth pairs to a private bridge.
 
+The node's own host network is a namespace too (`pd-<id>-node`, on the bridge like a pod): the node's
+InternalIP, the kubelet endpoint and every hostNetwork pod live there, never in the machine's own
+network namespace, so the fixed ports of hostNetwork pods cannot collide with anything on the machine,
+and two hostNetwork pods on this node collide with each other exactly as on a real node.
+
 Pods get no default route: anything beyond the bridge is unreachable at once (no traffic leaves the
 machine, and nothing hangs waiting for it). Every name carries the agent's run id (`pdbr<id>`,
 `pd-<id>-<n>`, `pdv<id>n<n>`), so two agents on one machine never clash and a crashed run can be swept
@@ -10,15 +15,21 @@ namespaces and the bridge this module creates.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import ipaddress
 import json
 import logging
+import os
 import secrets
+import socket
 import subprocess
+import threading
 
 log = logging.getLogger(__name__)
 
 _POOL = ipaddress.IPv4Network("10.213.0.0/16")
+_CLONE_NEWNET = 0x40000000
+NODE_NETNS_INDEX = 0  # pods count from 1
 
 
 class NetError(RuntimeError):
@@ -68,17 +79,29 @@ class PodNetwork:
 
     @property
     def gateway(self) -> str:
+        """The bridge's address in the machine's namespace: how the machine (tests, API server) reaches pods."""
         assert self.subnet is not None
         return str(next(self.subnet.hosts()))
+
+    @property
+    def node_netns(self) -> str:
+        return f"pd-{self.run_id}-node"
+
+    @property
+    def node_ip(self) -> str:
+        """The node's InternalIP, in its host network namespace."""
+        assert self.subnet is not None
+        return str(list(self.subnet.hosts())[1])
 
     async def setup(self) -> None:
         self.subnet = choose_subnet()
         hosts = list(self.subnet.hosts())
-        self._free = hosts[1:]
+        self._free = hosts[2:]
         await _ip("link", "add", self.bridge, "type", "bridge")
         await _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
         await _ip("link", "set", self.bridge, "up")
-        log.info("pod network %s on bridge %s", self.subnet, self.bridge)
+        await self._add_namespace(self.node_netns, NODE_NETNS_INDEX, hosts[1])
+        log.info("pod network %s on bridge %s, node %s in %s", self.subnet, self.bridge, self.node_ip, self.node_netns)
 
     async def add_pod(self, key: str) -> tuple[str, str]:
         """Create the pod's namespace with eth0 on the bridge; returns (netns name, pod IP)."""
@@ -87,9 +110,15 @@ class PodNetwork:
         if not self._free or self.subnet is None:
             raise NetError("pod network exhausted or not set up")
         self._counter += 1
-        netns, host_if, peer_if = f"pd-{self.run_id}-{self._counter}", *self._veth_names(self._counter)
+        netns = f"pd-{self.run_id}-{self._counter}"
         address = self._free.pop(0)
         self._pods[key] = (netns, str(address))
+        await self._add_namespace(netns, self._counter, address)
+        return netns, str(address)
+
+    async def _add_namespace(self, netns: str, index: int, address: ipaddress.IPv4Address) -> None:
+        assert self.subnet is not None
+        host_if, peer_if = self._veth_names(index)
         await _ip("netns", "add", netns)
         await _ip("link", "add", host_if, "type", "veth", "peer", "name", peer_if)
         await _ip("link", "set", peer_if, "netns", netns)
@@ -98,7 +127,6 @@ class PodNetwork:
         await _ip("-n", netns, "addr", "add", f"{address}/{self.subnet.prefixlen}", "dev", "eth0")
         await _ip("-n", netns, "link", "set", "eth0", "up")
         await _ip("-n", netns, "link", "set", "lo", "up")
-        return netns, str(address)
 
     def _veth_names(self, index: int) -> tuple[str, str]:
         return f"pdv{self.run_id}n{index}", f"pdp{self.run_id}n{index}"
@@ -114,7 +142,42 @@ class PodNetwork:
     async def teardown(self) -> None:
         for key in list(self._pods):
             await self.remove_pod(key)
+        await _ip("netns", "del", self.node_netns, check=False)
         await _ip("link", "del", self.bridge, check=False)
+
+    def listening_socket(self, port: int = 0) -> socket.socket:
+        """A TCP socket bound to the node's IP inside its host network namespace (the kubelet endpoint)."""
+        return socket_in_netns(self.node_netns, (self.node_ip, port))
+
+
+def socket_in_netns(netns: str, address: tuple[str, int]) -> socket.socket:
+    """A bound TCP socket that belongs to `netns`: made by a thread that enters the namespace (setns changes
+    only the calling thread), so the agent's own threads stay in the machine's namespace."""
+    made: list[socket.socket | BaseException] = []
+
+    def enter_and_bind() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open(f"/run/netns/{netns}", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if libc.setns(fd, _CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"setns into {netns}: {os.strerror(err)}")
+            finally:
+                os.close(fd)
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+            made.append(sock)
+        except BaseException as err:  # handed to the caller
+            made.append(err)
+
+    thread = threading.Thread(target=enter_and_bind, name=f"netns {netns}")
+    thread.start()
+    thread.join()
+    if isinstance(made[0], BaseException):
+        raise made[0]
+    return made[0]
 
 
 def sweep(run_id: str) -> None:

@@ -1,9 +1,12 @@
 """A node agent that plays the kubelet for one fake AMD MI300X node, running pods as local processes.
 
-It registers a Node with the capacity and labels of an 8-GPU MI300X node, keeps its Lease and Ready
-condition fresh, and for every pod bound to it runs the exact container commands of the pod spec (see
-pod_worker.py), each pod in its own network namespace. It also stands in for cluster DNS (per-pod hosts
-files with Service names) and serves `kubectl logs` through a kubelet-style HTTPS endpoint.
+It registers a Node with the capacity and labels of an 8-GPU MI300X node with RDMA NICs (GPUs and NICs
+advertised as their device plugins do), keeps its Lease and Ready condition fresh, and for every pod
+bound to it runs the exact container commands of the pod spec (see pod_worker.py), each pod in its own
+network namespace and each container with its own /dev holding the devices the emulated plugins
+allocated to it (devices.py). hostNetwork pods share the node's host network namespace, which is not
+the machine's (netns.py). It also stands in for cluster DNS (per-pod hosts files with Service names) and
+serves `kubectl logs` through a kubelet-style HTTPS endpoint.
 
 `--status-only` runs no processes: pods just become Running and Ready (for the operator benchmark).
 
@@ -29,7 +32,7 @@ from typing import Any
 
 from aiohttp import web
 
-from e2e import pki, podspec
+from e2e import devices, pki, podspec
 from e2e.kubeapi import MERGE, ApiError, KubeClient
 from e2e.netns import PodNetwork
 from e2e.pod_worker import NodeContext, PodWorker, now_iso
@@ -75,9 +78,9 @@ def mi300x_labels(name: str) -> dict[str, str]:
     return labels
 
 
-def node_status(ip: str, kubelet_port: int, gpus: int, extra: dict[str, str]) -> Obj:
+def node_status(ip: str, kubelet_port: int, device_capacity: dict[str, str], extra: dict[str, str]) -> Obj:
     capacity = {"cpu": "192", "memory": "2113638Mi", "pods": "110", "ephemeral-storage": "3Ti"}
-    capacity |= {"hugepages-1Gi": "0", "hugepages-2Mi": "0", "amd.com/gpu": str(gpus), **extra}
+    capacity |= {"hugepages-1Gi": "0", "hugepages-2Mi": "0", **device_capacity, **extra}
     allocatable = {**capacity, "cpu": "190", "memory": "2047000Mi"}
     stamp = now_iso()
     conditions = [
@@ -117,6 +120,15 @@ def node_status(ip: str, kubelet_port: int, gpus: int, extra: dict[str, str]) ->
     }
 
 
+def parse_taint(text: str) -> Obj:
+    """`key=value:Effect` (or `key:Effect`), the kubelet's --register-with-taints format."""
+    rest, _, effect = text.rpartition(":")
+    key, _, value = rest.partition("=")
+    if not key or effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+        raise argparse.ArgumentTypeError(f"bad taint {text!r}: expected key=value:Effect")
+    return {"key": key, "value": value, "effect": effect} if value else {"key": key, "effect": effect}
+
+
 def micro_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -131,6 +143,9 @@ class NodeAgent:
         self.status_only: bool = args.status_only
         self.args = args
         self.network = None if args.status_only else PodNetwork()
+        self.node_devices = devices.NodeDevices(
+            root=self.state_dir / "node-root", gpus=args.gpus, nics=args.nics, uverbs_loaded=not args.no_uverbs
+        )
         self.mount_points = MountPoints()
         self.workers: dict[str, PodWorker] = {}
         self.finalized: set[str] = set()
@@ -148,14 +163,16 @@ class NodeAgent:
         host_ip = "127.0.0.1"
         if self.network is not None:
             await self.network.setup()
-            host_ip = self.network.gateway
+            host_ip = self.network.node_ip
+        devices.create_node_root(self.node_devices)
         self._write_state()
         self.ctx = NodeContext(
             api=self.api,
             node_name=self.name,
             host_ip=host_ip,
             pods_dir=self.state_dir / "pods",
-            host_paths=self.state_dir / "hostpath",
+            node_devices=self.node_devices,
+            device_manager=devices.DeviceManager(self.node_devices),
             mount_points=self.mount_points,
             base_env=self._base_env(),
             network=self.network,
@@ -189,19 +206,23 @@ class NodeAgent:
         state = {"pid": os.getpid(), "node": self.name}
         if self.network is not None:
             state |= {"run_id": self.network.run_id, "bridge": self.network.bridge}
+            state |= {"node_netns": self.network.node_netns, "node_ip": self.network.node_ip}
         (self.state_dir / "agent.json").write_text(json.dumps(state))
 
     @staticmethod
     def _base_env() -> dict[str, str]:
         """PATH maps the runtime image's executables to this project's install: `pdctl` and `python` from
-        the venv, `vllm` to a shim that fails clearly. Both directories are outside the agent's state, and
-        no volume may hide them (sandbox.py refuses such mounts), so lookups work after any mount."""
+        the venv, `vllm` to a shim that serves with the simulated engine. Both directories are outside the
+        agent's state, and no volume may hide them (sandbox.py refuses such mounts), so lookups work after
+        any mount."""
         path = f"{VLLM_SHIM.parent}:{Path(sys.executable).parent}:{SYSTEM_PATH}"
         return {"PATH": path, "HOME": "/root", "LANG": "C.UTF-8"}
 
     async def _register(self, host_ip: str) -> None:
         labels = mi300x_labels(self.name)
-        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.name, "labels": labels}}
+        node: Obj = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.name, "labels": labels}}
+        if self.args.register_with_taint:
+            node["spec"] = {"taints": self.args.register_with_taint}
         try:
             created = await self.api.create("/api/v1/nodes", node)
         except ApiError as err:
@@ -209,9 +230,11 @@ class NodeAgent:
                 raise
             created = await self.api.patch(f"/api/v1/nodes/{self.name}", {"metadata": {"labels": labels}})
         self.node_uid = created["metadata"]["uid"]
+        await self.api.patch(f"/api/v1/nodes/{self.name}/status", {"status": self._node_status(host_ip)})
+
+    def _node_status(self, host_ip: str) -> Obj:
         extra = dict(item.split("=", 1) for item in self.args.extra_resource)
-        status = node_status(host_ip, self._kubelet_port, self.args.gpus, extra)
-        await self.api.patch(f"/api/v1/nodes/{self.name}/status", {"status": status})
+        return node_status(host_ip, self._kubelet_port, self.node_devices.capacity(), extra)
 
     # ---- node liveness -----------------------------------------------------------------------------------
 
@@ -234,12 +257,10 @@ class NodeAgent:
             await asyncio.sleep(LEASE_RENEW_S)
 
     async def _heartbeat_loop(self, host_ip: str) -> None:
-        extra = dict(item.split("=", 1) for item in self.args.extra_resource)
         while True:
             await asyncio.sleep(HEARTBEAT_S)
-            status = node_status(host_ip, self._kubelet_port, self.args.gpus, extra)
             try:
-                await self.api.patch(f"/api/v1/nodes/{self.name}/status", {"status": status})
+                await self.api.patch(f"/api/v1/nodes/{self.name}/status", {"status": self._node_status(host_ip)})
             except Exception as err:
                 log.warning("node status heartbeat failed: %s", err)
 
@@ -377,9 +398,12 @@ class NodeAgent:
         if self.args.client_ca:
             ctx.load_verify_locations(cafile=str(self.args.client_ca))
             ctx.verify_mode = ssl.CERT_REQUIRED  # only the API server (kubelet client cert) may read logs
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host_ip, 0))
+        if self.network is not None:
+            sock = self.network.listening_socket()  # in the node's host network, as a kubelet listens
+        else:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host_ip, 0))
         self._kubelet_port = int(sock.getsockname()[1])
         await web.SockSite(runner, sock, ssl_context=ctx).start()
         return runner
@@ -438,7 +462,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--kubeconfig", type=Path, required=True)
     parser.add_argument("--state-dir", type=Path, required=True, help="pod sandboxes, logs and agent.json")
     parser.add_argument("--node-name", default="mi300x-0")
-    parser.add_argument("--gpus", type=int, default=8, help="amd.com/gpu capacity")
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs (amd.com/gpu) of the node")
+    parser.add_argument(
+        "--nics",
+        type=int,
+        default=8,
+        help=f"RDMA NICs, advertised as {devices.NIC_RESOURCE} and shared as {devices.SHARED_RDMA_RESOURCE}",
+    )
+    parser.add_argument(
+        "--no-uverbs",
+        action="store_true",
+        help="a misconfigured node: ib_uverbs not loaded, so the RDMA plugins advertise their resources but "
+        "no /dev/infiniband/uverbs* exists",
+    )
+    parser.add_argument(
+        "--register-with-taint",
+        action="append",
+        type=parse_taint,
+        default=[],
+        metavar="KEY=VALUE:EFFECT",
+        help="a taint the node registers with (the kubelet's --register-with-taints)",
+    )
     parser.add_argument(
         "--extra-resource", action="append", default=[], metavar="NAME=QTY", help="more extended resources"
     )

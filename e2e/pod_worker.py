@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e2e import podspec
+from e2e import devices, podspec
+from e2e.devices import Allocation, AllocationError, DeviceManager, NodeDevices
 from e2e.kubeapi import ApiError, KubeClient
 from e2e.netns import PodNetwork
 from e2e.podspec import ConfigError, Obj, PodFacts, Probe
@@ -45,7 +46,8 @@ class NodeContext:
     node_name: str
     host_ip: str
     pods_dir: Path
-    host_paths: Path
+    node_devices: NodeDevices  # its root is the node's filesystem: hostPath volumes and device nodes
+    device_manager: DeviceManager
     mount_points: MountPoints
     base_env: dict[str, str]
     network: PodNetwork | None
@@ -129,10 +131,12 @@ class PodWorker:
         self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[None]] = set()
         self._refs: podspec.Refs = {}
+        self._devices: dict[str, Allocation] = {}
+        self._admission_error = ""
         self._main: asyncio.Task[None] | None = None
         self._writer: asyncio.Task[None] | None = None
         root = ctx.pods_dir / f"{self.namespace}_{self.name}_{self.uid[:8]}"
-        self.sandbox = PodSandbox(root, ctx.mount_points, ctx.host_paths)
+        self.sandbox = PodSandbox(root, ctx.mount_points, ctx.node_devices.root)
 
     # ---- lifecycle ------------------------------------------------------------------------------------
 
@@ -151,6 +155,9 @@ class PodWorker:
         try:
             if self.ctx.status_only:
                 await self._run_status_only()
+                return
+            if not self._allocate_devices():
+                await self._finish("Failed")
                 return
             await self._prepare()
             if not await self._run_inits():
@@ -180,13 +187,27 @@ class PodWorker:
             c.state, c.ready, c.started = {"running": {"startedAt": stamp}}, True, True
         self.mark_dirty()
 
+    def _allocate_devices(self) -> bool:
+        """The device manager's part of pod admission: a pod whose devices are not free is rejected."""
+        containers = [*self.pod["spec"].get("initContainers", []), *self.pod["spec"]["containers"]]
+        requests = {c["name"]: devices.device_requests(c) for c in containers}
+        try:
+            self._devices = self.ctx.device_manager.allocate(self.uid, requests)
+        except AllocationError as err:
+            self._admission_error = str(err)
+            self._event("UnexpectedAdmissionError", str(err), "Warning")
+            return False
+        return True
+
     async def _prepare(self) -> None:
         """Network namespace and volumes; config errors are retried, as the kubelet does."""
         self.sandbox.root.mkdir(parents=True, exist_ok=True)
-        if self.ctx.network is not None and not self.pod["spec"].get("hostNetwork"):
-            self.sandbox.netns, self.pod_ip = await self.ctx.network.add_pod(self.uid)
-        else:
+        if self.ctx.network is None:
             self.pod_ip = self.ctx.host_ip
+        elif self.pod["spec"].get("hostNetwork"):
+            self.sandbox.netns, self.pod_ip = self.ctx.network.node_netns, self.ctx.host_ip
+        else:
+            self.sandbox.netns, self.pod_ip = await self.ctx.network.add_pod(self.uid)
         self.sandbox.write_resolv_conf(self.namespace)
         self.sandbox.write_hosts("")
         self.sandbox_ready = True
@@ -277,7 +298,10 @@ class PodWorker:
             argv = podspec.resolve_argv(c.spec, c.env)
             mounts = podspec.plan_mounts(c.spec)
             self.sandbox.termination_file(c.name).write_text("")  # a fresh message file per run
-            launch = self.sandbox.launch_argv(c.name, mounts, argv, c.spec.get("workingDir", ""))
+            privileged = bool((c.spec.get("securityContext") or {}).get("privileged"))
+            view = devices.container_view(self.ctx.node_devices, self._devices.get(c.name, Allocation()), privileged)
+            sys_class = self.sandbox.sys_class_dir(c.name, self.ctx.node_devices, view.allocation)
+            launch = self.sandbox.launch_argv(c.name, mounts, argv, c.spec.get("workingDir", ""), view, sys_class)
         except ConfigError as err:
             self._config_error(str(err))
             await asyncio.sleep(2)
@@ -459,6 +483,7 @@ class PodWorker:
         self.finished.set()
 
     async def _release(self) -> None:
+        self.ctx.device_manager.release(self.uid)
         if self.sandbox_ready and self.ctx.network is not None:
             await self.ctx.network.remove_pod(self.uid)
         self.sandbox_ready = False
@@ -470,6 +495,7 @@ class PodWorker:
         self.phase = phase
         for c in self.containers:
             c.ready = False
+        self.ctx.device_manager.release(self.uid)  # a terminal pod's devices go back to the node
         if self.ctx.network is not None and self.sandbox.netns:
             await self.ctx.network.remove_pod(self.uid)
             self.sandbox.netns = ""
@@ -511,6 +537,8 @@ class PodWorker:
         }
         if self.inits:
             status["initContainerStatuses"] = [c.status(self.uid) for c in self.inits]
+        if self._admission_error:
+            status |= {"reason": "UnexpectedAdmissionError", "message": self._admission_error}
         if self.pod_ip:
             status["podIP"] = self.pod_ip
             status["podIPs"] = [{"ip": self.pod_ip}]

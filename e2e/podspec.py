@@ -208,6 +208,7 @@ class VolumePlan:
     size_bytes: int | None = None
     files: tuple[VolumeFile, ...] = ()
     host_path: str = ""
+    host_path_type: str = ""  # "", DirectoryOrCreate, Directory, FileOrCreate, File, CharDevice, ...
     # Projected service-account tokens are requested at start: (audience, expirationSeconds, path)
     token_requests: tuple[tuple[str, int, str], ...] = ()
 
@@ -291,7 +292,8 @@ def plan_volumes(pod: Obj, refs: Refs, facts: PodFacts) -> list[VolumePlan]:
             wrapped = {"name": name, "projected": {"sources": [{"downwardAPI": volume["downwardAPI"]}]}}
             plans.append(_projected(pod, wrapped, refs, facts))
         elif "hostPath" in volume:
-            plans.append(VolumePlan(name=name, kind="hostPath", host_path=volume["hostPath"]["path"]))
+            host = volume["hostPath"]
+            plans.append(VolumePlan(name, "hostPath", host_path=host["path"], host_path_type=host.get("type", "")))
         else:
             kinds = sorted(set(volume) - {"name"})
             raise ConfigError(f"volume {name}: kind {kinds} is not supported by the e2e node agent")

@@ -1,9 +1,11 @@
 """A pod's sandbox on the agent's host: directory, network namespace, volumes, hosts file, launch argv.
 
 Containers share the pod's network namespace (as in Kubernetes) and each runs in its own private mount
-namespace where the pod's hosts file, its termination-message file and its volumes are bind-mounted at the
-paths the spec names. Memory-backed emptyDirs are one tmpfs per pod, shared by every container that
-mounts it, as the kubelet does.
+namespace with its own /dev (the devices allocated to it) and emulated sysfs device classes, where the
+pod's hosts file, its termination-message file and its volumes are bind-mounted at the paths the spec
+names. Memory-backed emptyDirs are one tmpfs per pod, shared by every container that mounts it, as the
+kubelet does. hostPath volumes name paths of the emulated node's filesystem (a directory of the agent),
+never the machine's: /dev/... there holds the node's device files.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from e2e.podspec import MountPlan, VolumePlan
+from e2e import devices
+from e2e.devices import Allocation, ContainerView, NodeDevices
+from e2e.podspec import ConfigError, MountPlan, VolumePlan
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +31,7 @@ CONTAINER_INIT = Path(__file__).with_name("container_init.py")
 # where the containers' executables live (project, venv, Python): kept visible whatever a pod mounts
 KEEP_VISIBLE = sorted({str(Path(p).resolve()) for p in (CONTAINER_INIT.parent.parent, sys.prefix, sys.base_prefix)})
 TokenFetcher = Callable[[str, int], Awaitable[str]]  # (audience, expirationSeconds) -> token
+_MUST_EXIST = {"Directory", "File", "Socket", "CharDevice", "BlockDevice"}
 
 
 class MountPoints:
@@ -71,12 +76,12 @@ async def _run(*argv: str) -> None:
 class PodSandbox:
     """Host-side state of one pod: files under `root`, optional network namespace, volumes."""
 
-    def __init__(self, root: Path, mount_points: MountPoints, host_paths: Path) -> None:
+    def __init__(self, root: Path, mount_points: MountPoints, host_root: Path) -> None:
         self.root = root
         self.netns = ""
         self.ip = ""
         self._mount_points = mount_points
-        self._host_paths = host_paths
+        self._host_root = host_root
         self._volumes: dict[str, Path] = {}
         self._tmpfs: list[Path] = []
 
@@ -104,10 +109,7 @@ class PodSandbox:
 
     async def _materialize(self, plan: VolumePlan, fetch_token: TokenFetcher) -> Path:
         if plan.kind == "hostPath":
-            # host paths are redirected under the agent's own directory: tests never touch the real host
-            path = self._host_paths / plan.host_path.lstrip("/")
-            path.mkdir(parents=True, exist_ok=True)
-            return path
+            return self._host_path(plan)
         path = self.root / "volumes" / plan.name
         path.mkdir(parents=True, exist_ok=True)
         if plan.kind == "tmpfs":
@@ -126,6 +128,27 @@ class PodSandbox:
             target.chmod(0o600)
         return path
 
+    def _host_path(self, plan: VolumePlan) -> Path:
+        """The emulated node's path: tests never touch the machine's own files or devices."""
+        path = self._host_root / plan.host_path.lstrip("/")
+        if path.exists():
+            return path
+        if plan.host_path_type in _MUST_EXIST:
+            raise ConfigError(f"hostPath type check failed: {plan.host_path} is not a {plan.host_path_type}")
+        if plan.host_path_type == "FileOrCreate":
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+        else:
+            path.mkdir(parents=True)
+        return path
+
+    def sys_class_dir(self, container: str, node: NodeDevices, visible: Allocation) -> Path:
+        """The emulated sysfs device classes this container sees, written afresh for every start."""
+        path = self.container_dir(container) / "sys-class"
+        shutil.rmtree(path, ignore_errors=True)
+        devices.write_sys_class(path, node, visible)
+        return path
+
     def write_resolv_conf(self, namespace: str) -> None:
         """Search domains as in a cluster; the nameserver is the pod's own loopback, which answers
         at once with "refused", so lookups of unknown names fail fast instead of timing out."""
@@ -142,7 +165,15 @@ class PodSandbox:
         else:
             self.hosts_file.write_text(content)
 
-    def launch_argv(self, container: str, mounts: list[MountPlan], argv: list[str], workdir: str) -> list[str]:
+    def launch_argv(
+        self,
+        container: str,
+        mounts: list[MountPlan],
+        argv: list[str],
+        workdir: str,
+        view: ContainerView,
+        sys_class: Path,
+    ) -> list[str]:
         """The argv that runs `argv` inside the pod's network namespace and a private mount namespace."""
         binds = [(self.hosts_file, Path("/etc/hosts"), False), (self.resolv_conf, Path("/etc/resolv.conf"), True)]
         binds.append((self.termination_file(container), Path(TERMINATION_LOG), False))
@@ -154,9 +185,16 @@ class PodSandbox:
                     source.mkdir(parents=True)
             binds.append((source, Path(mount.target), mount.read_only))
         for source, target, _ in binds:
-            self._mount_points.ensure(target, is_file=source.is_file())
+            if not target.is_relative_to("/dev"):  # the container's /dev is its own tmpfs
+                self._mount_points.ensure(target, is_file=source.is_file())
         cwd = workdir if workdir and Path(workdir).is_dir() else str(self.container_dir(container))
-        plan = {"binds": [[str(s), str(t), ro] for s, t, ro in binds], "keep": KEEP_VISIBLE, "cwd": cwd}
+        plan = {
+            "dev": [[str(source), target] for source, target in view.devices],
+            "sys_class": str(sys_class),
+            "binds": [[str(s), str(t), ro] for s, t, ro in binds],
+            "keep": KEEP_VISIBLE,
+            "cwd": cwd,
+        }
         wrapped = ["unshare", "--mount", "--propagation", "private", "--"]
         wrapped += [sys.executable, "-S", "-E", str(CONTAINER_INIT), json.dumps(plan), *argv]
         return ["ip", "netns", "exec", self.netns, *wrapped] if self.netns else wrapped

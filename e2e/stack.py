@@ -40,8 +40,10 @@ class Stack:
     def agent_dir(self, node: str = NODE_NAME) -> Path:
         return self.cp.workdir / "agents" / node
 
-    def start_agent(self, node: str = NODE_NAME, status_only: bool = False) -> ProcRef:
-        """Start a node agent process and wait until its Node is Ready and schedulable."""
+    def start_agent(
+        self, node: str = NODE_NAME, status_only: bool = False, extra_args: tuple[str, ...] = ()
+    ) -> ProcRef:
+        """Start a node agent process (more agent flags in `extra_args`) and wait until its Node is Ready."""
         state = self.agent_dir(node)
         argv = [
             sys.executable,
@@ -53,6 +55,7 @@ class Stack:
             f"--client-ca={self.cp.ca_file}",
             *(["--status-only"] if status_only else []),
             *(["--keep-files"] if os.environ.get("PD_E2E_KEEP") == "1" else []),
+            *extra_args,
         ]
         env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}:{os.environ.get('PYTHONPATH', '')}".rstrip(":")}
         ref, _ = spawn(
@@ -165,5 +168,8 @@ class Stack:
 
 
 def _schedulable(node: dict[str, Any]) -> bool:
+    """Ready, and the node lifecycle controller's own taints (not-ready, unreachable) are gone."""
     conditions = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
-    return conditions.get("Ready") == "True" and not node.get("spec", {}).get("taints")
+    taints = node.get("spec", {}).get("taints") or []
+    lifecycle = [t for t in taints if str(t.get("key", "")).startswith("node.kubernetes.io/")]
+    return conditions.get("Ready") == "True" and not lifecycle

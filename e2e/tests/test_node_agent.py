@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import subprocess
 import sys
 
@@ -33,6 +34,9 @@ def test_node_looks_like_an_mi300x_node(cp: ControlPlane) -> None:
     assert labels["amd.com/gpu.product-name"] == "AMD_Instinct_MI300X_OAM"
     assert labels["amd.com/gpu.device-id"] == "74a1"
     assert labels["amd.com/gpu.compute-memory-partition"] == "spx_nps1"
+    # NICs through their device plugins (the API server writes the shared plugin's 1000 as "1k")
+    for resource, count in (("rdma/hca_shared_devices_a", "1k"), ("amd.com/nic", "8")):
+        assert node["status"]["capacity"][resource] == count and node["status"]["allocatable"][resource] == count
     assert is_true(node, "Ready")
     lease = wait_for(
         lambda: get(cp, f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{NODE_NAME}"), 15, "lease"
@@ -312,18 +316,98 @@ def test_job_completes_through_the_job_controller(cp: ControlPlane, namespace: s
 VLLM_POD = """
 apiVersion: v1
 kind: Pod
-metadata: {name: real-vllm}
+metadata: {name: not-serve}
 spec:
   restartPolicy: Never
   containers:
   - name: engine
     image: runtime
-    command: ["vllm", "serve", "Qwen/Qwen3-235B-A22B-FP8"]
+    command: ["vllm", "--version"]
 """
 
 
-def test_real_vllm_fails_clearly(cp: ControlPlane, namespace: str) -> None:
+def test_vllm_shim_emulates_only_serve(cp: ControlPlane, namespace: str) -> None:
     apply(cp, VLLM_POD, namespace)
-    terminated = _terminated(cp, namespace, "real-vllm", "engine")
-    assert terminated["exitCode"] == 127
-    assert "vllm is not available" in str(terminated["message"])
+    terminated = _terminated(cp, namespace, "not-serve", "engine")
+    assert terminated["exitCode"] == 2
+    assert "only 'vllm serve' is emulated" in str(terminated["message"])
+
+
+LIST_DEVICES = (
+    "{ echo dri=$(ls /dev/dri 2>/dev/null | tr '\\n' ,); echo kfd=$(test -e /dev/kfd && echo yes || echo no);"
+    " echo ib=$(ls /dev/infiniband 2>/dev/null | tr '\\n' ,); echo sysib=$(ls /sys/class/infiniband | tr '\\n' ,);"
+    " echo kfdnodes=$(ls /sys/class/kfd/kfd/topology/nodes/*/properties 2>/dev/null | wc -l);"
+    " echo dev=$(ls /dev | tr '\\n' ,); } > /dev/termination-log"
+)
+
+
+def _device_container(name: str, limits: dict[str, str], privileged: bool = False) -> Obj:
+    container: Obj = {"name": name, "image": "runtime", "command": ["sh", "-c", LIST_DEVICES]}
+    container["resources"] = {"limits": limits}
+    if privileged:
+        container["securityContext"] = {"privileged": True}
+    return container
+
+
+def _listing(message: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in message.strip().splitlines())
+
+
+def test_device_plugins_give_each_container_its_own_devices(cp: ControlPlane, namespace: str) -> None:
+    """As the AMD GPU plugin and the RDMA plugins allocate: disjoint GPUs, shared HCAs, exclusive NICs."""
+    containers = [
+        _device_container("shared-rdma", {"amd.com/gpu": "4", "rdma/hca_shared_devices_a": "1"}),
+        _device_container("nic", {"amd.com/gpu": "4", "amd.com/nic": "2"}),
+        _device_container("plain", {}),
+        _device_container("privileged", {}, privileged=True),
+    ]
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "devices"},
+        "spec": {"restartPolicy": "Never", "containers": containers},
+    }
+    apply(cp, json.dumps(manifest), namespace)
+    seen = {c["name"]: _listing(str(_terminated(cp, namespace, "devices", c["name"])["message"])) for c in containers}
+    shared, nic, plain, privileged = (seen[c["name"]] for c in containers)
+    gpus = {name: set(view["dri"].strip(",").split(",")) for name, view in (("shared", shared), ("nic", nic))}
+    assert len(gpus["shared"]) == len(gpus["nic"]) == 8, gpus  # 4 card + 4 renderD nodes each
+    assert not gpus["shared"] & gpus["nic"], "two containers never share a GPU"
+    assert shared["kfd"] == nic["kfd"] == "yes" and shared["kfdnodes"] == nic["kfdnodes"] == "6"  # 2 CPUs + 4 GPUs
+    assert shared["ib"].count("uverbs") == 8 and len(shared["sysib"].strip(",").split(",")) == 8
+    assert nic["ib"].count("uverbs") == 2 and len(nic["sysib"].strip(",").split(",")) == 2
+    assert (plain["dri"], plain["kfd"], plain["ib"], plain["sysib"], plain["kfdnodes"]) == ("", "no", "", "", "2")
+    assert "termination-log" in plain["dev"] and "null" in plain["dev"] and "kfd" not in plain["dev"]
+    assert privileged["dri"].count("renderD") == 8 and privileged["ib"].count("uverbs") == 8
+
+
+HOST_NETWORK_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: host-net}
+spec:
+  hostNetwork: true
+  containers:
+  - name: web
+    image: runtime
+    command: ["sh", "-c", "readlink /proc/self/ns/net > /dev/termination-log; exec python -m http.server 8080"]
+    readinessProbe: {tcpSocket: {port: 8080}, periodSeconds: 1}
+"""
+
+
+def test_host_network_pods_live_in_the_nodes_namespace_not_the_machines(
+    stack: Stack, cp: ControlPlane, namespace: str
+) -> None:
+    apply(cp, HOST_NETWORK_POD, namespace)
+    ready = wait_for(functools.partial(ready_pod, cp, namespace, "host-net"), 60, "host-net Ready")
+    node = get(cp, f"/api/v1/nodes/{NODE_NAME}")
+    assert node is not None
+    internal_ip = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
+    assert ready["status"]["podIP"] == ready["status"]["hostIP"] == internal_ip
+    assert httpx.get(f"http://{internal_ip}:8080/", timeout=5, trust_env=False).status_code == 200
+    node_netns = json.loads((stack.agent_dir() / "agent.json").read_text())["node_netns"]
+    expected = f"net:[{os.stat(f'/run/netns/{node_netns}').st_ino}]"
+    assert expected != os.readlink("/proc/self/ns/net"), "the node's host network is not the machine's"
+    meta = ready["metadata"]
+    written = stack.agent_dir() / "pods" / f"{namespace}_host-net_{meta['uid'][:8]}" / "containers" / "web"
+    assert (written / "termination-log").read_text().strip() == expected
