@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+import httpx
 
 from e2e.cluster import ControlPlane
 
@@ -101,3 +104,16 @@ def wait_pdd_ready(cp: ControlPlane, namespace: str, name: str, timeout_s: float
         return obj if observed == obj["metadata"]["generation"] else None
 
     return wait_for(ready, timeout_s, f"PDDeployment {namespace}/{name} Ready")
+
+
+def stream_completion(pod_ip: str, port: int = 8000) -> str:
+    """A streamed completion through the proxy's API port; returns the generated text."""
+    base = f"http://{pod_ip}:{port}"
+    model = httpx.get(f"{base}/v1/models", timeout=10, trust_env=False).json()["data"][0]["id"]
+    body = {"model": model, "prompt": "Disaggregate prefill and decode.", "max_tokens": 8, "stream": True}
+    chunks: list[str] = []
+    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60, trust_env=False) as resp:
+        assert resp.status_code == 200, resp.read()
+        chunks = [line[len("data: ") :] for line in resp.iter_lines() if line.startswith("data: ")]
+    assert chunks and chunks[-1] == "[DONE]", chunks
+    return "".join(json.loads(c)["choices"][0].get("text", "") for c in chunks[:-1])

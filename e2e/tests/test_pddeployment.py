@@ -14,7 +14,6 @@ import signal
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 
@@ -30,6 +29,7 @@ from e2e.tests.kube import (
     phase,
     pod,
     pods,
+    stream_completion,
     wait_for,
     wait_pdd_ready,
 )
@@ -63,19 +63,6 @@ def serving_pod(cp: ControlPlane, namespace: str, name: str) -> Obj:
     found = pod(cp, namespace, obj["status"]["podName"])
     assert found is not None
     return found
-
-
-def stream_completion(pod_ip: str, port: int = 8000) -> str:
-    """A streamed completion through the proxy's API port; returns the generated text."""
-    base = f"http://{pod_ip}:{port}"
-    model = httpx.get(f"{base}/v1/models", timeout=10, trust_env=False).json()["data"][0]["id"]
-    body = {"model": model, "prompt": "Disaggregate prefill and decode.", "max_tokens": 8, "stream": True}
-    chunks: list[str] = []
-    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60, trust_env=False) as resp:
-        assert resp.status_code == 200, resp.read()
-        chunks = [line[len("data: ") :] for line in resp.iter_lines() if line.startswith("data: ")]
-    assert chunks and chunks[-1] == "[DONE]", chunks
-    return "".join(json.loads(c)["choices"][0].get("text", "") for c in chunks[:-1])
 
 
 def children(cp: ControlPlane, namespace: str, name: str) -> dict[str, list[str]]:
