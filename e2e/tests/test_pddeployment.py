@@ -162,7 +162,7 @@ def test_invalid_spec_rejected_by_api_server(operator: Stack, case: dict[str, An
     body = {
         "apiVersion": "pd.serving.dev/v1alpha1",
         "kind": "PDDeployment",
-        "metadata": {"name": "invalid"},
+        "metadata": {"name": SPEC_TABLE.name_of(case)},
         "spec": SPEC_TABLE.patched(case),
     }
     with operator.cp.http() as client:

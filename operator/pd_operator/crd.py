@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from pd_operator import api
+from pd_operator import api, naming
 
 JsonSchema = dict[str, Any]
 
@@ -155,7 +155,7 @@ def spec_schema() -> JsonSchema:
     props = schema["properties"]
     props["apiVersion"] = {"type": "string", "description": props["apiVersion"]["description"]}
     props["kind"] = {"type": "string", "description": props["kind"]["description"]}
-    props["metadata"] = {"type": "object"}
+    props["metadata"] = naming.name_schema()
     schema["required"] = ["spec"]
     return schema
 
@@ -295,7 +295,7 @@ def reference_markdown() -> str:
         out += [f"## {section}", "", "| Field | Type | Default | Description |", "|---|---|---|---|"]
         out += [*_rows(schema[section], section), ""]
     out += ["## Admission rules (CEL, also checked offline by `pdctl render`)", ""]
-    out += [*_rules_section(schema["spec"], "spec"), ""]
+    out += [*_rules_section(schema["metadata"], "metadata"), *_rules_section(schema["spec"], "spec"), ""]
     out += [*_STATUS_GUIDE.splitlines(), ""]
     return "\n".join(out)
 

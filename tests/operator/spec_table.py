@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 TABLE = Path(__file__).with_name("invalid_specs.yaml")
+VALID_NAME = "invalid"
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -35,6 +36,11 @@ def load_table() -> dict[str, Any]:
 def load_cases() -> list[dict[str, Any]]:
     table = load_table()
     return [{**case, "base": table["base"]} for case in table["cases"]]
+
+
+def name_of(case: dict[str, Any]) -> str:
+    """The PDDeployment's metadata.name for a case: its own ``metadataName`` or a valid one."""
+    return str(case.get("metadataName", VALID_NAME))
 
 
 def patched(case: dict[str, Any]) -> dict[str, Any]:

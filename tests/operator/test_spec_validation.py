@@ -6,10 +6,11 @@ from typing import Any
 
 import pytest
 
-from pd_operator.api import PDDeploymentSpec
+from pd_operator.api import API_VERSION, KIND, PDDeploymentSpec
+from pd_operator.commands.render import objects_for
 from pd_operator.validation import SpecError, validate_spec
 from tests.operator.conftest import EXAMPLES, load_example
-from tests.operator.spec_table import load_cases, load_table, merge_patch, patched
+from tests.operator.spec_table import load_cases, load_table, merge_patch, name_of, patched
 
 CASES = load_cases()
 
@@ -25,8 +26,9 @@ def test_base_of_the_table_is_valid() -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 def test_invalid_spec_is_refused_with_its_message(case: dict[str, Any]) -> None:
+    doc = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name_of(case)}, "spec": patched(case)}
     with pytest.raises(SpecError) as err:
-        validate_spec(patched(case))
+        objects_for(doc, None)
     lines = err.value.problems
     assert any(line.startswith(case["field"] + ":") and case["message"] in line for line in lines), lines
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from pd_operator import api, render
+from pd_operator import api, naming, render
 from pd_operator.validation import SpecError, validate_spec
 
 EXIT_INVALID = 2
@@ -29,7 +29,13 @@ def objects_for(doc: Any, namespace: str | None) -> list[dict[str, Any]]:
     name = meta.get("name")
     if not isinstance(name, str) or not name:
         raise SpecError(["metadata.name: Required value"])
-    spec = validate_spec(doc.get("spec"))
+    problems = naming.name_problems(name)
+    try:
+        spec = validate_spec(doc.get("spec"))
+    except SpecError as exc:
+        raise SpecError([*problems, *exc.problems]) from exc
+    if problems:
+        raise SpecError(problems)
     owner = render.Owner(name=name, namespace=namespace or meta.get("namespace") or "default")
     objs = render.children(owner, spec)
     if spec.goodput_probe.enabled:
