@@ -118,12 +118,40 @@ async def _stream(
     return response
 
 
+DISCONNECT_POLL_S = 0.05
+
+
+async def _until_disconnected(request: web.Request) -> None:
+    while request.transport is not None and not request.transport.is_closing():
+        await asyncio.sleep(DISCONNECT_POLL_S)
+
+
+async def _aborted_on_disconnect(request: web.Request, work: Awaitable[web.StreamResponse]) -> web.StreamResponse:
+    """Race the request with its connection, as vLLM's API server does (``with_cancellation``).
+
+    aiohttp's handler cancellation misses a client that leaves right after sending its request (before the
+    handler runs), which left a decode request waiting for KV; watching the transport catches that too.
+    """
+    handler = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        await asyncio.wait({handler, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not handler.done():
+            handler.cancel()
+            await asyncio.wait({handler})
+    if handler.cancelled():
+        raise asyncio.CancelledError  # aiohttp drops the connection quietly, as on handler cancellation
+    return handler.result()
+
+
 async def completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, chat=False)
+    return await _aborted_on_disconnect(request, _generate(request, chat=False))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, chat=True)
+    return await _aborted_on_disconnect(request, _generate(request, chat=True))
 
 
 async def health(request: web.Request) -> web.Response:
