@@ -943,6 +943,46 @@ class PDDeploymentSpec(ApiModel):
     def served_name(self) -> str:
         return self.served_model_name or self.model
 
+    # ---- yes/no facts about the spec, in one place --------------------------------------------------------
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.mode == "disaggregated"
+
+    @property
+    def transfer_in_effect(self) -> Literal["write", "read", "none"]:
+        """The KV transfer mode the pod runs with (none when colocated: no KV moves)."""
+        return self.kv_transfer.transfer_mode if self.disaggregated else "none"
+
+    @property
+    def reserves_gpus(self) -> bool:
+        """Real engines, or simulated ones asked to request GPUs as vllm would."""
+        return self.engine == "vllm" or self.simulation.reserve_gpus
+
+    @property
+    def uses_dra(self) -> bool:
+        return self.reserves_gpus and self.gpu_allocation.strategy == "dra"
+
+    @property
+    def pins_gpu_devices(self) -> bool:
+        """Whether the GPU indices of the spec are the physical ones (hostDevices, dra)."""
+        return self.reserves_gpus and self.gpu_allocation.strategy in ("hostDevices", "dra")
+
+    @property
+    def needs_nic(self) -> bool:
+        """MoRI-IO over rdma needs an RDMA NIC inside the pod (even on one node: NIC loopback)."""
+        return self.engine == "vllm" and self.disaggregated and self.kv_transfer.backend == "rdma"
+
+    @property
+    def uses_nic_resource(self) -> bool:
+        """Engines request the NIC as an extended resource (kvTransfer.rdma.resourceName)."""
+        kv = self.kv_transfer
+        return self.reserves_gpus and self.disaggregated and kv.backend == "rdma" and kv.rdma.resource_name is not None
+
+    @property
+    def host_network(self) -> bool:
+        return self.engine == "vllm" and self.disaggregated and self.kv_transfer.rdma.host_network
+
     def effective_node_selector(self) -> dict[str, str]:
         if self.node.node_selector is not None:
             return dict(self.node.node_selector)

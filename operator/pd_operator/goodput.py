@@ -15,9 +15,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pd_operator.api import RUN_PROBE_ANNOTATION, PDDeploymentSpec
-from pd_operator.engine_cmd import engine_containers
+from pd_operator.api import (
+    RUN_PROBE_ANNOTATION,
+    GoodputStatus,
+    LatencyStats,
+    PDDeploymentSpec,
+    ProbeMeasured,
+    ProbeSlo,
+    ProbeState,
+)
+from pd_operator.layout import Layout
 from pd_operator.render import BENCH_CONTAINER
+from pd_operator.views import PodView
 
 SUMMARY_SCHEMA = "pd.serving.dev/bench-summary/v1"
 Obj = dict[str, Any]
@@ -52,30 +61,13 @@ def job_name(deployment: str, now: datetime) -> str:
 # ---- jobs -------------------------------------------------------------------------------------------------
 
 
-def job_finished(job: Mapping[str, Any]) -> bool:
-    status = job.get("status") or {}
-    if status.get("succeeded") or status.get("failed"):
-        return True
-    return any(
-        c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in status.get("conditions") or []
-    )
-
-
-def termination_message(pods: Sequence[Mapping[str, Any]]) -> str | None:
+def termination_message(pods: Sequence[PodView]) -> str | None:
     """The bench container's termination message, from the newest pod that has one."""
-    for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp", "")), reverse=True):
-        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-            terminated = (cs.get("state") or {}).get("terminated") or {}
-            if cs.get("name") == BENCH_CONTAINER and terminated.get("message"):
-                return str(terminated["message"])
+    for pod in sorted(pods, key=lambda p: p.created, reverse=True):
+        bench = pod.container(BENCH_CONTAINER)
+        if bench is not None and bench.terminated_message:
+            return bench.terminated_message
     return None
-
-
-def job_failure(job: Mapping[str, Any]) -> str:
-    for cond in (job.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Failed" and cond.get("status") == "True":
-            return f"{cond.get('reason', 'Failed')}: {cond.get('message', '')}".strip()
-    return "the probe Job ended without a summary"
 
 
 # ---- summary -> status.goodput -------------------------------------------------------------------------------
@@ -98,46 +90,46 @@ def parse_summary(text: str) -> Obj:
     return doc
 
 
-def _latency(stats: Mapping[str, Any]) -> Obj:
-    return {k: float(stats[k]) for k in ("p50", "p90", "p99", "mean") if stats.get(k) is not None}
+def _latency(stats: Mapping[str, Any]) -> LatencyStats:
+    return LatencyStats(**{k: float(stats[k]) for k in ("p50", "p90", "p99", "mean") if stats.get(k) is not None})
 
 
-def gpu_split(spec: PDDeploymentSpec) -> str:
-    parts = [f"{e.name} {e.settings.gpus} TP{e.settings.tensor_parallel_size}" for e in engine_containers(spec)]
-    return ", ".join(parts)
+def gpu_split(layout: Layout) -> str:
+    return ", ".join(f"{e.name} {e.gpu_range} TP{e.tensor_parallel_size}" for e in layout.engines)
 
 
-def goodput_status(summary: Mapping[str, Any], spec: PDDeploymentSpec, generation: int) -> Obj:
-    """status.goodput from a bench summary and the spec it measured."""
+def goodput_status(summary: Mapping[str, Any], spec: PDDeploymentSpec, layout: Layout) -> GoodputStatus:
+    """status.goodput from a bench summary and the spec (and its layout) it measured."""
     slo = summary["slo"]
-    attainment, target = float(summary["attainment"]), float(slo["target"])
-    out: Obj = {
-        "time": str(summary["time"]),
-        "rate": float(summary["rate"]),
-        "requests": int(summary["requests"]),
-        "good": int(summary["good"]),
-        "errors": int(summary["errors"]),
-        "attainment": attainment,
-        "ttftMs": _latency(summary["ttft_ms"]),
-        "itlMs": _latency(summary["itl_ms"]),
-        "slo": {"ttftMs": float(slo["ttft_ms"]), "itlMs": float(slo["itl_ms"]), "target": target},
-        "met": attainment >= target,
-        "measured": {
-            "mode": spec.mode,
-            "transferMode": spec.kv_transfer.transfer_mode if spec.mode == "disaggregated" else "none",
-            "engine": spec.engine,
-            "gpuSplit": gpu_split(spec),
-            "generation": generation,
-        },
-        "summary": f"{attainment:.0%} @{float(summary['rate']):g}/s",
-    }
+    attainment, target, rate = float(summary["attainment"]), float(slo["target"]), float(summary["rate"])
     interval = summary.get("attainment_ci")
-    if isinstance(interval, list) and len(interval) == 2:
-        out["attainmentLow"], out["attainmentHigh"] = float(interval[0]), float(interval[1])
-    if summary.get("goodput_rate") is not None:
-        out["goodputRate"] = float(summary["goodput_rate"])
-        out["summary"] += f" (max {float(summary['goodput_rate']):g}/s)"
-    return out
+    low, high = (
+        (float(interval[0]), float(interval[1])) if isinstance(interval, list) and len(interval) == 2 else (None, None)
+    )
+    search = float(summary["goodput_rate"]) if summary.get("goodput_rate") is not None else None
+    return GoodputStatus(
+        time=str(summary["time"]),
+        rate=rate,
+        requests=int(summary["requests"]),
+        good=int(summary["good"]),
+        errors=int(summary["errors"]),
+        attainment=attainment,
+        attainment_low=low,
+        attainment_high=high,
+        ttft_ms=_latency(summary["ttft_ms"]),
+        itl_ms=_latency(summary["itl_ms"]),
+        goodput_rate=search,
+        slo=ProbeSlo(ttft_ms=float(slo["ttft_ms"]), itl_ms=float(slo["itl_ms"]), target=target),
+        met=attainment >= target,
+        measured=ProbeMeasured(
+            mode=spec.mode,
+            transfer_mode=spec.transfer_in_effect,
+            engine=spec.engine,
+            gpu_split=gpu_split(layout),
+            generation=layout.owner.generation,
+        ),
+        summary=f"{attainment:.0%} @{rate:g}/s" + (f" (max {search:g}/s)" if search is not None else ""),
+    )
 
 
 # ---- scheduling ---------------------------------------------------------------------------------------------
@@ -147,7 +139,7 @@ def goodput_status(summary: Mapping[str, Any], spec: PDDeploymentSpec, generatio
 class ProbeInputs:
     spec: PDDeploymentSpec
     phase: str | None
-    probe: Mapping[str, Any]  # status.probe
+    probe: ProbeState
     annotations: Mapping[str, str]
     has_result: bool
     running_jobs: int
@@ -159,9 +151,9 @@ def due(inputs: ProbeInputs) -> Trigger | None:
     if not inputs.spec.goodput_probe.enabled or inputs.running_jobs or inputs.phase != "Ready":
         return None
     requested = inputs.annotations.get(RUN_PROBE_ANNOTATION)
-    if requested is not None and requested != inputs.probe.get("lastAnnotation"):
+    if requested is not None and requested != inputs.probe.last_annotation:
         return "annotation"
-    last = parse_time(inputs.probe.get("lastFinishedAt"))
+    last = parse_time(inputs.probe.last_finished_at)
     if last is None:
         return None if inputs.has_result else "ready"
     if (inputs.now - last).total_seconds() >= inputs.spec.goodput_probe.interval_seconds:

@@ -1,8 +1,10 @@
 """The few Kubernetes API calls the handlers make, as plain JSON over the official client's transport.
 
-One generic path per verb (get, list, create, merge-patch, delete) keyed by kind, so every child object
+One generic path per verb (get, create, server-side apply, delete) keyed by kind, so every child object
 goes through the same code; the client library supplies authentication (in-cluster service account or
-kubeconfig). Calls run in a worker thread so they never block kopf's event loop.
+kubeconfig). Calls run in a worker thread so they never block kopf's event loop. Children are kept in
+place by server-side apply under one field manager: one request creates a missing object, repairs the
+fields the operator owns, or (the usual case) changes nothing, without a GET first.
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from kubernetes import client, config
 
+from pd_operator.settings import FIELD_MANAGER
+
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
-Outcome = Literal["created", "patched", "unchanged"]
+APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML: the body is sent as JSON
 
 
 @dataclass(frozen=True)
@@ -51,44 +55,21 @@ def collection_path(kind: str, namespace: str) -> str:
     return f"{root}/namespaces/{namespace}/{k.plural}"
 
 
-def is_subset(desired: Any, live: Any) -> bool:
-    """Whether every field we render already has that value on the live object (server fields ignored)."""
-    if isinstance(desired, Mapping):
-        return isinstance(live, Mapping) and all(is_subset(v, live.get(k)) for k, v in desired.items())
-    if isinstance(desired, list):
-        return (
-            isinstance(live, list)
-            and len(desired) == len(live)
-            and all(is_subset(d, x) for d, x in zip(desired, live, strict=True))
-        )
-    return bool(desired == live)
-
-
-def merge_patch_for(desired: Obj) -> Obj:
-    """The parts of a rendered object the operator owns: labels, owner references and the spec."""
-    meta = desired["metadata"]
-    patch: Obj = {"metadata": {"labels": meta.get("labels", {})}}
-    if "ownerReferences" in meta:
-        patch["metadata"]["ownerReferences"] = meta["ownerReferences"]
-    if "spec" in desired:
-        patch["spec"] = desired["spec"]
-    return patch
-
-
 class Kube:
     """A thin JSON client: every method returns parsed objects or raises :class:`KubeError`."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, field_manager: str = FIELD_MANAGER) -> None:
         self.api = api
+        self.field_manager = field_manager
 
     @classmethod
-    def from_environment(cls) -> Kube:
+    def from_environment(cls, field_manager: str = FIELD_MANAGER) -> Kube:
         """In-cluster credentials when running in a pod, else the kubeconfig ($KUBECONFIG)."""
         try:
             config.load_incluster_config()  # type: ignore[no-untyped-call]
         except config.ConfigException:
             config.load_kube_config()  # type: ignore[no-untyped-call]
-        return cls(client.ApiClient())
+        return cls(client.ApiClient(), field_manager)
 
     def _call(
         self,
@@ -138,11 +119,6 @@ class Kube:
             raise
         return found
 
-    async def list(self, kind: str, namespace: str, label_selector: str) -> list[Obj]:
-        found = await self.call("GET", collection_path(kind, namespace), query={"labelSelector": label_selector})
-        items: list[Obj] = found.get("items") or []
-        return items
-
     async def create(self, obj: Obj) -> Obj | None:
         """Create; an object that already exists is not an error (a watch may lag behind our writes)."""
         namespace = obj["metadata"]["namespace"]
@@ -154,10 +130,13 @@ class Kube:
             raise
         return created
 
-    async def patch(self, kind: str, namespace: str, name: str, patch: Obj) -> Obj:
-        path = f"{collection_path(kind, namespace)}/{name}"
-        patched: Obj = await self.call("PATCH", path, body=patch, content_type="application/merge-patch+json")
-        return patched
+    async def apply(self, obj: Obj) -> Obj:
+        """Server-side apply: the operator's field manager owns what ``obj`` sets (forced on conflict)."""
+        meta = obj["metadata"]
+        path = f"{collection_path(obj['kind'], meta['namespace'])}/{meta['name']}"
+        query = {"fieldManager": self.field_manager, "force": "true"}
+        applied: Obj = await self.call("PATCH", path, body=obj, query=query, content_type=APPLY_PATCH)
+        return applied
 
     async def delete(self, kind: str, namespace: str, name: str) -> bool:
         """Delete with background propagation (a Job takes its pods along); False if it was gone."""
@@ -169,16 +148,3 @@ class Kube:
                 return False
             raise
         return True
-
-    async def ensure(self, desired: Obj) -> Outcome:
-        """Create the object, or merge-patch the fields we own when they drifted."""
-        meta = desired["metadata"]
-        live = await self.get(desired["kind"], meta["namespace"], meta["name"])
-        if live is None:
-            await self.create(desired)
-            return "created"
-        patch = merge_patch_for(desired)
-        if is_subset(patch, live):
-            return "unchanged"
-        await self.patch(desired["kind"], meta["namespace"], meta["name"], patch)
-        return "patched"

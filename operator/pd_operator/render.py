@@ -1,4 +1,4 @@
-"""Pure: a validated spec -> every Kubernetes object the operator creates for it.
+"""Pure: a layout (layout.py) -> every Kubernetes object the operator creates for it.
 
 Why a bare Pod and not a one-replica Deployment (with Recreate): the pod holds every GPU of the node,
 so no surge is possible and a rollout must be delete-then-create anyway; the operator needs the exact
@@ -15,24 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pd_operator import api
-from pd_operator.api import PDDeploymentSpec
-from pd_operator.engine_cmd import (
-    TERMINATION_LOG,
-    EngineContainer,
-    bench_command,
-    bench_env,
-    engine_command,
-    engine_containers,
-    engine_env,
-    proxy_command,
-    proxy_env,
-)
+from pd_operator.engine_cmd import TERMINATION_LOG
+from pd_operator.layout import EngineInstance, Layout, Owner
 
 Obj = dict[str, Any]
 
@@ -48,16 +37,6 @@ PROXY_CONTAINER = "proxy"
 BENCH_CONTAINER = "bench"
 
 
-@dataclass(frozen=True)
-class Owner:
-    """The PDDeployment the objects belong to; ``uid`` is empty when rendering a file offline."""
-
-    name: str
-    namespace: str = "default"
-    uid: str = ""
-    generation: int = 0
-
-
 # ---- names and metadata --------------------------------------------------------------------------
 
 
@@ -71,10 +50,6 @@ def service_name(owner: Owner) -> str:
 
 def claim_template_name(owner: Owner) -> str:
     return f"{owner.name}-gpus"
-
-
-def service_url(owner: Owner, spec: PDDeploymentSpec) -> str:
-    return f"http://{service_name(owner)}.{owner.namespace}.svc:{spec.proxy.port}"
 
 
 def labels(owner: Owner, component: str) -> dict[str, str]:
@@ -111,68 +86,26 @@ def _metadata(owner: Owner, name: str, component: str) -> Obj:
 # ---- GPUs -------------------------------------------------------------------------------------------
 
 
-def _reserves_gpus(spec: PDDeploymentSpec) -> bool:
-    return spec.engine == "vllm" or spec.simulation.reserve_gpus
-
-
-def _uses_nic_resource(spec: PDDeploymentSpec) -> bool:
-    kv = spec.kv_transfer
-    return (
-        _reserves_gpus(spec)
-        and spec.mode == "disaggregated"
-        and kv.backend == "rdma"
-        and kv.rdma.resource_name is not None
-    )
-
-
-def _gpu_limits(spec: PDDeploymentSpec, engines: list[EngineContainer]) -> list[dict[str, str]]:
-    """Extended-resource limits per engine container.
-
-    hostDevices pins devices through privileged containers and visible-devices variables, yet the
-    pod still requests the node's GPUs so that the scheduler and the device plugin hand them to no
-    one else: the GPUs no engine uses are added to the first engine's request.
-    """
-    strategy = spec.gpu_allocation.strategy
-    if not _reserves_gpus(spec) or strategy == "dra":
-        return [{} for _ in engines]
-    counts = [len(e.gpus) for e in engines]
-    if strategy == "hostDevices":
-        counts[0] += max(spec.node.gpus_per_node - sum(counts), 0)
-    return [{spec.gpu_allocation.resource_name: str(c)} for c in counts]
-
-
-def claim_template(owner: Owner, spec: PDDeploymentSpec) -> Obj:
+def claim_template(lay: Layout) -> Obj:
     """DRA: one ResourceClaimTemplate with one request per engine, pinned by PCI address or index."""
-    dra = spec.gpu_allocation.dra
-    requests = []
-    for eng in engine_containers(spec):
-        if dra.pci_addresses:
-            listed = ", ".join(json.dumps(dra.pci_addresses[i]) for i in eng.gpus)
-            expression = f'device.attributes["gpu.amd.com"].pciAddr in [{listed}]'
-        else:
-            listed = ", ".join(str(i) for i in eng.gpus)
-            expression = f'device.attributes["gpu.amd.com"].{dra.index_attribute} in [{listed}]'
-        requests.append(
-            {
-                "name": eng.name,
-                "exactly": {
-                    "deviceClassName": dra.device_class_name,
-                    "allocationMode": "ExactCount",
-                    "count": len(eng.gpus),
-                    "selectors": [{"cel": {"expression": expression}}],
-                },
-            }
-        )
+    requests = [
+        {
+            "name": eng.name,
+            "exactly": {
+                "deviceClassName": lay.dra_device_class,
+                "allocationMode": "ExactCount",
+                "count": len(eng.gpus),
+                "selectors": [{"cel": {"expression": eng.device_selector}}],
+            },
+        }
+        for eng in lay.engines
+    ]
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
-        "metadata": _metadata(owner, claim_template_name(owner), COMPONENT_SERVING),
+        "metadata": _metadata(lay.owner, claim_template_name(lay.owner), COMPONENT_SERVING),
         "spec": {"spec": {"devices": {"requests": requests}}},
     }
-
-
-def _uses_dra(spec: PDDeploymentSpec) -> bool:
-    return _reserves_gpus(spec) and spec.gpu_allocation.strategy == "dra"
 
 
 # ---- containers ---------------------------------------------------------------------------------------
@@ -187,14 +120,14 @@ def _http_probe(path: str, port: str, period: int, failures: int, timeout: int) 
     }
 
 
-def _engine_security(spec: PDDeploymentSpec) -> Obj:
-    if spec.engine == "simulated":
+def _engine_security(lay: Layout) -> Obj:
+    if lay.simulated:
         return {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
             "seccompProfile": {"type": "RuntimeDefault"},
         }
-    if spec.gpu_allocation.strategy == "hostDevices":
+    if lay.privileged_engines:
         return {"privileged": True, "seccompProfile": {"type": "Unconfined"}}
     return {
         "allowPrivilegeEscalation": False,
@@ -212,42 +145,25 @@ def _resources(requests: Mapping[str, str], limits: Mapping[str, str]) -> Obj:
     return out
 
 
-def _port_prefix(eng: EngineContainer) -> str:
-    return {"prefill": "p", "decode": "d"}.get(eng.role, eng.name.replace("engine-", "e"))
-
-
-def _engine_ports(eng: EngineContainer) -> list[Obj]:
-    """Every port the engine binds, each rank's included (with hostNetwork they become host ports)."""
-    prefix = _port_prefix(eng)
-    return [{"name": f"{prefix}-{n}", "containerPort": p, "protocol": "TCP"} for n, p in eng.named_ports]
-
-
-def _engine_container(spec: PDDeploymentSpec, eng: EngineContainer, gpu_limits: dict[str, str]) -> Obj:
-    settings = eng.settings
-    limits = {**settings.resources.limits, **gpu_limits}
-    if _uses_nic_resource(spec):
-        rdma = spec.kv_transfer.rdma
-        limits[str(rdma.resource_name)] = str(rdma.resource_count)
-    resources = _resources(settings.resources.requests, limits)
-    if _uses_dra(spec):
+def _engine_container(lay: Layout, eng: EngineInstance) -> Obj:
+    resources = _resources(eng.requests, eng.limits)
+    if eng.device_selector is not None:
         resources["claims"] = [{"name": DRA_CLAIM, "request": eng.name}]
-    http = f"{_port_prefix(eng)}-http"
-    startup_failures = math.ceil(spec.model_storage.load_timeout_seconds / 10)
+    http = f"{eng.port_prefix}-http"
     mounts: list[Obj] = [{"name": f"dshm-{eng.name}", "mountPath": "/dev/shm"}]
-    if _model_volume(spec) is not None:
-        storage = spec.model_storage
-        mounts.append({"name": "models", "mountPath": storage.mount_path, "readOnly": storage.read_only})
+    if lay.model is not None:
+        mounts.append({"name": "models", "mountPath": lay.model.mount_path, "readOnly": lay.model.read_only})
     return {
         "name": eng.name,
-        "image": spec.image,
-        "imagePullPolicy": spec.image_pull_policy,
-        "command": engine_command(spec, eng),
-        "env": engine_env(spec, eng),
-        "ports": _engine_ports(eng),
+        "image": lay.image,
+        "imagePullPolicy": lay.image_pull_policy,
+        "command": list(eng.argv),
+        "env": [dict(e) for e in eng.env],
+        "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in eng.ports],
         "resources": resources,
         "volumeMounts": mounts,
-        "securityContext": _engine_security(spec),
-        "startupProbe": _http_probe("/health", http, 10, startup_failures, 5),
+        "securityContext": _engine_security(lay),
+        "startupProbe": _http_probe("/health", http, 10, lay.startup_failure_threshold, 5),
         "readinessProbe": _http_probe("/health", http, 5, 3, 5),
         "livenessProbe": _http_probe("/health", http, 15, 6, 10),
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -270,19 +186,19 @@ _TMP_VOLUME: Obj = {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}
 _TMP_MOUNT: Obj = {"name": "tmp", "mountPath": "/tmp"}
 
 
-def _proxy_container(spec: PDDeploymentSpec) -> Obj:
-    p = spec.proxy
+def _proxy_container(lay: Layout) -> Obj:
+    p = lay.proxy
     return {
         "name": PROXY_CONTAINER,
-        "image": spec.image,
-        "imagePullPolicy": spec.image_pull_policy,
-        "command": proxy_command(spec),
-        "env": proxy_env(spec),
+        "image": lay.image,
+        "imagePullPolicy": lay.image_pull_policy,
+        "command": list(p.argv),
+        "env": [dict(e) for e in p.env],
         "ports": [
             {"name": "http", "containerPort": p.port, "protocol": "TCP"},
             {"name": "admin", "containerPort": p.admin_port, "protocol": "TCP"},
         ],
-        "resources": _resources(p.resources.requests, p.resources.limits),
+        "resources": _resources(p.requests, p.limits),
         "securityContext": dict(_RESTRICTED),
         "volumeMounts": [dict(_TMP_MOUNT)],
         "readinessProbe": _http_probe("/ready", "http", 5, 3, 5),
@@ -294,51 +210,36 @@ def _proxy_container(spec: PDDeploymentSpec) -> Obj:
 # ---- pod --------------------------------------------------------------------------------------------
 
 
-def _model_volume(spec: PDDeploymentSpec) -> Obj | None:
-    storage = spec.model_storage
-    if storage.persistent_volume_claim:
-        claim = {"claimName": storage.persistent_volume_claim, "readOnly": storage.read_only}
-        return {"name": "models", "persistentVolumeClaim": claim}
-    if storage.host_path:
-        return {"name": "models", "hostPath": {"path": storage.host_path, "type": "DirectoryOrCreate"}}
-    return None
-
-
-def _volumes(spec: PDDeploymentSpec, engines: list[EngineContainer]) -> list[Obj]:
+def _volumes(lay: Layout) -> list[Obj]:
     volumes: list[Obj] = [
-        {"name": f"dshm-{e.name}", "emptyDir": {"medium": "Memory", "sizeLimit": e.settings.shm_size}} for e in engines
+        {"name": f"dshm-{e.name}", "emptyDir": {"medium": "Memory", "sizeLimit": e.shm_size}} for e in lay.engines
     ]
-    model = _model_volume(spec)
-    return [*volumes, *([model] if model else []), dict(_TMP_VOLUME)]
+    model = [dict(lay.model.volume)] if lay.model else []
+    return [*volumes, *model, dict(_TMP_VOLUME)]
 
 
-def _pod_spec(owner: Owner, spec: PDDeploymentSpec) -> Obj:
-    engines = engine_containers(spec)
-    limits = _gpu_limits(spec, engines)
-    containers = [_engine_container(spec, e, lim) for e, lim in zip(engines, limits, strict=True)]
+def _pod_spec(lay: Layout) -> Obj:
     pod: Obj = {
         "restartPolicy": "Always",
-        "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
+        "terminationGracePeriodSeconds": lay.termination_grace_period_seconds,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "containers": [*containers, _proxy_container(spec)],
-        "volumes": _volumes(spec, engines),
+        "containers": [*(_engine_container(lay, e) for e in lay.engines), _proxy_container(lay)],
+        "volumes": _volumes(lay),
     }
-    selector = spec.effective_node_selector()
-    if selector:
-        pod["nodeSelector"] = selector
-    node = spec.node
-    if node.tolerations:
-        pod["tolerations"] = list(node.tolerations)
-    if node.affinity:
-        pod["affinity"] = dict(node.affinity)
-    if node.priority_class_name:
-        pod["priorityClassName"] = node.priority_class_name
-    if spec.engine == "vllm" and spec.mode == "disaggregated" and spec.kv_transfer.rdma.host_network:
+    if lay.node_selector:
+        pod["nodeSelector"] = dict(lay.node_selector)
+    if lay.tolerations:
+        pod["tolerations"] = [dict(t) for t in lay.tolerations]
+    if lay.affinity:
+        pod["affinity"] = dict(lay.affinity)
+    if lay.priority_class_name:
+        pod["priorityClassName"] = lay.priority_class_name
+    if lay.host_network:
         pod["hostNetwork"] = True
         pod["dnsPolicy"] = "ClusterFirstWithHostNet"
-    if _uses_dra(spec):
-        pod["resourceClaims"] = [{"name": DRA_CLAIM, "resourceClaimTemplateName": claim_template_name(owner)}]
+    if lay.dra_device_class is not None:
+        pod["resourceClaims"] = [{"name": DRA_CLAIM, "resourceClaimTemplateName": claim_template_name(lay.owner)}]
     return pod
 
 
@@ -347,8 +248,9 @@ def spec_hash(pod_spec: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(pod_spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def pod(owner: Owner, spec: PDDeploymentSpec) -> Obj:
-    pod_spec = _pod_spec(owner, spec)
+def pod(lay: Layout) -> Obj:
+    pod_spec = _pod_spec(lay)
+    owner = lay.owner
     meta = _metadata(owner, pod_name(owner), COMPONENT_SERVING)
     meta["annotations"] = {ANNOTATION_SPEC_HASH: spec_hash(pod_spec), ANNOTATION_GENERATION: str(owner.generation)}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
@@ -357,24 +259,25 @@ def pod(owner: Owner, spec: PDDeploymentSpec) -> Obj:
 # ---- service, network policy, probe job ------------------------------------------------------------------
 
 
-def service(owner: Owner, spec: PDDeploymentSpec) -> Obj:
+def service(lay: Layout) -> Obj:
     """Only the proxy's OpenAI port; engines and the admin port stay unexposed."""
-    port = {"name": "http", "port": spec.proxy.port, "targetPort": "http", "protocol": "TCP"}
+    owner = lay.owner
+    port = {"name": "http", "port": lay.proxy.port, "targetPort": "http", "protocol": "TCP"}
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _metadata(owner, service_name(owner), COMPONENT_SERVING),
-        "spec": {"type": spec.proxy.service_type, "selector": serving_selector(owner), "ports": [port]},
+        "spec": {"type": lay.proxy.service_type, "selector": serving_selector(owner), "ports": [port]},
     }
 
 
-def network_policy(owner: Owner, spec: PDDeploymentSpec) -> Obj:
+def network_policy(lay: Layout) -> Obj:
     """The API port from anywhere, the admin port from the operator, anything from the pod itself.
 
     vLLM's handshake and notify listeners bind all addresses and trust what they receive; the engines
     and the proxy reach each other over the pod IP, hence the self rule.
     """
-    proxy = spec.proxy
+    owner, proxy = lay.owner, lay.proxy
     operator_peer = {"namespaceSelector": {}, "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}
     return {
         "apiVersion": "networking.k8s.io/v1",
@@ -392,15 +295,15 @@ def network_policy(owner: Owner, spec: PDDeploymentSpec) -> Obj:
     }
 
 
-def probe_job(owner: Owner, spec: PDDeploymentSpec, job_name: str) -> Obj:
+def probe_job(lay: Layout, job_name: str) -> Obj:
     """The goodput probe: `pdctl bench` against the Service; its summary becomes the termination message."""
-    probe = spec.goodput_probe
+    owner = lay.owner
     container = {
         "name": BENCH_CONTAINER,
-        "image": spec.image,
-        "imagePullPolicy": spec.image_pull_policy,
-        "command": bench_command(spec, service_url(owner, spec)),
-        "env": bench_env(spec),
+        "image": lay.image,
+        "imagePullPolicy": lay.image_pull_policy,
+        "command": list(lay.probe.argv),
+        "env": [dict(e) for e in lay.probe.env],
         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}},
         "securityContext": dict(_RESTRICTED),
         "volumeMounts": [dict(_TMP_MOUNT)],
@@ -414,7 +317,7 @@ def probe_job(owner: Owner, spec: PDDeploymentSpec, job_name: str) -> Obj:
         "metadata": _metadata(owner, job_name, COMPONENT_PROBE),
         "spec": {
             "backoffLimit": 0,
-            "activeDeadlineSeconds": probe.timeout_seconds,
+            "activeDeadlineSeconds": lay.probe.timeout_seconds,
             "ttlSecondsAfterFinished": 86400,
             "template": {
                 "metadata": {"labels": job_labels},
@@ -430,18 +333,25 @@ def probe_job(owner: Owner, spec: PDDeploymentSpec, job_name: str) -> Obj:
     }
 
 
-def children(owner: Owner, spec: PDDeploymentSpec) -> list[Obj]:
-    """Everything the operator keeps in place for a PDDeployment, in creation order (pod last)."""
-    objs = [service(owner, spec), network_policy(owner, spec)]
-    if _uses_dra(spec):
-        objs.insert(0, claim_template(owner, spec))
-    return [*objs, pod(owner, spec)]
+@dataclass(frozen=True)
+class Children:
+    """Everything the operator keeps in place for a PDDeployment.
+
+    ``applied`` objects are kept by server-side apply (drift repair); the pod is created and, when its
+    spec hash changes, deleted and created again, because most of a pod's spec cannot change in place.
+    """
+
+    applied: tuple[Obj, ...]
+    pod: Obj
+
+    @property
+    def all(self) -> list[Obj]:
+        """In creation order: the claim template before the pod that refers to it, the pod last."""
+        return [*self.applied, self.pod]
 
 
-def gpu_devices_pinned(spec: PDDeploymentSpec) -> bool:
-    """Whether the GPU indices of the spec are the physical ones (hostDevices, dra)."""
-    return _reserves_gpus(spec) and spec.gpu_allocation.strategy in ("hostDevices", "dra")
-
-
-def gpus_reserved(spec: PDDeploymentSpec) -> bool:
-    return _reserves_gpus(spec)
+def children(lay: Layout) -> Children:
+    applied = [service(lay), network_policy(lay)]
+    if lay.dra_device_class is not None:
+        applied.insert(0, claim_template(lay))
+    return Children(applied=tuple(applied), pod=pod(lay))

@@ -6,12 +6,12 @@ import importlib
 
 import pytest
 
-from pd_operator import render
+from pd_operator import layout
 from pd_operator.engine_cmd import bench_command, engine_command, engine_containers, proxy_command
 from pd_operator.validation import validate_spec
 from tests.operator.conftest import load_example
 
-OWNER = render.Owner(name="demo", namespace="ns1")
+OWNER = layout.Owner(name="demo", namespace="ns1")
 EVERYTHING = {
     "proxy": {
         "heartbeatTtlSeconds": 9,
@@ -35,7 +35,7 @@ def test_proxy_and_bench_commands_parse(example: str) -> None:
     args = proxy_cli.build_parser().parse_args(proxy_command(spec)[2:])
     assert args.port == spec.proxy.port and args.admin_port == spec.proxy.admin_port
     assert args.mode == spec.mode and args.idle_timeout == 60
-    bench = bench_cli.build_parser().parse_args(bench_command(spec, render.service_url(OWNER, spec))[2:])
+    bench = bench_cli.build_parser().parse_args(bench_command(spec, layout.service_url(OWNER, spec.proxy.port))[2:])
     assert bench.result_file == "/dev/termination-log" and bench.search and bench.seed == 7
 
 

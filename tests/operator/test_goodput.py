@@ -8,17 +8,23 @@ from typing import Any
 
 import pytest
 
-from pd_operator import goodput
-from pd_operator.api import RUN_PROBE_ANNOTATION
+from pd_operator import goodput, layout
+from pd_operator.api import RUN_PROBE_ANNOTATION, ProbeState
 from pd_operator.validation import validate_spec
-from tests.operator.podfacts import summary
+from pd_operator.views import job_view, pod_view
+from tests.operator.podfacts import finished_job, summary
 
 SPEC = validate_spec({"model": "m", "engine": "simulated", "goodputProbe": {"enabled": True, "intervalSeconds": 600}})
 NOW = datetime(2026, 11, 29, 8, 0, 0, tzinfo=UTC)
 
 
+def status_goodput(doc: dict[str, Any], generation: int) -> dict[str, Any]:
+    lay = layout.build(layout.Owner("demo", generation=generation), SPEC)
+    return goodput.goodput_status(doc, SPEC, lay).model_dump(by_alias=True, exclude_none=True)
+
+
 def test_summary_becomes_status_goodput() -> None:
-    out = goodput.goodput_status(summary(0.73), SPEC, generation=4)
+    out = status_goodput(summary(0.73), generation=4)
     assert (out["requests"], out["good"], out["attainment"], out["met"]) == (100, 73, 0.73, False)
     assert out["ttftMs"] == {"p50": 300.0, "p90": 800.0, "p99": 1500.0, "mean": 400.0}
     assert out["slo"] == {"ttftMs": 1000.0, "itlMs": 50.0, "target": 0.9}
@@ -34,7 +40,7 @@ def test_summary_becomes_status_goodput() -> None:
 
 def test_search_result_and_missing_percentiles() -> None:
     doc = summary(0.95) | {"goodput_rate": 9.5, "itl_ms": {"p50": None, "p90": None, "p99": None, "mean": None}}
-    out = goodput.goodput_status(doc, SPEC, 1)
+    out = status_goodput(doc, 1)
     assert out["goodputRate"] == 9.5 and out["itlMs"] == {} and out["met"] is True
     assert out["summary"] == "95% @8/s (max 9.5/s)"
 
@@ -55,7 +61,9 @@ def inputs(**kw: Any) -> goodput.ProbeInputs:
     base: dict[str, Any] = dict(
         spec=SPEC, phase="Ready", probe={}, annotations={}, has_result=False, running_jobs=0, now=NOW
     )
-    return goodput.ProbeInputs(**(base | kw))
+    merged = base | kw
+    merged["probe"] = ProbeState.model_validate(merged["probe"])
+    return goodput.ProbeInputs(**merged)
 
 
 def test_first_probe_once_ready_then_every_interval() -> None:
@@ -96,6 +104,15 @@ def test_job_failure_reason() -> None:
             ],
         }
     }
-    assert goodput.job_finished(job)
-    assert goodput.job_failure(job).startswith("DeadlineExceeded")
-    assert not goodput.job_finished({"status": {"active": 1}})
+    assert job_view(job).finished
+    assert job_view(job).failure.startswith("DeadlineExceeded")
+    assert not job_view({"status": {"active": 1}}).finished
+
+
+def test_termination_message_from_the_newest_probe_pod() -> None:
+    job = {"metadata": {"name": "demo-goodput-1"}, "spec": {"template": {"metadata": {"labels": {}}}}}
+    _, old = finished_job(job, "old")
+    _, new = finished_job(job, "new")
+    new["metadata"]["creationTimestamp"] = "2026-11-29T09:00:00Z"
+    assert goodput.termination_message([pod_view(old), pod_view(new)]) == "new"
+    assert goodput.termination_message([]) is None

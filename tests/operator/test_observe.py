@@ -1,22 +1,40 @@
-"""observe.py: phase, conditions, per-role status and events from plain documents."""
+"""observe.py: phase, conditions, per-role status and events from typed views of what the operator sees."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pd_operator import observe, render
-from pd_operator.observe import ProxyReport, Snapshot
+from pd_operator import layout, observe, render
+from pd_operator.api import PDDeploymentSpec
+from pd_operator.observe import Observation, ProxyReport
 from pd_operator.validation import validate_spec
+from pd_operator.views import pod_view
 from tests.operator.podfacts import container_status, proxy_status, running_pod
 
-OWNER = render.Owner(name="demo", namespace="ns1", uid="uid-1", generation=2)
+OWNER = layout.Owner(name="demo", namespace="ns1", uid="uid-1", generation=2)
 SIM = validate_spec({"model": "m", "engine": "simulated"})
 COLOCATED = validate_spec({"model": "m", "engine": "simulated", "mode": "colocated"})
 NOW = "2026-11-29T08:00:00Z"
 
 
-def snap(spec: Any = SIM, pod: Any = None, **kw: Any) -> Snapshot:
-    return Snapshot(generation=2, now=NOW, spec=spec, pod=pod, **kw)
+def lay(spec: PDDeploymentSpec) -> layout.Layout:
+    return layout.build(OWNER, spec)
+
+
+def rendered(spec: PDDeploymentSpec) -> dict[str, Any]:
+    return render.pod(lay(spec))
+
+
+def obs(spec: Any = SIM, pod: Any = None, previous: Any = None, now: str = NOW, **kw: Any) -> Observation:
+    """An observation of a pod document (as the API server returns it) and a stored status."""
+    prior = observe.parse(previous or {})
+    view = pod_view(pod) if pod is not None else None
+    return Observation(generation=2, now=now, spec=spec, layout=lay(spec), pod=view, previous=prior, **kw)
+
+
+def status(o: Observation) -> dict[str, Any]:
+    """The status as the operator stores it."""
+    return observe.wire(observe.status(o))
 
 
 def cond(status: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -24,21 +42,21 @@ def cond(status: dict[str, Any], kind: str) -> dict[str, Any]:
 
 
 def test_invalid_spec_is_failed_with_spec_valid_false() -> None:
-    out = observe.status(Snapshot(generation=1, now=NOW, spec=None, spec_problems=["spec.model: Required value"]))
+    out = status(Observation(generation=1, now=NOW, spec=None, spec_problems=["spec.model: Required value"]))
     assert out["phase"] == "Failed" and "spec.model: Required value" in out["message"]
     assert cond(out, "SpecValid")["status"] == "False"
 
 
 def test_no_pod_is_pending() -> None:
-    out = observe.status(snap())
+    out = status(obs())
     assert out["phase"] == "Pending" and out["ready"] == "0/3"
     assert cond(out, "PrefillReady")["reason"] == "NoPod"
     assert "observedGeneration" not in out
 
 
 def test_all_ready_is_ready_with_per_role_details() -> None:
-    pod = running_pod(render.pod(OWNER, SIM))
-    out = observe.status(snap(pod=pod, proxy=ProxyReport(status=proxy_status())))
+    pod = running_pod(rendered(SIM))
+    out = status(obs(pod=pod, proxy=ProxyReport(status=proxy_status())))
     assert out["phase"] == "Ready" and out["ready"] == "3/3" and out["observedGeneration"] == 2
     assert (out["podName"], out["podIP"], out["nodeName"], out["podUid"]) == (
         "demo",
@@ -53,54 +71,54 @@ def test_all_ready_is_ready_with_per_role_details() -> None:
 
 
 def test_unscheduled_pod_is_pending_with_the_scheduler_message() -> None:
-    pod = running_pod(render.pod(OWNER, SIM), ready=False)
+    pod = running_pod(rendered(SIM), ready=False)
     pod["status"]["conditions"] = [
         {"type": "PodScheduled", "status": "False", "message": "0/1 nodes: Insufficient amd.com/gpu"}
     ]
-    out = observe.status(snap(pod=pod))
+    out = status(obs(pod=pod))
     assert out["phase"] == "Pending" and "Insufficient amd.com/gpu" in out["message"]
 
 
 def test_crash_is_degraded_with_the_termination_message() -> None:
-    pod = render.pod(OWNER, SIM)
+    pod = rendered(SIM)
     statuses = [
         container_status("prefill", False, 3, "CrashLoopBackOff", "preflight: /dev/shm is 64 MiB"),
         container_status("decode"),
         container_status("proxy", False),
     ]
-    out = observe.status(snap(pod=running_pod(pod, statuses=statuses)))
+    out = status(obs(pod=running_pod(pod, statuses=statuses)))
     assert out["phase"] == "Degraded" and "preflight: /dev/shm is 64 MiB" in out["message"]
     prefill = out["roles"][0]
     assert (prefill["restartCount"], prefill["state"], prefill["reason"]) == (3, "waiting", "CrashLoopBackOff")
 
 
 def test_starting_containers_are_progressing() -> None:
-    out = observe.status(snap(pod=running_pod(render.pod(OWNER, SIM), ready=False)))
+    out = status(obs(pod=running_pod(rendered(SIM), ready=False)))
     assert out["phase"] == "Progressing" and out["message"] == "waiting for prefill, decode, proxy"
 
 
 def test_rolling_and_terminating_pods_are_progressing() -> None:
-    pod = running_pod(render.pod(OWNER, SIM))
-    assert observe.status(snap(pod=pod, pod_current=False))["phase"] == "Progressing"
+    pod = running_pod(rendered(SIM))
+    assert status(obs(pod=pod, pod_current=False))["phase"] == "Progressing"
     pod["metadata"]["deletionTimestamp"] = NOW
-    assert observe.status(snap(pod=pod))["message"] == "the serving pod is terminating"
+    assert status(obs(pod=pod))["message"] == "the serving pod is terminating"
 
 
 def test_kv_transfer_verified_needs_both_legs_and_sticks_for_the_pod() -> None:
-    pod = running_pod(render.pod(OWNER, SIM))
-    waiting = observe.status(snap(pod=pod, proxy=ProxyReport(status=proxy_status(transfer=False))))
+    pod = running_pod(rendered(SIM))
+    waiting = status(obs(pod=pod, proxy=ProxyReport(status=proxy_status(transfer=False))))
     assert cond(waiting, "KVTransferVerified")["reason"] == "NoTransferYet"
-    verified = observe.status(snap(pod=pod, proxy=ProxyReport(status=proxy_status())))
+    verified = status(obs(pod=pod, proxy=ProxyReport(status=proxy_status())))
     assert "tx-1" in cond(verified, "KVTransferVerified")["message"]
-    later = observe.status(snap(pod=pod, proxy=ProxyReport(error="timeout"), previous=verified))
+    later = status(obs(pod=pod, proxy=ProxyReport(error="timeout"), previous=verified))
     assert cond(later, "KVTransferVerified")["status"] == "True"
-    new_pod = running_pod(render.pod(OWNER, SIM), uid="pod-uid-2")
-    fresh = observe.status(snap(pod=new_pod, proxy=ProxyReport(error="timeout"), previous=verified))
+    new_pod = running_pod(rendered(SIM), uid="pod-uid-2")
+    fresh = status(obs(pod=new_pod, proxy=ProxyReport(error="timeout"), previous=verified))
     assert cond(fresh, "KVTransferVerified")["reason"] == "ProxyUnreachable"
 
 
 def test_colocated_reports_engine_ready_and_no_kv_transfer() -> None:
-    out = observe.status(snap(spec=COLOCATED, pod=running_pod(render.pod(OWNER, COLOCATED))))
+    out = status(obs(spec=COLOCATED, pod=running_pod(rendered(COLOCATED))))
     kinds = [c["type"] for c in out["conditions"]]
     assert "EngineReady" in kinds and "PrefillReady" not in kinds
     kv = cond(out, "KVTransferVerified")
@@ -110,39 +128,26 @@ def test_colocated_reports_engine_ready_and_no_kv_transfer() -> None:
 
 def test_gpu_assignment_by_strategy() -> None:
     plugin = validate_spec({"model": "m", "kvTransfer": {"rdma": {"resourceName": "rdma/hca_shared_devices_a"}}})
-    assert observe.gpu_assignment(plugin)["prefill"] == "4 (plugin-chosen)"
+    assert observe.gpu_assignment(lay(plugin)).prefill == "4 (plugin-chosen)"
     pinned = validate_spec(
         {"model": "m", "kvTransfer": {"rdma": {"hostNetwork": True}}, "gpuAllocation": {"strategy": "hostDevices"}}
     )
-    assert (observe.gpu_assignment(pinned)["prefill"], observe.gpu_assignment(pinned)["decode"]) == ("0-3", "4-7")
-    roles = observe.role_statuses(pinned, None)
+    assignment = observe.gpu_assignment(lay(pinned))
+    assert (assignment.prefill, assignment.decode) == ("0-3", "4-7")
+    roles = [r.model_dump(by_alias=True, exclude_none=True) for r in observe.role_statuses(lay(pinned), None)]
     assert roles[1]["gpus"] == {"count": 4, "devices": "4-7"} and "gpus" not in roles[2]
 
 
 def test_transition_time_kept_while_status_unchanged() -> None:
-    first = observe.status(snap())
-    later = observe.status(Snapshot(generation=2, now="2026-11-29T09:00:00Z", spec=SIM, previous=first))
+    first = status(obs())
+    later = status(obs(now="2026-11-29T09:00:00Z", previous=first))
     assert cond(later, "Ready")["lastTransitionTime"] == NOW
 
 
 def test_events_for_phase_changes_and_verified_transfer() -> None:
-    pod = running_pod(render.pod(OWNER, SIM))
-    before = observe.status(snap())
-    after = observe.status(snap(pod=pod, proxy=ProxyReport(status=proxy_status()), previous=before))
-    reasons = [e.reason for e in observe.events(before, after)]
+    pod = running_pod(rendered(SIM))
+    before = status(obs())
+    after = status(obs(pod=pod, proxy=ProxyReport(status=proxy_status()), previous=before))
+    reasons = [e.reason for e in observe.events(observe.parse(before), observe.parse(after))]
     assert reasons == ["Ready", "KVTransferVerified"]
-    assert observe.events(after, after) == []
-
-
-def test_pod_action() -> None:
-    desired = render.pod(OWNER, SIM)
-    key = render.ANNOTATION_SPEC_HASH
-    assert observe.pod_action(None, desired, key) == "create"
-    assert observe.pod_action(running_pod(desired), desired, key) == "keep"
-    other = render.pod(OWNER, SIM.model_copy(update={"image": "x:1"}))
-    assert observe.pod_action(running_pod(other), desired, key) == "roll"
-    ended = running_pod(desired)
-    ended["status"]["phase"] = "Failed"
-    assert observe.pod_action(ended, desired, key) == "replace"
-    ended["metadata"]["deletionTimestamp"] = NOW
-    assert observe.pod_action(ended, desired, key) == "wait"
+    assert observe.events(observe.parse(after), observe.parse(after)) == []

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pd_operator import render
+from pd_operator import layout, render
 from pd_operator.commands import render as render_command
 from pd_operator.engine_cmd import engine_command, engine_containers
 from pd_operator.validation import validate_spec
@@ -38,7 +38,7 @@ PINNED_CONNECTOR_KEYS = {
 }
 # Flags the operator renders beyond the appendix: decode in read mode needs piecewise CUDA graphs.
 PIECEWISE = ("--compilation-config", '{"cudagraph_mode":"PIECEWISE"}')
-OWNER = render.Owner(name="qwen", namespace="llm", uid="1234-uid", generation=3)
+OWNER = layout.Owner(name="qwen", namespace="llm", uid="1234-uid", generation=3)
 
 
 def seed_sections() -> dict[str, tuple[dict[str, str], list[str]]]:
@@ -71,6 +71,10 @@ def pairs(args: list[str]) -> list[tuple[str, str | None]]:
     return out
 
 
+def lay(spec: Any) -> layout.Layout:
+    return layout.build(OWNER, spec)
+
+
 def spec_of(example: str, **changes: Any) -> Any:
     doc = load_example(example)
     doc["spec"].update(changes)
@@ -84,7 +88,7 @@ def write_example_in(mode: str, **changes: Any) -> Any:
 
 
 def container(spec: Any, name: str) -> dict[str, Any]:
-    pod = render.pod(OWNER, spec)
+    pod = render.pod(lay(spec))
     return next(c for c in pod["spec"]["containers"] if c["name"] == name)
 
 
@@ -244,10 +248,10 @@ def test_simulated_engine_swaps_only_the_executable(example: str) -> None:
 
 def test_simulated_pod_requests_no_gpus_unless_asked() -> None:
     spec = validate_spec(load_example("simulated-write.yaml")["spec"])
-    for c in render.pod(OWNER, spec)["spec"]["containers"]:
+    for c in render.pod(lay(spec))["spec"]["containers"]:
         assert "amd.com/gpu" not in c.get("resources", {}).get("limits", {})
     reserved = spec.model_copy(update={"simulation": spec.simulation.model_copy(update={"reserve_gpus": True})})
-    limits = [c["resources"].get("limits", {}) for c in render.pod(OWNER, reserved)["spec"]["containers"][:2]]
+    limits = [c["resources"].get("limits", {}) for c in render.pod(lay(reserved))["spec"]["containers"][:2]]
     assert limits == [{"amd.com/gpu": "4"}, {"amd.com/gpu": "4"}]
 
 
@@ -323,7 +327,7 @@ def test_engines_dial_the_proxy_on_loopback_only() -> None:
 
 def test_pod_shape_probes_and_security() -> None:
     spec = spec_of("qwen3-235b-write.yaml")
-    pod = render.pod(OWNER, spec)
+    pod = render.pod(lay(spec))
     assert [c["name"] for c in pod["spec"]["containers"]] == ["prefill", "decode", "proxy"]
     assert pod["metadata"]["ownerReferences"][0] == {
         "apiVersion": "pd.serving.dev/v1alpha1",
@@ -347,8 +351,8 @@ def test_pod_shape_probes_and_security() -> None:
 
 
 def test_spec_change_changes_the_hash() -> None:
-    a = render.pod(OWNER, spec_of("simulated-write.yaml"))
-    b = render.pod(OWNER, spec_of("simulated-write.yaml", image="other:1"))
+    a = render.pod(lay(spec_of("simulated-write.yaml")))
+    b = render.pod(lay(spec_of("simulated-write.yaml", image="other:1")))
     assert (
         a["metadata"]["annotations"][render.ANNOTATION_SPEC_HASH]
         != b["metadata"]["annotations"][render.ANNOTATION_SPEC_HASH]
@@ -356,7 +360,7 @@ def test_spec_change_changes_the_hash() -> None:
 
 
 def test_nic_resource_is_requested_by_engines_only() -> None:
-    pod = render.pod(OWNER, spec_of("qwen3-235b-read.yaml"))
+    pod = render.pod(lay(spec_of("qwen3-235b-read.yaml")))
     limits = [c.get("resources", {}).get("limits", {}) for c in pod["spec"]["containers"]]
     assert limits[0] == limits[1] == {"amd.com/gpu": "4", "rdma/hca_shared_devices_a": "1"}
     assert "rdma/hca_shared_devices_a" not in limits[2] and "hostNetwork" not in pod["spec"]
@@ -369,7 +373,7 @@ def test_host_devices_pin_ranges_and_reserve_the_whole_node() -> None:
         prefill={"gpus": "0-1", "tensorParallelSize": 2},
         decode={"gpus": "4-7"},
     )
-    pod = render.pod(OWNER, spec)
+    pod = render.pod(lay(spec))
     prefill, decode = pod["spec"]["containers"][:2]
     assert (
         env_values(prefill)["CUDA_VISIBLE_DEVICES"] == "0,1" and env_values(decode)["HIP_VISIBLE_DEVICES"] == "4,5,6,7"
@@ -381,7 +385,7 @@ def test_host_devices_pin_ranges_and_reserve_the_whole_node() -> None:
 
 def test_dra_renders_a_claim_template_selecting_by_index_or_pci_address() -> None:
     spec = spec_of("qwen3-235b-write.yaml", gpuAllocation={"strategy": "dra"})
-    objs = render.children(OWNER, spec)
+    objs = render.children(lay(spec)).all
     template = objs[0]
     assert template["kind"] == "ResourceClaimTemplate" and template["metadata"]["name"] == "qwen-gpus"
     requests = template["spec"]["spec"]["devices"]["requests"]
@@ -394,20 +398,20 @@ def test_dra_renders_a_claim_template_selecting_by_index_or_pci_address() -> Non
     assert pod["spec"]["containers"][0]["resources"]["claims"] == [{"name": "gpus", "request": "prefill"}]
     addresses = [f"0000:{i:02x}:00.0" for i in range(8)]
     pinned = spec_of("qwen3-235b-write.yaml", gpuAllocation={"strategy": "dra", "dra": {"pciAddresses": addresses}})
-    expr = render.claim_template(OWNER, pinned)["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]
+    expr = render.claim_template(lay(pinned))["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]
     assert expr["cel"]["expression"].endswith(
         'pciAddr in ["0000:00:00.0", "0000:01:00.0", "0000:02:00.0", "0000:03:00.0"]'
     )
 
 
 def test_service_exposes_only_the_proxy_api_port() -> None:
-    svc = render.service(OWNER, spec_of("qwen3-235b-write.yaml"))
+    svc = render.service(lay(spec_of("qwen3-235b-write.yaml")))
     assert svc["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
     assert svc["spec"]["selector"] == {"pd.serving.dev/deployment": "qwen", "app.kubernetes.io/component": "serving"}
 
 
 def test_network_policy_admits_api_from_anywhere_and_admin_from_the_operator() -> None:
-    policy = render.network_policy(OWNER, spec_of("qwen3-235b-write.yaml"))
+    policy = render.network_policy(lay(spec_of("qwen3-235b-write.yaml")))
     api_rule, admin_rule, self_rule = policy["spec"]["ingress"]
     assert api_rule == {"ports": [{"port": 8000, "protocol": "TCP"}]}
     assert admin_rule["ports"] == [{"port": 8001, "protocol": "TCP"}]
@@ -416,7 +420,7 @@ def test_network_policy_admits_api_from_anywhere_and_admin_from_the_operator() -
 
 
 def test_probe_job_runs_bench_against_the_service() -> None:
-    job = render.probe_job(OWNER, spec_of("simulated-write.yaml"), "qwen-goodput-1")
+    job = render.probe_job(lay(spec_of("simulated-write.yaml")), "qwen-goodput-1")
     c = job["spec"]["template"]["spec"]["containers"][0]
     assert c["command"][:4] == ["pdctl", "bench", "--url", "http://qwen.llm.svc:8000"]
     assert c["command"][-2:] == ["--result-file", "/dev/termination-log"]

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import random
 import sys
 from collections.abc import Sequence
+
+from pd_operator.settings import Settings
 
 DEFAULT_LIVENESS_PORT = 8080
 DEFAULT_METRICS_PORT = 9090
@@ -45,7 +46,17 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: random per process, so replicas never tie; kopf pauses every replica on a tie)",
     )
     parser.add_argument(
-        "--resync-seconds", type=float, default=None, help="period of the status timer per PDDeployment (default 5)"
+        "--resync-seconds",
+        type=float,
+        default=Settings.resync_seconds,
+        help=f"period of the status timer per PDDeployment (default {Settings.resync_seconds:g})",
+    )
+    parser.add_argument(
+        "--drift-repair-seconds",
+        type=float,
+        default=Settings.drift_repair_seconds,
+        help="how often each PDDeployment's Service and NetworkPolicy are re-applied "
+        f"(default {Settings.drift_repair_seconds:g}; spec changes apply at once)",
     )
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     return parser
@@ -58,8 +69,7 @@ def main(argv: Sequence[str]) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if args.resync_seconds is not None:
-        os.environ["PD_OPERATOR_RESYNC_SECONDS"] = str(args.resync_seconds)
+    settings = Settings(resync_seconds=args.resync_seconds, drift_repair_seconds=args.drift_repair_seconds)
     import kopf  # imported late: `pdctl crd` and `pdctl render` never pay for it
     from prometheus_client import start_http_server
 
@@ -73,6 +83,8 @@ def main(argv: Sequence[str]) -> int:
         handlers.__name__,
     )
     kopf.run(
+        registry=handlers.registry(settings),
+        memo=kopf.Memo(operator=handlers.Operator(settings)),
         clusterwide=args.all_namespaces,
         namespaces=args.namespace or (),
         standalone=True if args.standalone else None,

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from pd_operator import api, naming, render
+from pd_operator import api, layout, naming, render
 from pd_operator.validation import SpecError, validate_spec
 
 EXIT_INVALID = 2
@@ -36,10 +36,11 @@ def objects_for(doc: Any, namespace: str | None) -> list[dict[str, Any]]:
         raise SpecError([*problems, *exc.problems]) from exc
     if problems:
         raise SpecError(problems)
-    owner = render.Owner(name=name, namespace=namespace or meta.get("namespace") or "default")
-    objs = render.children(owner, spec)
+    owner = layout.Owner(name=name, namespace=namespace or meta.get("namespace") or "default")
+    lay = layout.build(owner, spec)
+    objs = render.children(lay).all
     if spec.goodput_probe.enabled:
-        objs.append(render.probe_job(owner, spec, f"{name}-goodput-probe"))
+        objs.append(render.probe_job(lay, f"{name}-goodput-probe"))
     return objs
 
 

@@ -1,0 +1,293 @@
+"""Pure: one reconciliation, decided at once. A snapshot of the world in; the status and the actions out.
+
+The handlers gather a :class:`Snapshot` (the PDDeployment, its pods and probe Jobs from kopf's indexes,
+the proxy's report, the time), call :func:`decide`, execute the :data:`Action` list in order and write
+the status patch. When an action fails they decide once more with the failures in the snapshot, so
+that what the user sees (a status message, no "created" Event) follows from the same pure function.
+The serving pod, the probe Job lifecycle (collect, record, delete, start) and drift repair of the
+other children are all decided here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from pd_operator import goodput, layout, observe, render
+from pd_operator.api import RUN_PROBE_ANNOTATION, GoodputStatus, PDDeploymentSpec, PDDeploymentStatus, ProbeState
+from pd_operator.layout import Layout
+from pd_operator.observe import Event, Observation, ProxyReport
+from pd_operator.validation import SpecError, validate_spec
+from pd_operator.views import JobView, PodView, pod_view
+
+Obj = dict[str, Any]
+ERROR_LIMIT = 1024
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One PDDeployment as kopf delivered it."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    spec: Mapping[str, Any]
+    status: Mapping[str, Any] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one reconciliation decides from."""
+
+    deployment: Deployment
+    now: datetime
+    pods: Sequence[PodView] = ()  # the serving pod and probe pods (kopf index)
+    jobs: Sequence[JobView] = ()  # probe Jobs (kopf index)
+    proxy: ProxyReport | None = None  # fetched from proxy_url() beforehand, when it asks for one
+    repair_children: bool = True  # apply the Service, NetworkPolicy (and claim template) this time
+    failed: Mapping[str, str] = field(default_factory=dict)  # Action.key -> error, from executing once
+
+
+# ---- actions ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Apply:
+    """Server-side apply of a child: creates it, repairs drift, or changes nothing."""
+
+    obj: Obj
+
+    @property
+    def key(self) -> str:
+        return f"apply {self.obj['kind']}/{self.obj['metadata']['name']}"
+
+
+@dataclass(frozen=True)
+class Create:
+    obj: Obj
+
+    @property
+    def key(self) -> str:
+        return f"create {self.obj['kind']}/{self.obj['metadata']['name']}"
+
+
+@dataclass(frozen=True)
+class Delete:
+    kind: str
+    name: str
+
+    @property
+    def key(self) -> str:
+        return f"delete {self.kind}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Emit:
+    event: Event
+
+    @property
+    def key(self) -> str:
+        return f"emit {self.event.reason}"
+
+
+Action = Apply | Create | Delete | Emit
+
+
+@dataclass(frozen=True)
+class Decision:
+    status: PDDeploymentStatus
+    patch: Obj  # JSON merge patch of .status; empty when nothing changed
+    actions: tuple[Action, ...]
+
+    @property
+    def events(self) -> list[Event]:
+        return [a.event for a in self.actions if isinstance(a, Emit)]
+
+
+# ---- the serving pod -------------------------------------------------------------------------------------
+
+PodAction = Literal["create", "keep", "replace", "roll", "wait"]
+_POD_EVENTS = {
+    "create": Event("Normal", "CreatedPod", "created the serving pod"),
+    "roll": Event("Normal", "RollingPod", "the spec changed: deleting the serving pod to recreate it"),
+    "replace": Event("Warning", "ReplacingPod", "the serving pod ended: deleting it to recreate it"),
+}
+
+
+def pod_action(live: PodView | None, desired: Obj) -> PodAction:
+    """What to do with the serving pod: create it, keep it, wait for it to go, or delete it to recreate."""
+    if live is None:
+        return "create"
+    if live.deleting:
+        return "wait"
+    if live.ended:
+        return "replace"
+    wanted = desired["metadata"]["annotations"][render.ANNOTATION_SPEC_HASH]
+    return "keep" if live.annotations.get(render.ANNOTATION_SPEC_HASH) == wanted else "roll"
+
+
+@dataclass(frozen=True)
+class PodStep:
+    pod: PodView | None
+    current: bool
+    actions: tuple[Action, ...] = ()
+    error: str | None = None
+
+
+def _pod_step(snap: Snapshot, desired: Obj, live: PodView | None) -> PodStep:
+    verb = pod_action(live, desired)
+    if verb in ("keep", "wait"):
+        return PodStep(live, verb == "keep")
+    act: Action = Create(desired) if verb == "create" else Delete("Pod", desired["metadata"]["name"])
+    failure = snap.failed.get(act.key)
+    if failure is not None:
+        return PodStep(live, False, error=f"cannot {verb} the serving pod: {failure}")
+    pod = pod_view(desired) if verb == "create" else live
+    return PodStep(pod, verb == "create", (act, Emit(_POD_EVENTS[verb])))
+
+
+# ---- the goodput probe -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProbeStep:
+    probe: ProbeState
+    goodput: GoodputStatus | None = None  # a fresh result
+    actions: tuple[Action, ...] = ()
+
+
+def _job_pods(snap: Snapshot, job: str) -> list[PodView]:
+    return [p for p in snap.pods if p.labels.get("job-name") == job]
+
+
+def _record(spec: PDDeploymentSpec, lay: Layout, job: JobView, pods: Sequence[PodView], step: ProbeStep) -> ProbeStep:
+    message = goodput.termination_message(pods)
+    try:
+        if message is None:
+            raise goodput.SummaryError(job.failure)
+        result = goodput.goodput_status(goodput.parse_summary(message), spec, lay)
+    except goodput.SummaryError as exc:
+        error = str(exc)[:ERROR_LIMIT]
+        probe = step.probe.model_copy(update={"last_error": error})
+        return ProbeStep(probe, step.goodput, (*step.actions, Emit(Event("Warning", "GoodputProbeFailed", error))))
+    probe = step.probe.model_copy(update={"last_error": None})
+    return ProbeStep(probe, result, (*step.actions, Emit(Event("Normal", "GoodputMeasured", result.summary))))
+
+
+def _collect(snap: Snapshot, spec: PDDeploymentSpec, lay: Layout, previous: ProbeState) -> tuple[ProbeStep, int]:
+    """Record and delete finished probe Jobs; returns the step and how many Jobs still run."""
+    step, running = ProbeStep(previous), 0
+    for job in snap.jobs:
+        if not job.finished and spec.goodput_probe.enabled:
+            running += 1
+            continue
+        pods = _job_pods(snap, job.name)
+        if job.name == step.probe.job_name:
+            finished = step.probe.model_copy(update={"job_name": None, "last_finished_at": goodput.rfc3339(snap.now)})
+            step = _record(spec, lay, job, pods, ProbeStep(finished, step.goodput, step.actions))
+        deletes = (Delete("Job", job.name), *(Delete("Pod", p.name) for p in pods))
+        step = ProbeStep(step.probe, step.goodput, (*step.actions, *deletes))
+    return step, running
+
+
+@dataclass(frozen=True)
+class ProbeContext:
+    """What decides whether a probe starts now, besides the probe bookkeeping itself."""
+
+    phase: str | None
+    has_result: bool
+    running_jobs: int
+
+
+def _start(snap: Snapshot, spec: PDDeploymentSpec, lay: Layout, step: ProbeStep, ctx: ProbeContext) -> ProbeStep:
+    """Start a probe Job when one is due."""
+    annotations = snap.deployment.annotations
+    inputs = goodput.ProbeInputs(
+        spec=spec,
+        phase=ctx.phase,
+        probe=step.probe,
+        annotations=annotations,
+        has_result=ctx.has_result,
+        running_jobs=ctx.running_jobs,
+        now=snap.now,
+    )
+    trigger = goodput.due(inputs)
+    if trigger is None:
+        return step
+    name = goodput.job_name(snap.deployment.name, snap.now)
+    create = Create(render.probe_job(lay, name))
+    if create.key in snap.failed:
+        return step
+    update: Obj = {"job_name": name, "trigger": trigger, "started_at": goodput.rfc3339(snap.now)}
+    if trigger == "annotation":
+        update["last_annotation"] = annotations.get(RUN_PROBE_ANNOTATION)
+    started = Emit(Event("Normal", "GoodputProbeStarted", f"probe Job {name} ({trigger})"))
+    return ProbeStep(step.probe.model_copy(update=update), step.goodput, (*step.actions, create, started))
+
+
+# ---- decide ------------------------------------------------------------------------------------------------
+
+
+def _owner(d: Deployment) -> layout.Owner:
+    return layout.Owner(name=d.name, namespace=d.namespace, uid=d.uid, generation=d.generation)
+
+
+def serving_pod(snap: Snapshot) -> PodView | None:
+    return next((p for p in snap.pods if p.labels.get(render.LABEL_COMPONENT) == render.COMPONENT_SERVING), None)
+
+
+def proxy_url(snap: Snapshot) -> str | None:
+    """The proxy admin /status to read before deciding (disaggregated, pod has an IP, not yet verified)."""
+    try:
+        spec = validate_spec(snap.deployment.spec)
+    except SpecError:
+        return None
+    pod = serving_pod(snap)
+    previous = observe.parse(snap.deployment.status)
+    if pod is None or not pod.ip or not spec.disaggregated or observe.kv_transfer_verified(previous, pod):
+        return None
+    return f"http://{pod.ip}:{spec.proxy.admin_port}/status"
+
+
+def _decision(previous: Mapping[str, Any], status: PDDeploymentStatus, actions: Sequence[Action]) -> Decision:
+    return Decision(status, observe.merge_patch(previous, observe.wire(status)), tuple(actions))
+
+
+def decide(snap: Snapshot) -> Decision:
+    """The desired status of one PDDeployment and the actions that get the cluster there."""
+    d = snap.deployment
+    previous = observe.parse(d.status)
+    now = goodput.rfc3339(snap.now)
+    try:
+        spec = validate_spec(d.spec)
+    except SpecError as exc:
+        obs = Observation(generation=d.generation, now=now, spec=None, spec_problems=exc.problems, previous=previous)
+        new = observe.status(obs)
+        return _decision(d.status, new, [Emit(e) for e in observe.events(previous, new)])
+    lay = layout.build(_owner(d), spec)
+    children = render.children(lay)
+    repairs: list[Action] = [Apply(obj) for obj in children.applied] if snap.repair_children else []
+    pod = _pod_step(snap, children.pod, serving_pod(snap))
+    collected, running = _collect(snap, spec, lay, previous.probe)
+    obs = Observation(
+        generation=d.generation,
+        now=now,
+        spec=spec,
+        layout=lay,
+        pod=pod.pod,
+        pod_current=pod.current,
+        pod_error=pod.error,
+        proxy=snap.proxy,
+        previous=previous,
+        goodput=collected.goodput,
+    )
+    observed = observe.status(obs)
+    ctx = ProbeContext(observed.phase, observed.goodput is not None, running)
+    probe = _start(snap, spec, lay, collected, ctx)
+    new = observed.model_copy(update={"probe": probe.probe})
+    events = [Emit(e) for e in observe.events(previous, new)]
+    return _decision(d.status, new, [*repairs, *pod.actions, *probe.actions, *events])

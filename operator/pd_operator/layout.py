@@ -1,0 +1,232 @@
+"""Pure: a validated spec -> its layout, every fact the objects need, derived once.
+
+The layout lists every engine instance of the pod with its GPUs, ports, command line, environment,
+resources and devices, then the proxy and the goodput probe. render.py turns a layout into objects and
+observe.py reads engine names, roles and GPUs from it; neither goes back to the spec. Engines are a
+list, so more engines per role mean a longer list, not new branches.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pd_operator.api import PDDeploymentSpec
+from pd_operator.engine_cmd import (
+    EngineContainer,
+    EngineRoleName,
+    EnvEntry,
+    bench_command,
+    bench_env,
+    engine_command,
+    engine_containers,
+    engine_env,
+    proxy_command,
+    proxy_env,
+)
+
+Obj = dict[str, Any]
+GpuStrategy = Literal["devicePlugin", "hostDevices", "dra", "none"]
+STARTUP_PROBE_PERIOD_S = 10
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The PDDeployment the objects belong to; ``uid`` is empty when rendering a file offline."""
+
+    name: str
+    namespace: str = "default"
+    uid: str = ""
+    generation: int = 0
+
+
+def service_url(owner: Owner, port: int) -> str:
+    """The proxy's API behind the Service (the Service is named after the deployment)."""
+    return f"http://{owner.name}.{owner.namespace}.svc:{port}"
+
+
+@dataclass(frozen=True)
+class EngineInstance:
+    """One engine container: what it runs, where it listens, which GPUs and devices it gets."""
+
+    name: str
+    role: EngineRoleName
+    gpus: tuple[int, ...]
+    gpu_range: str  # as the spec wrote it, e.g. "0-3"
+    tensor_parallel_size: int
+    port_prefix: str  # container port names are <prefix>-http, <prefix>-handshake, <prefix>-notify
+    ports: tuple[tuple[str, int], ...]
+    argv: tuple[str, ...]
+    env: tuple[EnvEntry, ...]
+    requests: Mapping[str, str]
+    limits: Mapping[str, str]  # the user's limits plus GPU and NIC extended resources
+    shm_size: str
+    device_selector: str | None  # DRA: the CEL expression pinning this engine's GPUs
+
+
+@dataclass(frozen=True)
+class ProxyInstance:
+    argv: tuple[str, ...]
+    env: tuple[EnvEntry, ...]
+    port: int
+    admin_port: int
+    requests: Mapping[str, str]
+    limits: Mapping[str, str]
+    service_type: str
+
+
+@dataclass(frozen=True)
+class ProbeInstance:
+    """The goodput probe Job's container (only used when probes are enabled)."""
+
+    argv: tuple[str, ...]
+    env: tuple[EnvEntry, ...]
+    timeout_seconds: int
+
+
+@dataclass(frozen=True)
+class ModelVolume:
+    volume: Obj  # the pod volume named "models"
+    mount_path: str
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class Layout:
+    owner: Owner
+    image: str
+    image_pull_policy: str
+    engines: tuple[EngineInstance, ...]
+    proxy: ProxyInstance
+    probe: ProbeInstance
+    gpu_strategy: GpuStrategy  # "none" when the engines reserve no GPUs
+    dra_device_class: str | None  # set when a ResourceClaimTemplate pins the GPUs
+    privileged_engines: bool  # hostDevices with real engines
+    simulated: bool
+    model: ModelVolume | None
+    startup_failure_threshold: int
+    termination_grace_period_seconds: int
+    node_selector: Mapping[str, str]
+    tolerations: tuple[Mapping[str, Any], ...]
+    affinity: Mapping[str, Any] | None
+    priority_class_name: str | None
+    host_network: bool
+
+    def engine(self, name: str) -> EngineInstance | None:
+        return next((e for e in self.engines if e.name == name), None)
+
+
+# ---- engines ----------------------------------------------------------------------------------------------
+
+
+def _port_prefix(eng: EngineContainer) -> str:
+    return {"prefill": "p", "decode": "d"}.get(eng.role, eng.name.replace("engine-", "e"))
+
+
+def _gpu_counts(spec: PDDeploymentSpec, engines: list[EngineContainer]) -> list[int | None]:
+    """GPUs each engine requests as an extended resource (None: none requested).
+
+    hostDevices pins devices through privileged containers and visible-devices variables, yet the
+    pod still requests the node's GPUs so that the scheduler and the device plugin hand them to no
+    one else: the GPUs no engine uses are added to the first engine's request.
+    """
+    if not spec.reserves_gpus or spec.uses_dra:
+        return [None for _ in engines]
+    counts: list[int | None] = [len(e.gpus) for e in engines]
+    if spec.gpu_allocation.strategy == "hostDevices":
+        counts[0] = len(engines[0].gpus) + max(spec.node.gpus_per_node - sum(len(e.gpus) for e in engines), 0)
+    return counts
+
+
+def _device_selector(spec: PDDeploymentSpec, eng: EngineContainer) -> str | None:
+    if not spec.uses_dra:
+        return None
+    dra = spec.gpu_allocation.dra
+    if dra.pci_addresses:
+        listed = ", ".join(json.dumps(dra.pci_addresses[i]) for i in eng.gpus)
+        return f'device.attributes["gpu.amd.com"].pciAddr in [{listed}]'
+    listed = ", ".join(str(i) for i in eng.gpus)
+    return f'device.attributes["gpu.amd.com"].{dra.index_attribute} in [{listed}]'
+
+
+def _engine(spec: PDDeploymentSpec, eng: EngineContainer, gpu_count: int | None) -> EngineInstance:
+    settings = eng.settings
+    limits = dict(settings.resources.limits)
+    if gpu_count is not None:
+        limits[spec.gpu_allocation.resource_name] = str(gpu_count)
+    if spec.uses_nic_resource:
+        rdma = spec.kv_transfer.rdma
+        limits[str(rdma.resource_name)] = str(rdma.resource_count)
+    prefix = _port_prefix(eng)
+    return EngineInstance(
+        name=eng.name,
+        role=eng.role,
+        gpus=tuple(eng.gpus),
+        gpu_range=settings.gpus,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        port_prefix=prefix,
+        ports=tuple((f"{prefix}-{n}", p) for n, p in eng.named_ports),  # every rank's listener
+        argv=tuple(engine_command(spec, eng)),
+        env=tuple(engine_env(spec, eng)),
+        requests=dict(settings.resources.requests),
+        limits=limits,
+        shm_size=settings.shm_size,
+        device_selector=_device_selector(spec, eng),
+    )
+
+
+# ---- the rest ----------------------------------------------------------------------------------------------
+
+
+def _model_volume(spec: PDDeploymentSpec) -> ModelVolume | None:
+    storage = spec.model_storage
+    if storage.persistent_volume_claim:
+        claim = {"claimName": storage.persistent_volume_claim, "readOnly": storage.read_only}
+        volume: Obj = {"name": "models", "persistentVolumeClaim": claim}
+    elif storage.host_path:
+        volume = {"name": "models", "hostPath": {"path": storage.host_path, "type": "DirectoryOrCreate"}}
+    else:
+        return None
+    return ModelVolume(volume, storage.mount_path, storage.read_only)
+
+
+def build(owner: Owner, spec: PDDeploymentSpec) -> Layout:
+    """The one pass from spec to layout."""
+    containers = engine_containers(spec)
+    counts = _gpu_counts(spec, containers)
+    p, probe = spec.proxy, spec.goodput_probe
+    return Layout(
+        owner=owner,
+        image=spec.image,
+        image_pull_policy=spec.image_pull_policy,
+        engines=tuple(_engine(spec, e, c) for e, c in zip(containers, counts, strict=True)),
+        proxy=ProxyInstance(
+            argv=tuple(proxy_command(spec)),
+            env=tuple(proxy_env(spec)),
+            port=p.port,
+            admin_port=p.admin_port,
+            requests=dict(p.resources.requests),
+            limits=dict(p.resources.limits),
+            service_type=p.service_type,
+        ),
+        probe=ProbeInstance(
+            argv=tuple(bench_command(spec, service_url(owner, p.port))),
+            env=tuple(bench_env(spec)),
+            timeout_seconds=probe.timeout_seconds,
+        ),
+        gpu_strategy=spec.gpu_allocation.strategy if spec.reserves_gpus else "none",
+        dra_device_class=spec.gpu_allocation.dra.device_class_name if spec.uses_dra else None,
+        privileged_engines=spec.engine == "vllm" and spec.gpu_allocation.strategy == "hostDevices",
+        simulated=spec.engine == "simulated",
+        model=_model_volume(spec),
+        startup_failure_threshold=math.ceil(spec.model_storage.load_timeout_seconds / STARTUP_PROBE_PERIOD_S),
+        termination_grace_period_seconds=spec.termination_grace_period_seconds,
+        node_selector=spec.effective_node_selector(),
+        tolerations=tuple(spec.node.tolerations),
+        affinity=dict(spec.node.affinity) if spec.node.affinity else None,
+        priority_class_name=spec.node.priority_class_name,
+        host_network=spec.host_network,
+    )

@@ -1,0 +1,17 @@
+"""The operator's settings, parsed once at startup (from `pdctl operator` flags), never at import."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FIELD_MANAGER = "pd-operator"
+
+
+@dataclass(frozen=True)
+class Settings:
+    resync_seconds: float = 5.0  # period of the status timer per PDDeployment
+    drift_repair_seconds: float = (
+        300.0  # how often the Service/NetworkPolicy are re-applied; spec changes apply at once
+    )
+    proxy_timeout_seconds: float = 2.0  # GET of the proxy's admin /status
+    field_manager: str = FIELD_MANAGER  # server-side apply owner of the children's fields

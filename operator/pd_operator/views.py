@@ -1,0 +1,134 @@
+"""Pure: the few facts the operator reads from pods and Jobs, as small typed views built once, at the edge.
+
+kopf's indexes store these views instead of whole objects, so the core never digs through nested
+dicts and the operator's memory grows with what it uses, not with what the kubelet writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+MESSAGE_LIMIT = 1024
+ContainerState = Literal["waiting", "running", "terminated", "unknown"]
+ENDED_PHASES = ("Failed", "Succeeded")
+NO_SUMMARY = "the probe Job ended without a summary"
+
+
+@dataclass(frozen=True)
+class ContainerView:
+    """One containerStatus: readiness, restarts, and the state with its reason and last message."""
+
+    name: str
+    ready: bool = False
+    started: bool = False
+    restart_count: int = 0
+    state: ContainerState = "unknown"
+    reason: str = ""
+    message: str = ""  # the state's message, else the last termination's (truncated)
+    terminated_message: str | None = None  # the full termination message of the current state, if terminated
+
+
+@dataclass(frozen=True)
+class PodView:
+    """A serving or probe pod."""
+
+    name: str
+    uid: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    created: str = ""
+    deleting: bool = False
+    phase: str | None = None
+    reason: str | None = None
+    ip: str | None = None
+    node: str | None = None
+    scheduled: bool = False
+    scheduling_message: str | None = None
+    containers: tuple[ContainerView, ...] = ()
+
+    @property
+    def ended(self) -> bool:
+        return self.phase in ENDED_PHASES
+
+    def container(self, name: str) -> ContainerView | None:
+        return next((c for c in self.containers if c.name == name), None)
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A probe Job: its name, whether it ended, and why it failed."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    finished: bool = False
+    failure: str = NO_SUMMARY
+
+
+def _container(cs: Mapping[str, Any]) -> ContainerView:
+    state = cs.get("state") or {}
+    last = (cs.get("lastState") or {}).get("terminated") or {}
+    kind: ContainerState = "unknown"
+    reason = message = ""
+    terminated_message = None
+    candidates: tuple[ContainerState, ...] = ("waiting", "running", "terminated")
+    for candidate in candidates:
+        if candidate in state:
+            detail = state[candidate] or {}
+            kind = candidate
+            message = str(detail.get("message") or last.get("message") or "")[:MESSAGE_LIMIT]
+            reason = str(detail.get("reason") or ("" if candidate == "running" else last.get("reason", "")))
+            if candidate == "terminated" and detail.get("message"):
+                terminated_message = str(detail["message"])
+            break
+    return ContainerView(
+        name=str(cs.get("name", "")),
+        ready=bool(cs.get("ready")),
+        started=bool(cs.get("started")),
+        restart_count=int(cs.get("restartCount") or 0),
+        state=kind,
+        reason=reason,
+        message=message,
+        terminated_message=terminated_message,
+    )
+
+
+def pod_view(obj: Mapping[str, Any]) -> PodView:
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    conditions: list[Mapping[str, Any]] = status.get("conditions") or []
+    scheduled: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "PodScheduled"), {})
+    return PodView(
+        name=str(meta.get("name", "")),
+        uid=meta.get("uid"),
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        created=str(meta.get("creationTimestamp") or ""),
+        deleting=bool(meta.get("deletionTimestamp")),
+        phase=status.get("phase"),
+        reason=status.get("reason"),
+        ip=status.get("podIP"),
+        node=(obj.get("spec") or {}).get("nodeName"),
+        scheduled=scheduled.get("status") == "True",
+        scheduling_message=scheduled.get("message"),
+        containers=tuple(_container(cs) for cs in status.get("containerStatuses") or []),
+    )
+
+
+def _job_failure(conditions: list[Mapping[str, Any]]) -> str:
+    for cond in conditions:
+        if cond.get("type") == "Failed" and cond.get("status") == "True":
+            return f"{cond.get('reason', 'Failed')}: {cond.get('message', '')}".strip()
+    return NO_SUMMARY
+
+
+def job_view(obj: Mapping[str, Any]) -> JobView:
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    conditions = list(status.get("conditions") or [])
+    ended = any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions)
+    return JobView(
+        name=str(meta.get("name", "")),
+        labels=dict(meta.get("labels") or {}),
+        finished=bool(status.get("succeeded") or status.get("failed") or ended),
+        failure=_job_failure(conditions),
+    )
