@@ -10,7 +10,9 @@ RECONCILES = Counter(
     "pd_operator_reconciles_total", "Reconciliations of PDDeployments, by trigger and result", ["trigger", "result"]
 )
 RECONCILE_ERRORS = Counter(
-    "pd_operator_reconcile_errors_total", "API or proxy errors met while reconciling, by step", ["step"]
+    "pd_operator_reconcile_errors_total",
+    "API or proxy errors met while reconciling, by step (the object kind acted on, or proxy)",
+    ["step"],
 )
 RECONCILE_SECONDS = Histogram(
     "pd_operator_reconcile_duration_seconds",
@@ -19,7 +21,9 @@ RECONCILE_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 CHILD_WRITES = Counter(
-    "pd_operator_child_writes_total", "Children created, patched or deleted, by kind and action", ["kind", "action"]
+    "pd_operator_child_writes_total",
+    "Children created or deleted, by kind and action (server-side applies, usually no-ops, are not counted)",
+    ["kind", "action"],
 )
 PHASES = Gauge(
     "pd_operator_deployment_phase", "1 for the current phase of each PDDeployment", ["namespace", "name", "phase"]
