@@ -969,11 +969,6 @@ class PDDeploymentSpec(ApiModel):
         return self.reserves_gpus and self.gpu_allocation.strategy in ("hostDevices", "dra")
 
     @property
-    def needs_nic(self) -> bool:
-        """MoRI-IO over rdma needs an RDMA NIC inside the pod (even on one node: NIC loopback)."""
-        return self.engine == "vllm" and self.disaggregated and self.kv_transfer.backend == "rdma"
-
-    @property
     def uses_nic_resource(self) -> bool:
         """Engines request the NIC as an extended resource (kvTransfer.rdma.resourceName)."""
         kv = self.kv_transfer
