@@ -119,8 +119,9 @@ def _rss_kib(pid: int, field: str) -> int:
     return 0
 
 
-def _audit_counts(log: Path, since: datetime, until: datetime) -> collections.Counter[str]:
-    counts: collections.Counter[str] = collections.Counter()
+def _audit_events(log: Path, since: datetime, until: datetime) -> list[tuple[float, str, str]]:
+    """(seconds into the window, "verb resource[/subresource]", object name) of each request, once."""
+    found: list[tuple[float, str, str]] = []
     seen: set[str] = set()
     for line in log.read_text().splitlines():
         event = json.loads(line)
@@ -132,8 +133,8 @@ def _audit_counts(log: Path, since: datetime, until: datetime) -> collections.Co
         resource = ref.get("resource", event.get("requestURI", "?"))
         if ref.get("subresource"):
             resource += "/" + ref["subresource"]
-        counts[f"{event['verb']} {resource}"] += 1
-    return counts
+        found.append(((stamp - since).total_seconds(), f"{event['verb']} {resource}", ref.get("name", "")))
+    return found
 
 
 def measure_scale(count: int, steady_s: float) -> dict[str, Any]:
@@ -156,9 +157,13 @@ def measure_scale(count: int, steady_s: float) -> dict[str, Any]:
         window_start = datetime.now(UTC)
         time.sleep(steady_s)
         window_end = datetime.now(UTC)
-        counts = _audit_counts(cp.audit_log, window_start, window_end)
+        requests = _audit_events(cp.audit_log, window_start, window_end)
+        counts = collections.Counter(what for _, what, _ in requests)
         per_pdd_min = sum(counts.values()) / count / (steady_s / 60)
-        status_patches = sum(n for name, n in counts.items() if name == "patch pddeployments/status")
+        patched = [(round(t), name) for t, what, name in requests if what == "patch pddeployments/status"]
+        status_patches = len(patched)
+        if patched:  # what an unchanged deployment should never do: say when and which, to find out why
+            logging.getLogger(__name__).warning("status patches in the window (s, name): %s", patched)
         return {
             "pdds": count,
             "apply_s": applied,
