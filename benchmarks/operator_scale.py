@@ -7,8 +7,9 @@ Part 2 (scale, status-only node agent: pods become Ready without processes): 100
 at once; time until all have their pod and until all are Ready; the operator's peak RSS (VmHWM); and
 the API requests the operator makes per PDDeployment per minute at steady state, counted exactly from the
 API server's audit log (Metadata level, the operator ServiceAccount's group only), and among them the
-status patches of the unchanged PDDeployments (which must be zero). The steady-state window defaults to
-ten minutes so that it includes at least one drift repair (every 300 s) of every deployment.
+status patches of the unchanged PDDeployments (which must be zero). The window opens once no status patch
+has come for 30 s (every deployment reached its final state) and lasts eleven minutes by default, so
+that it includes at least one drift repair (every 300 s) of every deployment.
 
     .venv/bin/python benchmarks/operator_scale.py [--pdds 100] [--samples 3] [--steady-seconds 660]
         [--update-docs]
@@ -41,6 +42,7 @@ DOCS = REPO / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- operator-scale:begin -->", "<!-- operator-scale:end -->"
 GROUP = "/apis/pd.serving.dev/v1alpha1"
 COMMAND = ".venv/bin/python benchmarks/operator_scale.py --update-docs"
+QUIET_S = 30.0
 
 
 def bench_pdd(name: str) -> dict[str, Any]:
@@ -137,6 +139,27 @@ def _audit_events(log: Path, since: datetime, until: datetime) -> list[tuple[flo
     return found
 
 
+def _last_status_patch(log: Path) -> datetime | None:
+    last = None
+    for line in log.read_text().splitlines():
+        event = json.loads(line)
+        ref = event.get("objectRef", {})
+        if event["verb"] == "patch" and ref.get("resource") == "pddeployments" and ref.get("subresource") == "status":
+            last = datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
+    return last
+
+
+def _quiet(cp: ControlPlane, quiet_s: float, timeout_s: float) -> float:
+    """Wait until no status patch came for ``quiet_s`` (every deployment reached its final state)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        last = _last_status_patch(cp.audit_log)
+        if last is None or (datetime.now(UTC) - last).total_seconds() >= quiet_s:
+            return time.monotonic() - start
+        time.sleep(2)
+    raise TimeoutError(f"status patches still coming after {timeout_s:.0f}s")
+
+
 def measure_scale(count: int, steady_s: float) -> dict[str, Any]:
     stack = start_stack(status_only=True, audit=True)
     cp, namespace = stack.cp, "bench-scale"
@@ -153,7 +176,7 @@ def measure_scale(count: int, steady_s: float) -> dict[str, Any]:
         all_pods = time.monotonic() - start
         _until(lambda: len(_ready_names(cp, namespace)) >= count, 600, "all Ready", 0.2)
         all_ready = time.monotonic() - start
-        time.sleep(10)  # let the last status patches settle before the steady-state window
+        settled = _quiet(cp, QUIET_S, 600)  # unchanged from here on: the last status patch is QUIET_S old
         window_start = datetime.now(UTC)
         time.sleep(steady_s)
         window_end = datetime.now(UTC)
@@ -169,6 +192,7 @@ def measure_scale(count: int, steady_s: float) -> dict[str, Any]:
             "apply_s": applied,
             "all_pods_s": all_pods,
             "all_ready_s": all_ready,
+            "settled_s": settled,
             "idle_rss_mib": idle_rss / 1024,
             "peak_rss_mib": _rss_kib(operator.pid, "VmHWM") / 1024,
             "steady_window_s": steady_s,
@@ -213,6 +237,7 @@ PDDeployments applied with one `kubectl apply`):
 | `kubectl apply` of all objects | {scale["apply_s"]:.1f} s |
 | apply -> every PDDeployment has its pod | {scale["all_pods_s"]:.1f} s |
 | apply -> every PDDeployment Ready | {scale["all_ready_s"]:.1f} s |
+| Ready -> no status patch for {QUIET_S:.0f} s (the window opens) | {scale["settled_s"]:.1f} s |
 | operator RSS idle / peak (VmHWM) | {scale["idle_rss_mib"]:.0f} MiB / {scale["peak_rss_mib"]:.0f} MiB |
 | API requests per PDDeployment per minute, steady state ({window}) | {per_min:.3f} |
 | all operator requests / status patches in that window | {scale["requests_in_window"]} / {scale["status_patches"]} |

@@ -225,6 +225,7 @@ def registry(settings: Settings) -> kopf.OperatorRegistry:
     """The operator's handlers, registered with the intervals of these settings."""
     reg = kopf.OperatorRegistry()
     resource = (api.GROUP, api.VERSION, api.PLURAL)
+    kopf.on.login(registry=reg)(kopf.login_via_client)  # the kubernetes client's credentials, as kube.py
     kopf.on.startup(registry=reg)(configure)
     kopf.index("pods", labels=MANAGED_BY, registry=reg)(pd_pods)
     kopf.index("batch", "v1", "jobs", labels=MANAGED_BY, registry=reg)(pd_jobs)

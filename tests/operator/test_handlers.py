@@ -19,6 +19,7 @@ from pd_operator.decide import Deployment, Snapshot
 from pd_operator.handlers import Deps, reconcile
 from pd_operator.kube import APPLY_PATCH, Kube
 from pd_operator.observe import ProxyReport
+from pd_operator.settings import Settings
 from pd_operator.validation import validate_spec
 from pd_operator.views import pod_view
 from tests.operator.podfacts import proxy_status, running_pod
@@ -82,9 +83,10 @@ async def test_proxy_poll_failure_is_a_report(unused_tcp_port: int) -> None:
     assert report.status is None and report.error
 
 
-def test_the_registry_has_one_timer_at_the_configured_interval() -> None:
-    from pd_operator.settings import Settings
-
+def test_the_registry_logs_in_and_has_one_timer_at_the_configured_interval() -> None:
+    """A registry of our own gets none of kopf's default handlers: without a login one, kopf cannot connect."""
     reg = handlers.registry(Settings(resync_seconds=7.5))
     timers = [h for h in reg._spawning.get_all_handlers() if h.id == "resync"]
     assert [t.interval for t in timers] == [7.5]
+    activities = {h.id: h.activity.value for h in reg._activities.get_all_handlers()}
+    assert activities == {"login_via_client": "authentication", "configure": "startup"}
