@@ -659,10 +659,6 @@ _CEL_DISAGG_PORTS = f"[{_cel_role_ports('prefill')}, {_cel_role_ports('decode')}
 _CEL_COLOC_PORTS = f"(self.colocated.engines.map(e, [e.port, e.port]) + [{_CEL_PROXY_PORTS}])"
 
 
-def _disaggregated(s: PDDeploymentSpec) -> bool:
-    return s.mode == "disaggregated"
-
-
 def _within_node(gpus: str, gpus_per_node: int) -> bool:
     bounds = parse_gpu_range(gpus)
     return bounds is None or bounds[1] < gpus_per_node
@@ -676,7 +672,7 @@ def _role_within_node_rule(role: str) -> Rule:
     return Rule(
         cel=f"self.mode != 'disaggregated' || {_cel_within_node(f'self.{role}.gpus')}",
         message=f"{role}.gpus must lie within 0 .. node.gpusPerNode - 1",
-        check=lambda s: not _disaggregated(s) or _within_node(getattr(s, role).gpus, s.node.gpus_per_node),
+        check=lambda s: not s.disaggregated or _within_node(getattr(s, role).gpus, s.node.gpus_per_node),
         field_path=f".{role}.gpus",
     )
 
@@ -712,19 +708,6 @@ _CEL_COLOC_GPUS = (
 )
 
 
-def _needs_rdma_resource(s: PDDeploymentSpec) -> bool:
-    """Real engines on backend rdma need /dev/infiniband: only an RDMA device plugin mounts it.
-
-    hostDevices is the exception: its privileged containers see every device node of the host.
-    """
-    return (
-        s.engine == "vllm"
-        and _disaggregated(s)
-        and s.kv_transfer.backend == "rdma"
-        and s.gpu_allocation.strategy != "hostDevices"
-    )
-
-
 def _one_parallel_dimension_rule(role: str) -> Rule:
     """DP > 1 together with TP > 1 makes two ranks of one engine bind the same side-channel port."""
     return Rule(
@@ -733,7 +716,7 @@ def _one_parallel_dimension_rule(role: str) -> Rule:
         "each rank's handshake and notify listener at base + dp_rank + tp_rank while the dialing side uses "
         "base + dp_rank * remote_tp + tp_rank, so dp0/tp1 and dp1/tp0 collide",
         check=lambda s: (
-            not _disaggregated(s) or 1 in (getattr(s, role).data_parallel_size, getattr(s, role).tensor_parallel_size)
+            not s.disaggregated or 1 in (getattr(s, role).data_parallel_size, getattr(s, role).tensor_parallel_size)
         ),
         field_path=f".{role}.dataParallelSize",
     )
@@ -760,9 +743,7 @@ def _rank_ports_outside_ephemeral_rule(role: str) -> Rule:
         f"dataParallelSize - 2) must lie outside the ephemeral port range {low}-{high}: they bind after the "
         "model has loaded, when vLLM's get_open_port() (and, with hostNetwork, any process on the node) "
         "may already hold a random port there",
-        check=lambda s: (
-            s.engine != "vllm" or not _disaggregated(s) or _outside_ephemeral(_rank_ranges(getattr(s, role)))
-        ),
+        check=lambda s: s.engine != "vllm" or not s.disaggregated or _outside_ephemeral(_rank_ranges(getattr(s, role))),
         field_path=f".{role}.ports",
     )
 
@@ -839,13 +820,13 @@ class PDDeploymentSpec(ApiModel):
             f"{cel_last('self.prefill.gpus')} < {cel_first('self.decode.gpus')} || "
             f"{cel_last('self.decode.gpus')} < {cel_first('self.prefill.gpus')}",
             message="prefill.gpus and decode.gpus must not overlap",
-            check=lambda s: not _disaggregated(s) or _pd_disjoint(s),
+            check=lambda s: not s.disaggregated or _pd_disjoint(s),
             field_path=".decode.gpus",
         ),
         Rule(
             cel=f"self.mode != 'colocated' || ({_CEL_COLOC_GPUS})",
             message="colocated.engines[*].gpus must lie within 0 .. node.gpusPerNode - 1 and must not overlap",
-            check=lambda s: _disaggregated(s) or _colocated_gpus_ok(s),
+            check=lambda s: s.disaggregated or _colocated_gpus_ok(s),
             field_path=".colocated.engines",
         ),
         Rule(
@@ -854,7 +835,7 @@ class PDDeploymentSpec(ApiModel):
             "tensorParallelSize + dataParallelSize - 1 ports from their base) and proxy port, adminPort, "
             "registrationPort",
             check=lambda s: (
-                not _disaggregated(s)
+                not s.disaggregated
                 or ranges_disjoint(_ports_of(s.prefill) + _ports_of(s.decode) + _proxy_ports(s.proxy))
             ),
         ),
@@ -862,7 +843,7 @@ class PDDeploymentSpec(ApiModel):
             cel=f"self.mode != 'colocated' || {cel_ranges_disjoint(_CEL_COLOC_PORTS)}",
             message="ports must be distinct: colocated.engines[*].port and proxy port, adminPort, registrationPort",
             check=lambda s: (
-                _disaggregated(s)
+                s.disaggregated
                 or ranges_disjoint([(e.port, e.port) for e in s.colocated.engines] + _proxy_ports(s.proxy))
             ),
         ),
@@ -872,7 +853,7 @@ class PDDeploymentSpec(ApiModel):
             message="kvTransfer.backend rdma needs an RDMA device in the engine containers: set "
             "kvTransfer.rdma.resourceName, e.g. rdma/hca_shared_devices_a or amd.com/nic; hostNetwork brings "
             "no /dev/infiniband",
-            check=lambda s: not _needs_rdma_resource(s) or s.kv_transfer.rdma.resource_name is not None,
+            check=lambda s: not s.needs_rdma_resource or s.kv_transfer.rdma.resource_name is not None,
             field_path=".kvTransfer.rdma.resourceName",
         ),
         _one_parallel_dimension_rule("prefill"),
@@ -887,7 +868,7 @@ class PDDeploymentSpec(ApiModel):
             "the operator's cudagraph_mode PIECEWISE (MoRI-IO's per-layer KV-read wait cannot run inside full "
             "CUDA graphs), so set cudagraph_mode in it explicitly",
             check=lambda s: (
-                not _disaggregated(s)
+                not s.disaggregated
                 or s.kv_transfer.transfer_mode != "read"
                 or not sets_compilation_config(s.decode.extra_args)
                 or any("cudagraph_mode" in a for a in s.decode.extra_args)
@@ -916,7 +897,7 @@ class PDDeploymentSpec(ApiModel):
             message="kvTransfer.backend xgmi needs gpuAllocation.strategy hostDevices: with devicePlugin or dra "
             "each container sees only its own GPUs, so MoRI-IO cannot reach the peer over XGMI",
             check=lambda s: (
-                not _disaggregated(s) or s.kv_transfer.backend != "xgmi" or s.gpu_allocation.strategy == "hostDevices"
+                not s.disaggregated or s.kv_transfer.backend != "xgmi" or s.gpu_allocation.strategy == "hostDevices"
             ),
             field_path=".kvTransfer.backend",
         ),
@@ -932,7 +913,7 @@ class PDDeploymentSpec(ApiModel):
             "self.goodputProbe.promptTokens + self.goodputProbe.outputTokens <= self.decode.maxModelLen",
             message="goodputProbe.promptTokens + goodputProbe.outputTokens must fit in decode.maxModelLen",
             check=lambda s: (
-                not (s.goodput_probe.enabled and _disaggregated(s) and s.decode.max_model_len)
+                not (s.goodput_probe.enabled and s.disaggregated and s.decode.max_model_len)
                 or s.goodput_probe.prompt_tokens + s.goodput_probe.output_tokens <= (s.decode.max_model_len or 0)
             ),
             field_path=".goodputProbe",
@@ -967,6 +948,19 @@ class PDDeploymentSpec(ApiModel):
     def pins_gpu_devices(self) -> bool:
         """Whether the GPU indices of the spec are the physical ones (hostDevices, dra)."""
         return self.reserves_gpus and self.gpu_allocation.strategy in ("hostDevices", "dra")
+
+    @property
+    def needs_rdma_resource(self) -> bool:
+        """Real engines on backend rdma need /dev/infiniband: only an RDMA device plugin mounts it.
+
+        hostDevices is the exception: its privileged containers see every device node of the host.
+        """
+        return (
+            self.engine == "vllm"
+            and self.disaggregated
+            and self.kv_transfer.backend == "rdma"
+            and self.gpu_allocation.strategy != "hostDevices"
+        )
 
     @property
     def uses_nic_resource(self) -> bool:

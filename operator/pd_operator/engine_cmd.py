@@ -64,7 +64,7 @@ class EngineContainer:
 
 def engine_containers(spec: PDDeploymentSpec) -> list[EngineContainer]:
     """The engines of the pod: prefill and decode, or engine-0 [, engine-1] in colocated mode."""
-    if spec.mode == "colocated":
+    if not spec.disaggregated:
         return [_colocated(i, e) for i, e in enumerate(spec.colocated.engines)]
     p, d = spec.prefill, spec.decode
     return [
@@ -239,13 +239,13 @@ def proxy_command(spec: PDDeploymentSpec) -> list[str]:
         "--mode",
         spec.mode,
     ]
-    if spec.mode == "disaggregated":
+    if spec.disaggregated:
         cmd += ["--transfer-mode", spec.kv_transfer.transfer_mode]
     else:
         for eng in engine_containers(spec):
             cmd += ["--engine", f"http://127.0.0.1:{eng.http_port}"]
     cmd += ["--policy", p.policy, "--admin-port", str(p.admin_port)]
-    if spec.mode == "disaggregated" and p.canary_interval_seconds:
+    if spec.disaggregated and p.canary_interval_seconds:
         cmd += ["--canary-interval", _number(p.canary_interval_seconds)]
     if p.heartbeat_ttl_seconds is not None:
         cmd += ["--heartbeat-ttl", _number(p.heartbeat_ttl_seconds)]
