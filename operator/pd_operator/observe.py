@@ -257,6 +257,9 @@ def kv_transfer_condition(obs: Observation) -> Condition:
     if report is None or obs.pod is None:
         return condition(KV_VERIFIED, False, "NoProxy", "the proxy is not running yet")
     if report.status is None:
+        kept = find(obs.previous.conditions, KV_VERIFIED)
+        if kept is not None and kept.reason == "ProxyUnreachable" and same_pod(obs.previous, obs.pod):
+            return kept.model_copy()  # a timeout after a refusal is no news: the first error's text stays
         return condition(KV_VERIFIED, False, "ProxyUnreachable", f"proxy admin /status: {report.error}")
     last = report.status.get("last_transfer")
     if not isinstance(last, Mapping):

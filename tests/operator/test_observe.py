@@ -117,6 +117,15 @@ def test_kv_transfer_verified_needs_both_legs_and_sticks_for_the_pod() -> None:
     assert cond(fresh, "KVTransferVerified")["reason"] == "ProxyUnreachable"
 
 
+def test_an_unreachable_proxy_writes_no_new_status_when_only_the_error_text_changes() -> None:
+    """Under load one poll times out and the next is refused: the same news, so no status patch."""
+    pod = running_pod(rendered(SIM))
+    refused = status(obs(pod=pod, proxy=ProxyReport(error="ConnectError: All connection attempts failed")))
+    timed_out = status(obs(pod=pod, proxy=ProxyReport(error="ConnectTimeout: "), previous=refused))
+    assert timed_out == refused
+    assert "All connection attempts failed" in cond(timed_out, "KVTransferVerified")["message"]
+
+
 def test_colocated_reports_engine_ready_and_no_kv_transfer() -> None:
     out = status(obs(spec=COLOCATED, pod=running_pod(rendered(COLOCATED))))
     kinds = [c["type"] for c in out["conditions"]]
