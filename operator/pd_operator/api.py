@@ -885,7 +885,7 @@ class PDDeploymentSpec(ApiModel):
             f"{protocol.KV_WAIT_MARGIN_S:g} s: past that, prefill has dropped the KV transfer and the proxy would "
             "wait for KV that never comes",
             check=lambda s: (
-                not _disaggregated(s)
+                not s.disaggregated
                 or s.proxy.timeouts.kv_wait_seconds is None
                 or s.proxy.timeouts.kv_wait_seconds <= s.proxy_kv_wait_limit()
             ),
