@@ -40,6 +40,10 @@ CRASH_REASONS = frozenset(
     }
 )
 KV_VERIFIED = "KVTransferVerified"
+# `pdctl engine` exits with this code (EX_CONFIG) when its preflight refuses to start the engine; its
+# reason is the container's termination message (pd_runtime.launcher.EXIT_PREFLIGHT_FAILED).
+PREFLIGHT_EXIT_CODE = 78
+PREFLIGHT_FAILED = "PreflightFailed"
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,15 @@ def _gpus(layout: Layout, name: str) -> RoleGpus | None:
         return RoleGpus(count=0)
     pinned = layout.gpu_strategy in ("hostDevices", "dra")
     return RoleGpus(count=len(eng.gpus), devices=eng.gpu_range if pinned else None)
+
+
+def preflight_refusals(pod: PodView | None) -> dict[str, str]:
+    """Container name -> the launcher's refusal, for engines whose latest run ended in a failed preflight."""
+    return {
+        c.name: c.ended_message.strip() or "the engine preflight failed"
+        for c in (pod.containers if pod else ())
+        if c.exit_code == PREFLIGHT_EXIT_CODE
+    }
 
 
 def role_statuses(layout: Layout, pod: PodView | None) -> list[RoleStatus]:
@@ -221,9 +234,14 @@ def _pod_not_usable(obs: Observation) -> tuple[str, str] | None:
     return None
 
 
-def _role_condition(kind: str, roles: Sequence[RoleStatus], blocked: tuple[str, str] | None) -> Condition:
+def _role_condition(
+    kind: str, roles: Sequence[RoleStatus], blocked: tuple[str, str] | None, refusals: Mapping[str, str]
+) -> Condition:
     if blocked:
         return condition(kind, False, *blocked)
+    refused = [f"{r.name}: {refusals[r.name]}" for r in roles if r.name in refusals]
+    if refused:
+        return condition(kind, False, PREFLIGHT_FAILED, "; ".join(refused))
     not_ready = [r.name for r in roles if not r.ready]
     if not not_ready:
         return condition(kind, True, "ContainersReady", ", ".join(r.name for r in roles) + " ready")
@@ -300,11 +318,13 @@ def _with_transition_times(
     return out
 
 
-def _role_conditions(layout: Layout, roles: Sequence[RoleStatus], blocked: tuple[str, str] | None) -> list[Condition]:
+def _role_conditions(
+    roles: Sequence[RoleStatus], blocked: tuple[str, str] | None, refusals: Mapping[str, str]
+) -> list[Condition]:
     by_kind: dict[str, list[RoleStatus]] = {}
     for r in roles:
         by_kind.setdefault(ROLE_CONDITION[r.role], []).append(r)
-    return [_role_condition(kind, members, blocked) for kind, members in by_kind.items()]
+    return [_role_condition(kind, members, blocked, refusals) for kind, members in by_kind.items()]
 
 
 # ---- status and events --------------------------------------------------------------------------------------
@@ -327,7 +347,7 @@ def status(obs: Observation) -> PDDeploymentStatus:
     goodput = obs.goodput or obs.previous.goodput
     roles = role_statuses(layout, pod)
     conds = [condition("SpecValid", True, "Valid", "the spec passed validation")]
-    conds += _role_conditions(layout, roles, _pod_not_usable(obs))
+    conds += _role_conditions(roles, _pod_not_usable(obs), preflight_refusals(pod))
     phase, message = phase_of(obs, roles, ready_set(layout).satisfied(conds))
     conds.append(condition("Ready", phase == "Ready", phase, "serving" if phase == "Ready" else "not serving"))
     conds += [kv_transfer_condition(obs), goodput_condition(spec, goodput)]
@@ -366,8 +386,11 @@ def events(old: PDDeploymentStatus, new: PDDeploymentStatus) -> list[Event]:
     if new.phase and new.phase != old.phase:
         found.append(Event(_PHASE_EVENT[new.phase], new.phase, new.message))
     before = {c.type: c.status for c in old.conditions}
+    reasons_before = {c.type: c.reason for c in old.conditions}
     for cond in new.conditions:
         kind, value = cond.type, cond.status
+        if cond.reason == PREFLIGHT_FAILED and reasons_before.get(kind) != PREFLIGHT_FAILED:
+            found.append(Event("Warning", PREFLIGHT_FAILED, cond.message))
         if before.get(kind) == value or value == "Unknown":
             continue
         if kind == "SpecValid" and value == "False":

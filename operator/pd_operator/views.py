@@ -28,6 +28,8 @@ class ContainerView:
     reason: str = ""
     message: str = ""  # the state's message, else the last termination's (truncated)
     terminated_message: str | None = None  # the full termination message of the current state, if terminated
+    exit_code: int | None = None  # of the latest run that ended (the current state, else the last termination)
+    ended_message: str = ""  # that run's full termination message
 
 
 @dataclass(frozen=True)
@@ -77,11 +79,15 @@ def _container(cs: Mapping[str, Any]) -> ContainerView:
         if candidate in state:
             detail = state[candidate] or {}
             kind = candidate
-            message = str(detail.get("message") or last.get("message") or "")[:MESSAGE_LIMIT]
+            # While it waits to restart, the last termination's message says why it ended; the kubelet's
+            # back-off note only says when it retries.
+            first, second = (last, detail) if candidate == "waiting" else (detail, last)
+            message = str(first.get("message") or second.get("message") or "")[:MESSAGE_LIMIT]
             reason = str(detail.get("reason") or ("" if candidate == "running" else last.get("reason", "")))
             if candidate == "terminated" and detail.get("message"):
                 terminated_message = str(detail["message"])
             break
+    ended = state.get("terminated") or last
     return ContainerView(
         name=str(cs.get("name", "")),
         ready=bool(cs.get("ready")),
@@ -91,6 +97,8 @@ def _container(cs: Mapping[str, Any]) -> ContainerView:
         reason=reason,
         message=message,
         terminated_message=terminated_message,
+        exit_code=ended.get("exitCode") if isinstance(ended.get("exitCode"), int) else None,
+        ended_message=str(ended.get("message") or ""),
     )
 
 

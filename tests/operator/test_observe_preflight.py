@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pd_operator import observe, render
-from pd_operator.observe import Snapshot
+from pd_operator import layout, observe, render
+from pd_operator.api import Condition, PDDeploymentSpec, PDDeploymentStatus
+from pd_operator.observe import Observation
 from pd_operator.validation import validate_spec
+from pd_operator.views import pod_view
 from pd_runtime import launcher
 from tests.operator.podfacts import container_status, running_pod
 
-OWNER = render.Owner(name="demo", namespace="ns1", uid="uid-1", generation=2)
+OWNER = layout.Owner(name="demo", namespace="ns1", uid="uid-1", generation=2)
 SIM = validate_spec({"model": "m", "engine": "simulated"})
 COLOCATED = validate_spec({"model": "m", "engine": "simulated", "mode": "colocated"})
 NOW = "2026-11-29T08:00:00Z"
@@ -30,13 +32,19 @@ def crash_looping(name: str, exit_code: int, message: str) -> dict[str, Any]:
     return status
 
 
-def observed(spec: Any, statuses: list[dict[str, Any]], previous: dict[str, Any] | None = None) -> dict[str, Any]:
-    pod = running_pod(render.pod(OWNER, spec), statuses=statuses)
-    return observe.status(Snapshot(generation=2, now=NOW, spec=spec, pod=pod, previous=previous or {}))
+def observed(
+    spec: PDDeploymentSpec, statuses: list[dict[str, Any]], previous: PDDeploymentStatus | None = None
+) -> PDDeploymentStatus:
+    lay = layout.build(OWNER, spec)
+    pod = pod_view(running_pod(render.pod(lay), statuses=statuses))
+    prior = previous or PDDeploymentStatus()
+    return observe.status(Observation(generation=2, now=NOW, spec=spec, layout=lay, pod=pod, previous=prior))
 
 
-def cond(status: dict[str, Any], kind: str) -> dict[str, Any]:
-    return next(c for c in status["conditions"] if c["type"] == kind)
+def cond(status: PDDeploymentStatus, kind: str) -> Condition:
+    found = observe.find(status.conditions, kind)
+    assert found is not None
+    return found
 
 
 def test_the_operator_knows_the_launchers_exit_code() -> None:
@@ -48,12 +56,12 @@ def test_refused_prefill_shows_the_reason_in_condition_roles_phase_and_one_event
     before = observed(SIM, [container_status(n, ready=False) for n in ("prefill", "decode", "proxy")])
     after = observed(SIM, statuses, previous=before)
     prefill_ready = cond(after, "PrefillReady")
-    assert (prefill_ready["status"], prefill_ready["reason"]) == ("False", "PreflightFailed")
-    assert prefill_ready["message"].startswith("prefill: pdctl engine: preflight failed")
-    assert "no /dev/infiniband/uverbs* device" in prefill_ready["message"]
-    assert cond(after, "DecodeReady")["status"] == "True"
-    assert after["roles"][0]["message"] == REFUSAL, "the termination message, not the back-off note"
-    assert after["phase"] == "Degraded" and "uverbs" in after["message"]
+    assert (prefill_ready.status, prefill_ready.reason) == ("False", "PreflightFailed")
+    assert prefill_ready.message.startswith("prefill: pdctl engine: preflight failed")
+    assert "no /dev/infiniband/uverbs* device" in prefill_ready.message
+    assert cond(after, "DecodeReady").status == "True"
+    assert after.roles[0].message == REFUSAL, "the termination message, not the back-off note"
+    assert after.phase == "Degraded" and "uverbs" in after.message
     refusals = [e for e in observe.events(before, after) if e.reason == "PreflightFailed"]
     assert len(refusals) == 1 and refusals[0].type == "Warning" and "uverbs" in refusals[0].message
     again = observed(SIM, statuses, previous=after)
@@ -63,12 +71,12 @@ def test_refused_prefill_shows_the_reason_in_condition_roles_phase_and_one_event
 def test_other_crashes_are_not_called_preflight_failures() -> None:
     statuses = [crash_looping("prefill", 1, "Traceback ..."), container_status("decode"), container_status("proxy")]
     out = observed(SIM, statuses)
-    assert cond(out, "PrefillReady")["reason"] == "ContainersNotReady"
-    assert out["roles"][0]["message"] == "Traceback ..."
-    assert not [e for e in observe.events({}, out) if e.reason == "PreflightFailed"]
+    assert cond(out, "PrefillReady").reason == "ContainersNotReady"
+    assert out.roles[0].message == "Traceback ..."
+    assert not [e for e in observe.events(PDDeploymentStatus(), out) if e.reason == "PreflightFailed"]
 
 
 def test_colocated_engine_refusal_names_the_engine() -> None:
     statuses = [container_status("engine-0"), crash_looping("engine-1", 78, REFUSAL), container_status("proxy")]
     engine_ready = cond(observed(COLOCATED, statuses), "EngineReady")
-    assert engine_ready["reason"] == "PreflightFailed" and engine_ready["message"].startswith("engine-1: ")
+    assert engine_ready.reason == "PreflightFailed" and engine_ready.message.startswith("engine-1: ")
