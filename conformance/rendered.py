@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from pd_operator import render
+from pd_operator import layout, render
 from pd_operator.validation import SpecError, validate_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,7 +25,7 @@ EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 # What the kubelet puts into $(POD_IP) / $(VLLM_HOST_IP) (downward API): loopback, so the same
 # rendered config can also drive engines on this machine.
 POD_IP = "127.0.0.1"
-OWNER = render.Owner(name="conformance", namespace="conformance")
+OWNER = layout.Owner(name="conformance", namespace="conformance")
 _VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
@@ -80,7 +80,7 @@ def engine_cases_of(objects: list[dict[str, Any]], prefix: str) -> Iterator[Engi
 
 
 def pod_of(spec: Any) -> dict[str, Any]:
-    return render.pod(OWNER, spec)
+    return render.pod(layout.build(OWNER, spec))
 
 
 def example_cases() -> list[EngineCase]:

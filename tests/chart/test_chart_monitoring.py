@@ -11,8 +11,8 @@ import pytest
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.utils import floatToGoString
 
+from pd_operator import layout, render
 from pd_operator import metrics as operator_metrics
-from pd_operator import render
 from pd_operator.validation import validate_spec
 from pd_runtime.proxy.metrics import TTFT_BUCKETS, ProxyMetrics
 from pd_runtime.proxy.registry import Registry
@@ -56,8 +56,8 @@ def panel_queries() -> list[tuple[str, str]]:
 
 
 def serving_pods() -> list[dict[str, Any]]:
-    owner = render.Owner(name="x")
-    return [render.pod(owner, validate_spec(load_example(p.name)["spec"])) for p in EXAMPLES]
+    owner = layout.Owner(name="x")
+    return [render.pod(layout.build(owner, validate_spec(load_example(p.name)["spec"]))) for p in EXAMPLES]
 
 
 def metrics_ports(pod: dict[str, Any]) -> set[str]:
@@ -89,7 +89,7 @@ def test_pod_monitor_scrapes_every_metrics_port_of_every_example(pod_monitor: di
 
 def test_pod_monitor_selects_serving_pods_only(pod_monitor: dict[str, Any]) -> None:
     selector = pod_monitor["spec"]["selector"]["matchLabels"]
-    owner = render.Owner(name="x")
+    owner = layout.Owner(name="x")
     assert selector.items() <= render.labels(owner, render.COMPONENT_SERVING).items()
     assert not selector.items() <= render.labels(owner, render.COMPONENT_PROBE).items()
     assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pd_operator import goodput, naming, render
+from pd_operator import goodput, layout, naming, render
 from pd_operator.crd import spec_schema
 from pd_operator.validation import validate_spec
 from tests.operator.conftest import EXAMPLES, load_example
@@ -43,9 +43,9 @@ def test_longest_valid_name_gives_valid_children(path: Any, strategy: str) -> No
     if strategy == "dra":
         raw = {**raw, "engine": "simulated", "simulation": {"reserveGpus": True}, "gpuAllocation": {"strategy": "dra"}}
     spec = validate_spec(raw)
-    owner = render.Owner(name=LONGEST, namespace="a" * 63, uid="u")
-    job = render.probe_job(owner, spec, goodput.job_name(LONGEST, datetime(2026, 12, 1, tzinfo=UTC)))
-    objects = [*render.children(owner, spec), job]
+    lay = layout.build(layout.Owner(name=LONGEST, namespace="a" * 63, uid="u"), spec)
+    job = render.probe_job(lay, goodput.job_name(LONGEST, datetime(2026, 12, 1, tzinfo=UTC)))
+    objects = [*render.children(lay).all, job]
     assert strategy != "dra" or any(o["kind"] == "ResourceClaimTemplate" for o in objects)
     for obj in objects:
         _check_object(obj)
