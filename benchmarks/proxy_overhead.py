@@ -1,27 +1,41 @@
-"""Proxy overhead benchmark (not a test): direct-to-engine vs through `pdctl proxy`, side by side.
+"""Proxy overhead benchmark (not a test): direct-to-engine vs through each proxy, side by side, CPUs pinned.
 
-Two phases against fake engines (one process serving a prefill and a decode port, registering over
-ZMQ like vLLM's G2 heartbeat):
-  latency     64 concurrent closed-loop streams, one chunk every 20 ms: TTFT direct vs through each proxy
-  efficiency  64 concurrent closed-loop streams, chunks as fast as possible: relayed SSE chunks per
-              CPU-second of the proxy process (from /proc/PID/stat), and errors
+The proxy under test runs alone on its own CPU; the load generator (this process) and the fake engines
+share the other one, in every run, direct included, so a proxy's cost is not hidden by or blamed on
+the processes around it. The fake engines are a minimal HTTP/1.1 server on asyncio protocols (one
+process: a prefill port answering at once with ``kv_transfer_params``, a decode port streaming
+vLLM-shaped completion chunks whose ``id`` embeds the X-Request-Id and whose ``bench_sent_ns`` is the
+monotonic clock at the write), registering over ZMQ like vLLM's G2 heartbeat.
 
-    .venv/bin/python benchmarks/proxy_overhead.py [--toy-proxy PATH --toy-python PYTHON] [--json FILE]
+Scenarios: closed-loop streams of ``--chunks`` chunks, one every 20 ms (paced), at 64 and 8 streams,
+with staggered starts (steady state) and all-at-once starts (waves); then saturated streams (chunks as
+fast as the engine writes them). Each target gets the same windows, interleaved in rounds so the
+machine's background load hits all alike. Reported per target: TTFT p50/p99 at the client, the gap
+between chunks (ITL) and each chunk's delivery latency (engine write to client read), requests per
+second, and the proxy's CPU per relayed chunk (a chunk is one SSE event counted at the client).
 
-``--toy-proxy`` points at a local copy of vLLM's moriio_toy_proxy_server.py (never committed here);
-it binds ZMQ port 36367, so only one toy run at a time. Results go to stdout as a Markdown table.
+    .venv/bin/python benchmarks/proxy_overhead.py [--toy-proxy PATH --toy-python PYTHON]
+        [--compare "NAME=PYTHON" ...] [--json FILE] [--profile-with PY_SPY --profile-dir DIR]
+
+``--toy-proxy`` points at a local copy of vLLM's moriio_toy_proxy_server.py (never committed here); it
+binds ZMQ port 36367, so only one toy run at a time. ``--compare`` adds `pdctl proxy` from another
+installation (e.g. a worktree of the previous commit with its own venv). Results go to stdout as
+Markdown tables.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,39 +44,31 @@ import aiohttp
 import msgpack
 import zmq
 import zmq.asyncio
-from aiohttp import web
 
 from pd_runtime import eventloop
 from pd_runtime.localports import free_port
 from pd_runtime.protocol import Registration, g2_payload
 
-CONCURRENCY = 64
 TOY_REGISTRATION = "tcp://127.0.0.1:36367"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PACE_MS = 20.0
+LOAD_CPU, PROXY_CPU = 0, 1
 
 
 # ---------------------------------------------------------------------------------------------
-# Fake engines (subcommand "engine")
+# Fake engines (subcommand "engine"): HTTP/1.1 on asyncio protocols, so they cost next to nothing
 # ---------------------------------------------------------------------------------------------
 
-
-def _chunk(request_id: str, index: int) -> bytes:
-    """A vLLM-shaped completion chunk (the id embeds X-Request-Id, as vLLM's does)."""
-    document = {
-        "id": f"cmpl-{request_id}-0-0a1b2c3d",
-        "object": "text_completion",
-        "created": 1764403200,
-        "model": "bench-model",
-        "choices": [{"index": 0, "text": f" tok{index}", "logprobs": None, "finish_reason": None}],
-        "usage": None,
-    }
-    return b"data: " + json.dumps(document, separators=(",", ":")).encode() + b"\n\n"
+_CHUNK = (
+    b'data: {"id":"cmpl-%s-0-0a1b2c3d","object":"text_completion","created":1764403200,"model":"bench-model",'
+    b'"choices":[{"index":0,"text":" tok%d","logprobs":null,"finish_reason":null}],"usage":null,'
+    b'"bench_sent_ns":%d}\n\n'
+)
+_STAMP = b'"bench_sent_ns":'
 
 
-async def _prefill(request: web.Request) -> web.Response:
-    body = await request.json()
-    params = body.get("kv_transfer_params") or {}
-    return web.json_response(
+def _prefill_answer(transfer_id: Any) -> bytes:
+    return json.dumps(
         {
             "id": "cmpl-x",
             "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
@@ -76,42 +82,94 @@ async def _prefill(request: web.Request) -> web.Response:
                 "remote_notify_port": "6105",
                 "remote_dp_size": 1,
                 "tp_size": 1,
-                "transfer_id": params.get("transfer_id"),
+                "transfer_id": transfer_id,
             },
         }
-    )
+    ).encode()
 
 
-async def _decode(request: web.Request) -> web.StreamResponse:
-    """Streams ``max_tokens`` chunks, ``bench_interval_ms`` apart (0: yield only between chunks)."""
-    body = await request.json()
-    count = int(body.get("max_tokens", 16))
-    interval = float(body.get("bench_interval_ms", 0)) / 1000
-    request_id = request.headers.get("X-Request-Id", "direct")
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await response.prepare(request)
-    for index in range(count):
-        await response.write(_chunk(request_id, index))
-        await asyncio.sleep(interval)
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response
+class FakeEngine(asyncio.Protocol):
+    """One keep-alive connection: POST answers like prefill (JSON) or decode (SSE stream), GET is 200."""
 
+    def __init__(self, decode: bool) -> None:
+        self.decode = decode
+        self.buffer = b""
+        self.transport: asyncio.WriteTransport | None = None
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.streaming: asyncio.Task[None] | None = None
 
-async def _health(request: web.Request) -> web.Response:
-    return web.Response(text="")
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # a TCP transport (uvloop's is no subclass)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.streaming is not None:
+            self.streaming.cancel()
+        self.writable.set()
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while (request := self._next_request()) is not None:
+            self._answer(*request)
+
+    def _next_request(self) -> tuple[bytes, dict[bytes, bytes], bytes] | None:
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            return None
+        lines = self.buffer[:end].split(b"\r\n")
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip()
+        length = int(headers.get(b"content-length", b"0"))
+        if len(self.buffer) < end + 4 + length:
+            return None
+        body = self.buffer[end + 4 : end + 4 + length]
+        self.buffer = self.buffer[end + 4 + length :]
+        return lines[0].split(b" ", 1)[0], headers, body
+
+    def _answer(self, method: bytes, headers: dict[bytes, bytes], body: bytes) -> None:
+        assert self.transport is not None
+        if method != b"POST":
+            self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+            return
+        document = json.loads(body)
+        if not self.decode:
+            params = document.get("kv_transfer_params") or {}
+            answer = _prefill_answer(params.get("transfer_id"))
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                % (len(answer), answer)
+            )
+            return
+        request_id = headers.get(b"x-request-id", b"direct")
+        count = int(document.get("max_tokens", 16))
+        interval = float(document.get("bench_interval_ms", 0)) / 1000
+        self.streaming = asyncio.get_running_loop().create_task(self._stream(request_id, count, interval))
+
+    async def _stream(self, request_id: bytes, count: int, interval: float) -> None:
+        transport = self.transport
+        assert transport is not None
+        transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for index in range(count):
+            event = _CHUNK % (request_id, index, time.monotonic_ns())
+            transport.write(b"%x\r\n%s\r\n" % (len(event), event))
+            await asyncio.sleep(interval)
+            await self.writable.wait()
+        done = b"data: [DONE]\n\n"
+        transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
 
 
 async def _run_engines(prefill_port: int, decode_port: int, registration: list[str]) -> None:
-    runners = []
-    for port, handler in ((prefill_port, _prefill), (decode_port, _decode)):
-        app = web.Application()
-        app.router.add_post("/v1/completions", handler)
-        app.router.add_get("/health", _health)
-        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
-        runners.append(runner)
+    loop = asyncio.get_running_loop()
+    for port, decode in ((prefill_port, False), (decode_port, True)):
+        await loop.create_server(lambda d=decode: FakeEngine(d), "127.0.0.1", port, backlog=4096)  # type: ignore[misc]
     context = zmq.asyncio.Context()
     sockets = []
     for address in registration:
@@ -136,18 +194,33 @@ async def _run_engines(prefill_port: int, decode_port: int, registration: list[s
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    streams: int
+    paced: bool
+    staggered: bool
+
+
 @dataclass
-class PhaseResult:
+class Window:
+    """What one target did in one scenario (all its rounds merged)."""
+
     target: str
-    phase: str
+    scenario: str
     requests: int = 0
     errors: int = 0
     chunks: int = 0
     seconds: float = 0.0
     proxy_cpu_s: float | None = None
     ttft_ms: list[float] = field(default_factory=list)
+    itl_ms: list[float] = field(default_factory=list)
+    delivery_ms: list[float] = field(default_factory=list)
+    duration_s: list[float] = field(default_factory=list)
+    streams: int = 0
+    span: tuple[int, int] = (0, 0)  # monotonic ns; nothing counts outside it
 
-    def add(self, other: PhaseResult) -> None:
+    def add(self, other: Window) -> None:
         self.requests += other.requests
         self.errors += other.errors
         self.chunks += other.chunks
@@ -155,69 +228,111 @@ class PhaseResult:
         if other.proxy_cpu_s is not None:
             self.proxy_cpu_s = (self.proxy_cpu_s or 0.0) + other.proxy_cpu_s
         self.ttft_ms.extend(other.ttft_ms)
+        self.itl_ms.extend(other.itl_ms)
+        self.delivery_ms.extend(other.delivery_ms)
+        self.duration_s.extend(other.duration_s)
+        self.streams = other.streams
 
     def summary(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("ttft_ms")
-        if self.ttft_ms:
-            ordered = sorted(self.ttft_ms)
-            data["ttft_p50_ms"] = statistics.median(ordered)
-            data["ttft_p99_ms"] = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+        data = {k: v for k, v in asdict(self).items() if not k.endswith("_ms") and k not in ("span", "duration_s")}
+        for name in ("ttft_ms", "itl_ms", "delivery_ms"):
+            samples = sorted(getattr(self, name))
+            if samples:
+                data[f"{name[:-3]}_p50_ms"] = statistics.median(samples)
+                data[f"{name[:-3]}_p99_ms"] = samples[min(len(samples) - 1, int(0.99 * len(samples)))]
+        # Closed loop without think time: throughput is streams / mean request time (Little's law), which
+        # does not depend on where the waves of all-at-once starts fall relative to the window.
+        data["requests_per_s"] = self.streams / statistics.fmean(self.duration_s) if self.duration_s else 0.0
+        data["chunks_per_s"] = self.chunks / self.seconds if self.seconds else 0.0
         if self.proxy_cpu_s:
             data["chunks_per_cpu_s"] = self.chunks / self.proxy_cpu_s
-        data["chunks_per_s"] = self.chunks / self.seconds if self.seconds else 0.0
         return data
 
 
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime, all threads
 
 
-async def _one_stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any], result: PhaseResult) -> None:
-    started = time.perf_counter()
-    first: float | None = None
-    received = b""
+def _stamps(data: bytes) -> Iterator[int]:
+    """The engine's write times of the events in one read."""
+    start = data.find(_STAMP)
+    while start >= 0:
+        start += len(_STAMP)
+        end = data.index(b"}", start)
+        yield int(data[start:end])
+        start = data.find(_STAMP, end)
+
+
+async def _one_stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any], window: Window) -> None:
+    """One request. Inside the window (monotonic ns ``window.span``) count: its events read there, its
+    completion there (requests per second) and, when it started there, its latencies."""
+    begin, end = window.span
+    paced = bool(body.get("bench_interval_ms"))
+    started = time.monotonic_ns()
+    first = last = events = 0
+    gaps: list[float] = []
+    delivery: list[float] = []
+    tail = b""
     try:
         async with session.post(url, json=body) as resp:
             async for data in resp.content.iter_any():
-                if first is None:
-                    first = time.perf_counter()
-                received += data
-            ok = resp.status == 200 and received.endswith(b"data: [DONE]\n\n")
+                now = time.monotonic_ns()
+                if not first:
+                    first = now
+                elif paced:
+                    gaps.append((now - last) / 1e6)
+                last = now
+                if begin <= now < end:
+                    events += data.count(b"\n\n")
+                if paced:
+                    delivery.extend((now - sent) / 1e6 for sent in _stamps(data))
+                tail = (tail + data)[-16:]
+            ok = resp.status == 200 and tail.endswith(b"data: [DONE]\n\n")
     except aiohttp.ClientError:
         ok = False
-    result.requests += 1
-    if not ok or first is None:
-        result.errors += 1
-        return
-    result.chunks += received.count(b"\n\n") - 1  # every event but [DONE]
-    result.ttft_ms.append(1000 * (first - started))
+    finished = time.monotonic_ns()
+    if ok and begin <= finished < end:
+        events -= 1  # [DONE] is not a chunk
+    window.chunks += max(0, events)
+    if begin <= finished < end:
+        window.requests += 1
+        window.errors += 0 if ok and first else 1
+    if ok and first and begin <= started < end:
+        window.ttft_ms.append((first - started) / 1e6)
+        window.itl_ms.extend(gaps)
+        window.delivery_ms.extend(delivery)
+        window.duration_s.append((finished - started) / 1e9)
 
 
-async def run_phase(
-    target: str, url: str, phase: str, body: dict[str, Any], seconds: float, proxy_pid: int | None, concurrency: int
-) -> PhaseResult:
-    stagger_s = int(body["max_tokens"]) * float(body.get("bench_interval_ms", 0)) / 1000
-    result = PhaseResult(target, phase)
+async def run_window(
+    target: str, url: str, scenario: Scenario, body: dict[str, Any], seconds: float, proxy_pid: int | None
+) -> Window:
+    """Closed-loop streams; the window opens after one request's duration (staggered starts have all begun)."""
+    request_s = int(body["max_tokens"]) * float(body.get("bench_interval_ms", 0)) / 1000
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
-        await _one_stream(session, url, body, PhaseResult(target, "warmup"))
-        cpu_before = cpu_seconds(proxy_pid) if proxy_pid else None
-        started = time.perf_counter()
-        deadline = started + seconds
+        await _one_stream(session, url, body, Window(target, "warmup"))
+        begin = time.monotonic() + request_s
+        end = begin + seconds
+        span = (int(begin * 1e9), int(end * 1e9))
+        window = Window(target, scenario.name, seconds=seconds, streams=scenario.streams, span=span)
 
         async def client(index: int) -> None:
-            # Staggered starts: in steady state 64 live streams begin at different moments, not in waves.
-            await asyncio.sleep(stagger_s * index / concurrency)
-            while time.perf_counter() < deadline:
-                await _one_stream(session, url, body, result)
+            if scenario.staggered:
+                await asyncio.sleep(request_s * index / scenario.streams)
+            while time.monotonic() < end:
+                await _one_stream(session, url, body, window)
 
-        await asyncio.gather(*(client(i) for i in range(concurrency)))
-        result.seconds = time.perf_counter() - started
-        if proxy_pid and cpu_before is not None:
-            result.proxy_cpu_s = cpu_seconds(proxy_pid) - cpu_before
-    return result
+        async def meter() -> None:
+            await asyncio.sleep(max(0.0, begin - time.monotonic()))
+            before = cpu_seconds(proxy_pid) if proxy_pid else None
+            await asyncio.sleep(max(0.0, end - time.monotonic()))
+            if proxy_pid and before is not None:
+                window.proxy_cpu_s = cpu_seconds(proxy_pid) - before
+
+        await asyncio.gather(meter(), *(client(i) for i in range(scenario.streams)))
+    return window
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,64 +340,114 @@ async def run_phase(
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass
+class Target:
+    name: str
+    url: str
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+
+def _spawn(argv: list[str], cpu: int, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a process pinned to one CPU (its threads inherit the affinity)."""
+    return subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
+    )
+
+
 async def _wait_ready(url: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     body = {"model": "bench-model", "prompt": "hi", "max_tokens": 2, "stream": True}
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
-            try:
+            with contextlib.suppress(aiohttp.ClientError):
                 async with session.post(url, json=body) as resp:
                     if resp.status == 200:
                         await resp.read()
                         return
-            except aiohttp.ClientError:
-                pass
             await asyncio.sleep(0.2)
     raise RuntimeError(f"{url} never became ready")
 
 
-def _spawn(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+def _pdctl_proxy(name: str, python: str, loop: str, registration: str) -> Target:
+    port = free_port()
+    argv = [python, "-m", "pd_runtime.cli", "proxy", "--port", str(port), "--admin-port", str(free_port()),
+            "--registration-address", registration, "--transfer-mode", "write", "--loop", loop]  # fmt: skip
+    return Target(f"{name} ({loop})", f"http://127.0.0.1:{port}/v1/completions", _spawn(argv, PROXY_CPU))
 
 
-async def main_async(args: argparse.Namespace) -> list[PhaseResult]:
-    prefill_port, decode_port = free_port(), free_port()
-    registrations = {loop: f"tcp://127.0.0.1:{free_port()}" for loop in args.loops}
-    addresses = [*registrations.values()] + ([TOY_REGISTRATION] if args.toy_proxy else [])
-    procs = [
-        _spawn([sys.executable, __file__, "engine", str(prefill_port), str(decode_port), *addresses]),
+def scenarios(args: argparse.Namespace) -> list[Scenario]:
+    paced = [
+        Scenario(f"{n} streams, {'staggered' if staggered else 'all at once'}", n, True, staggered)
+        for n in args.streams
+        for staggered in (True, False)
     ]
-    targets: list[tuple[str, str, int | None]] = [("direct", f"http://127.0.0.1:{decode_port}/v1/completions", None)]
-    for loop, registration in registrations.items():
-        port = free_port()
-        proc = _spawn(
-            [sys.executable, "-m", "pd_runtime.cli", "proxy", "--port", str(port), "--admin-port", str(free_port()),
-             "--registration-address", registration, "--transfer-mode", "write", "--loop", loop]
-        )  # fmt: skip
-        procs.append(proc)
-        targets.append((f"pdctl proxy ({loop})", f"http://127.0.0.1:{port}/v1/completions", proc.pid))
+    every = [*paced, Scenario(f"{args.streams[0]} streams, saturated", args.streams[0], False, False)]
+    return [s for s in every if args.only in s.name]
+
+
+@contextlib.contextmanager
+def profiling(args: argparse.Namespace, target: Target, scenario: Scenario) -> Iterator[None]:
+    """py-spy flame graph of one proxy over one window (profile runs only: sampling costs CPU)."""
+    if not args.profile_with or target.pid is None:
+        yield
+        return
+    stem = f"{target.name}-{scenario.name}".replace(" ", "-").replace(",", "").replace("(", "").replace(")", "")
+    out = Path(args.profile_dir) / f"{stem}.{'svg' if args.profile_format == 'flamegraph' else 'txt'}"
+    spy = subprocess.Popen(
+        [args.profile_with, "record", "--pid", str(target.pid), "--rate", "200", "--format", args.profile_format,
+         "--output", str(out), "--nonblocking"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.sched_setaffinity(0, {LOAD_CPU}),
+    )  # fmt: skip
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(timeout=30)
+
+
+async def main_async(args: argparse.Namespace) -> list[Window]:
+    prefill_port, decode_port = free_port(), free_port()
+    pdctl = [("pdctl proxy", sys.executable), *(tuple(c.split("=", 1)) for c in args.compare)]
+    registrations = {(name, loop): f"tcp://127.0.0.1:{free_port()}" for name, _ in pdctl for loop in args.loops}
+    addresses = [*registrations.values()] + ([TOY_REGISTRATION] if args.toy_proxy else [])
+    engines = _spawn([sys.executable, __file__, "engine", str(prefill_port), str(decode_port), *addresses], LOAD_CPU)
+    targets = [Target("direct", f"http://127.0.0.1:{decode_port}/v1/completions")]
+    for name, python in pdctl:
+        targets += [_pdctl_proxy(name, python, loop, registrations[name, loop]) for loop in args.loops]
     if args.toy_proxy:
         port = free_port()
         env = {**os.environ, "PYTHONPATH": str(Path(args.toy_proxy).parent)}
-        proc = _spawn([args.toy_python, args.toy_proxy, "--port", str(port)], env=env)
-        procs.append(proc)
-        targets.append(("vLLM toy proxy", f"http://127.0.0.1:{port}/v1/completions", proc.pid))
-    results: list[PhaseResult] = []
+        toy = _spawn([args.toy_python, args.toy_proxy, "--port", str(port)], PROXY_CPU, env=env)
+        targets.append(Target("vLLM toy proxy", f"http://127.0.0.1:{port}/v1/completions", toy))
+    windows: list[Window] = []
     try:
-        for _, url, _ in targets:
-            await _wait_ready(url)
-        live = {"model": "bench-model", "prompt": "hi", "max_tokens": args.live_chunks, "stream": True,
-                "bench_interval_ms": 20}  # fmt: skip
-        fast = {"model": "bench-model", "prompt": "hi", "max_tokens": args.fast_chunks, "stream": True}
-        # Rounds interleave the targets, so background load on a shared machine hits all of them alike.
-        for phase, body, phase_targets in (("latency", live, targets), ("efficiency", fast, targets[1:])):
-            merged: dict[str, PhaseResult] = {}
+        for target in targets:
+            await _wait_ready(target.url)
+        for scenario in scenarios(args):
+            body: dict[str, Any] = {"model": "bench-model", "prompt": "hi", "max_tokens": args.chunks, "stream": True}
+            if scenario.paced:
+                body["bench_interval_ms"] = PACE_MS
+            merged: dict[str, Window] = {}
             for _ in range(args.rounds):
-                for name, url, pid in phase_targets:
-                    part = await run_phase(name, url, phase, body, args.seconds / args.rounds, pid, args.concurrency)
-                    merged.setdefault(name, PhaseResult(name, phase)).add(part)
-            results.extend(merged.values())
+                for target in targets:
+                    if not scenario.paced and target.pid is None:
+                        continue  # saturated: the proxies' CPU per chunk only
+                    with profiling(args, target, scenario):
+                        part = await run_window(
+                            target.name, target.url, scenario, body, args.seconds / args.rounds, target.pid
+                        )
+                    merged.setdefault(target.name, Window(target.name, scenario.name)).add(part)
+            windows.extend(merged.values())
     finally:
+        procs = [engines, *(t.proc for t in targets if t.proc)]
         for proc in procs:
             proc.terminate()
         for proc in procs:
@@ -291,7 +456,12 @@ async def main_async(args: argparse.Namespace) -> list[PhaseResult]:
             except subprocess.TimeoutExpired:  # the toy proxy ignores SIGTERM
                 proc.kill()
                 proc.wait()
-    return results
+    return windows
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
 
 
 def machine_line(load_before: float) -> str:
@@ -300,67 +470,106 @@ def machine_line(load_before: float) -> str:
 
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return (
-        f"Measured on: {platform.machine()}, {os.cpu_count()} CPUs, load average {load_before:.2f} at start and "
-        f"{os.getloadavg()[0]:.2f} at end, Python {platform.python_version()}, aiohttp {version('aiohttp')}, "
+        f"Measured on: {platform.machine()}, {os.cpu_count()} CPUs (proxy on CPU {PROXY_CPU}, load generator and "
+        f"fake engines on CPU {LOAD_CPU}), load average {load_before:.2f} at start and {os.getloadavg()[0]:.2f} "
+        f"at end, Python {platform.python_version()}, aiohttp {version('aiohttp')}, load generator on "
         f"{eventloop.loop_name()}; {when}."
     )
 
 
-def render(results: list[PhaseResult], concurrency: int) -> str:
-    direct = next(r.summary() for r in results if r.target == "direct")
+def _paced_table(rows: list[dict[str, Any]]) -> list[str]:
+    direct = next((r for r in rows if r["target"] == "direct"), None)
     lines = [
-        f"Latency: {concurrency} concurrent streams, one chunk every 20 ms (TTFT at the client)",
-        "",
-        "| target | requests | errors | TTFT p50 ms | TTFT p99 ms | added p50 ms | added p99 ms "
+        "| target | requests | errors | TTFT p50 / p99 ms | added TTFT p50 / p99 ms | ITL p50 ms | added ITL p50 ms "
+        "| added delivery p50 / p99 ms | requests/s | vs direct | chunks per proxy CPU-s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if direct is None or r is direct or "ttft_p50_ms" not in r:
+            added = "| | | |"
+            ratio = ""
+        else:
+            added = (
+                f"| {r['ttft_p50_ms'] - direct['ttft_p50_ms']:+.2f} / {r['ttft_p99_ms'] - direct['ttft_p99_ms']:+.2f} "
+                f"| {r['itl_p50_ms']:.2f} | {r['itl_p50_ms'] - direct['itl_p50_ms']:+.3f} "
+                f"| {r['delivery_p50_ms'] - direct['delivery_p50_ms']:+.3f} / "
+                f"{r['delivery_p99_ms'] - direct['delivery_p99_ms']:+.2f} |"
+            )
+            ratio = f"{100 * (r['requests_per_s'] / direct['requests_per_s'] - 1):+.1f} %"
+        if r is direct:
+            added = f"| | {r.get('itl_p50_ms', 0):.2f} | | |"
+        cpu = f"{r['chunks_per_cpu_s']:.0f}" if r.get("chunks_per_cpu_s") else ""
+        ttft = f"{r['ttft_p50_ms']:.2f} / {r['ttft_p99_ms']:.2f}" if "ttft_p50_ms" in r else "-"
+        lines.append(
+            f"| {r['target']} | {r['requests']} | {r['errors']} | {ttft} {added} "
+            f"{r['requests_per_s']:.1f} | {ratio} | {cpu} |"
+        )
+    return lines
+
+
+def _saturated_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| target | requests | errors | relayed chunks | chunks/s | proxy CPU s | µs proxy CPU per chunk "
         "| chunks per proxy CPU-s |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for r in (r.summary() for r in results if r.phase == "latency"):
-        lines.append(
-            f"| {r['target']} | {r['requests']} | {r['errors']} | {r['ttft_p50_ms']:.2f} | {r['ttft_p99_ms']:.2f} "
-            f"| {r['ttft_p50_ms'] - direct['ttft_p50_ms']:+.2f} | {r['ttft_p99_ms'] - direct['ttft_p99_ms']:+.2f} "
-            f"| {r.get('chunks_per_cpu_s', 0):.0f} |"
-        )
-    lines += [
-        "",
-        f"Efficiency: {concurrency} closed-loop streams, chunks as fast as possible",
-        "",
-        "| target | requests | errors | relayed chunks | chunks/s | proxy CPU s | chunks per proxy CPU-second |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in (r.summary() for r in results if r.phase == "efficiency"):
+    for r in rows:
+        per_s = r.get("chunks_per_cpu_s") or 0.0
         lines.append(
             f"| {r['target']} | {r['requests']} | {r['errors']} | {r['chunks']} | {r['chunks_per_s']:.0f} "
-            f"| {r['proxy_cpu_s']:.2f} | {r.get('chunks_per_cpu_s', 0):.0f} |"
+            f"| {r['proxy_cpu_s'] or 0:.2f} | {1e6 / per_s if per_s else 0:.2f} | {per_s:.0f} |"
         )
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def render(windows: list[Window], args: argparse.Namespace) -> str:
+    lines: list[str] = []
+    for scenario in scenarios(args):
+        rows = [w.summary() for w in windows if w.scenario == scenario.name]
+        if scenario.paced:
+            lines += [f"**{scenario.name}**, {args.chunks} chunks one every {PACE_MS:g} ms:", ""]
+            lines += _paced_table(rows)
+        else:
+            lines += [f"**{scenario.name}**, {args.chunks} chunks per request as fast as the engine writes:", ""]
+            lines += _saturated_table(rows)
+        lines.append("")
+    return "\n".join(lines)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--concurrency", type=int, default=CONCURRENCY, help="concurrent closed-loop streams")
-    parser.add_argument("--seconds", type=float, default=8.0, help="duration of each phase per target")
-    parser.add_argument("--rounds", type=int, default=4, help="each phase's time is split into this many rounds")
-    parser.add_argument("--live-chunks", type=int, default=25, help="chunks per stream in the latency phase")
-    parser.add_argument("--fast-chunks", type=int, default=200, help="chunks per stream in the efficiency phase")
+    parser.add_argument("--streams", type=int, nargs="+", default=[64, 8], help="concurrent closed-loop streams")
+    parser.add_argument("--chunks", type=int, default=64, help="chunks per request")
+    parser.add_argument("--seconds", type=float, default=6.0, help="measured seconds per target and scenario")
+    parser.add_argument("--rounds", type=int, default=2, help="each target's time is split into this many rounds")
     parser.add_argument("--loops", nargs="+", default=["uvloop", "asyncio"], choices=("uvloop", "asyncio"))
+    parser.add_argument("--compare", action="append", default=[], metavar="NAME=PYTHON",
+                        help="also measure `pdctl proxy` of another installation (its python)")  # fmt: skip
     parser.add_argument("--toy-proxy", default=None, help="path to a local moriio_toy_proxy_server.py")
     parser.add_argument("--toy-python", default=sys.executable, help="python with quart and hypercorn")
+    parser.add_argument("--only", default="", help="run only the scenarios whose name contains this")
     parser.add_argument("--json", default=None, help="also write the summaries to this file")
+    parser.add_argument("--profile-with", default=None, metavar="PY_SPY", help="py-spy: a flame graph per window")
+    parser.add_argument("--profile-dir", default=".", help="where --profile-with writes its files")
+    parser.add_argument("--profile-format", default="flamegraph", choices=("flamegraph", "raw"), help="py-spy's")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str]) -> int:
+    if os.cpu_count() is None or (os.cpu_count() or 0) < 2:
+        sys.stderr.write("needs two CPUs: one for the proxy, one for the load generator and the engines\n")
+        return 2
+    os.sched_setaffinity(0, {LOAD_CPU})
     if argv and argv[0] == "engine":
         prefill_port, decode_port, *registration = argv[1:]
         eventloop.run(_run_engines(int(prefill_port), int(decode_port), registration))
         return 0
     args = parse_args(argv)
     load_before = os.getloadavg()[0]
-    results = eventloop.run(main_async(args))
-    sys.stdout.write(machine_line(load_before) + "\n\n" + render(results, args.concurrency))
+    windows = eventloop.run(main_async(args))
+    sys.stdout.write(machine_line(load_before) + "\n\n" + render(windows, args))
     if args.json:
-        Path(args.json).write_text(json.dumps([r.summary() for r in results], indent=2) + "\n")
+        Path(args.json).write_text(json.dumps([w.summary() for w in windows], indent=2) + "\n")
     return 0
 
 
