@@ -38,6 +38,7 @@ from pd_runtime.proxy.registry import Instance, InstanceRole, Registry
 from pd_runtime.proxy.routing import Candidate, Router, Slot, decode_dp_rank
 from pd_runtime.proxy.sinks import ClientGone, Sink
 from pd_runtime.proxy.status import LastTransfer
+from pd_runtime.proxy.upstream import UpstreamError, UpstreamPool, UpstreamRequest
 
 log = logging.getLogger(__name__)
 
@@ -114,14 +115,15 @@ class Result:
 
 
 class ProxyCore:
-    """Shared state of the request path: registry, router, pooled upstream session, bookkeeping."""
+    """Shared state of the request path: registry, router, pooled upstream connections, bookkeeping."""
 
     def __init__(self, config: ProxyConfig, registry: Registry, router: Router, metrics: ProxyMetrics) -> None:
         self.config = config
         self.registry = registry
         self.router = router
         self.metrics = metrics
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None  # probes and /v1/models; the legs use ``upstream``
+        self.upstream = UpstreamPool(config.timeouts.connect, UPSTREAM_KEEPALIVE_S)
         self.last_transfer: LastTransfer | None = None
         self.in_flight = 0
         self.decode_queue = 0
@@ -130,7 +132,7 @@ class ProxyCore:
         self._background: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        """One pooled session for all upstream traffic (the toy proxy opens one per request, §6.4)."""
+        """Pooled connections for all upstream traffic (the toy proxy opens a session per request, §6.4)."""
         timeouts = self.config.timeouts
         # Idle connections are dropped before vLLM's own 5 s keep-alive (uvicorn) closes them, so a request
         # never lands on a connection the engine is just closing.
@@ -147,6 +149,7 @@ class ProxyCore:
             task.cancel()
         if self._background:
             await asyncio.wait(self._background)
+        self.upstream.close()
         if self.session is not None:
             await self.session.close()
 
@@ -415,6 +418,12 @@ class ProxyCore:
 
     # -- legs ----------------------------------------------------------------------------------
 
+    def _post(self, target: Target, leg: Leg) -> UpstreamRequest:
+        instance = target.instance
+        return self.upstream.post(
+            instance.http_host or instance.host, instance.http_port, leg.path, leg.headers, leg.encoded()
+        )
+
     async def _prefill_with_kv(self, exchange: Exchange) -> None:
         """Write mode: a P answer without kv_transfer_params means no KV will ever reach D."""
         answer = await self._prefill(exchange)
@@ -425,19 +434,18 @@ class ProxyCore:
 
     async def _prefill(self, exchange: Exchange) -> PrefillAnswer:
         """POST the P leg and return its answer (a failure raises LegFailure)."""
-        assert exchange.prefill is not None and exchange.decode is not None and self.session is not None
+        assert exchange.prefill is not None and exchange.decode is not None
         leg = prefill_leg(exchange.request, exchange.prefill, exchange.decode, exchange.ids, self.config.engine_api_key)
-        url = exchange.prefill.instance.base_url + leg.path
         started = time.monotonic()
         try:
             async with asyncio.timeout(self.config.timeouts.prefill):
-                async with self.session.post(url, data=leg.encoded(), headers=leg.headers) as resp:
+                async with self._post(exchange.prefill, leg) as resp:
                     status, body = resp.status, await resp.read()
         except TimeoutError as exc:
             raise LegFailure(
                 "prefill", "timeout", upstream_timeout(f"prefill took longer than {self.config.timeouts.prefill:g} s")
             ) from exc
-        except aiohttp.ClientError as exc:
+        except UpstreamError as exc:
             raise LegFailure(
                 "prefill", "unreachable", upstream_failed("prefill engine unreachable", "prefill_failed")
             ) from exc
@@ -456,9 +464,7 @@ class ProxyCore:
 
     async def _relay(self, exchange: Exchange, target: Target, leg: Leg, name: str, sink: Sink) -> None:
         """POST a decode (or colocated, or plain prefill) leg and pass its answer through, SSE chunk by chunk."""
-        assert self.session is not None
         timeouts = self.config.timeouts
-        url = target.instance.base_url + leg.path
         loop = asyncio.get_running_loop()
         first_deadline = timeouts.first_byte if exchange.request.stream else timeouts.response
         first_byte_due = loop.time() + first_deadline
@@ -470,19 +476,19 @@ class ProxyCore:
                 if exchange.request.stream and name == "decode":
                     exchange.first_byte_timer = deadline
                     exchange.bound_first_byte()
-                async with self.session.post(url, data=leg.encoded(), headers=leg.headers) as resp:
+                async with self._post(target, leg) as resp:
                     if resp.status != 200:
                         body = await resp.read()
                         raise LegFailure(
                             name, "http", upstream_error_for_client(resp.status, body, name, exchange.rewriter)
                         )
-                    content_type = resp.headers.get("Content-Type", "application/json")
+                    content_type = resp.headers.get("content-type", "application/json")
                     if not content_type.startswith("text/event-stream"):
                         body = await resp.read()
                         await sink.whole(200, content_type, exchange.rewriter.whole(body))
                         return
                     last = 0.0
-                    async for data in resp.content.iter_any():
+                    while data := await resp.read_some():
                         out = exchange.rewriter.feed(data)
                         now = loop.time()
                         if out:
@@ -508,7 +514,7 @@ class ProxyCore:
                 raise LegFailure(name, "kv_timeout", kv_transfer_timeout(timeouts.kv_wait)) from exc
             what = f"no chunk for {timeouts.idle:g} s" if streaming else f"no first byte within {first_deadline:g} s"
             raise LegFailure(name, "timeout", upstream_timeout(f"{name} engine timed out: {what}")) from exc
-        except aiohttp.ClientError as exc:
+        except UpstreamError as exc:
             kind = "broken" if streaming else "unreachable"
             raise LegFailure(
                 name, kind, upstream_failed(f"{name} engine failed: connection {kind}", f"{name}_failed")

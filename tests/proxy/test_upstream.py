@@ -1,0 +1,159 @@
+"""The legs' HTTP/1.1 client against real sockets: framing, keep-alive, broken and abandoned answers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from pd_runtime.localports import free_port
+from pd_runtime.proxy.upstream import UpstreamError, UpstreamPool
+
+Serve = Callable[["RawServer"], Awaitable[int]]
+
+
+class RawServer:
+    """Answers each request on a connection with the bytes of ``answers`` in turn, in pieces of ``step`` bytes."""
+
+    def __init__(self, answers: list[bytes], step: int = 0, close_after: bool = False) -> None:
+        self.answers = answers
+        self.step = step
+        self.close_after = close_after
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.disconnected = asyncio.Event()
+        self.port = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
+                self.requests.append(head + await reader.readexactly(length))
+                answer = self.answers[(len(self.requests) - 1) % len(self.answers)]
+                step = self.step or len(answer)
+                for start in range(0, len(answer), step):
+                    writer.write(answer[start : start + step])
+                    await writer.drain()
+                    await asyncio.sleep(0)
+                if self.close_after:
+                    writer.close()
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self.disconnected.set()
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    servers: list[asyncio.Server] = []
+
+    async def start(raw: RawServer) -> int:
+        raw.port = free_port()
+        servers.append(await asyncio.start_server(raw.handle, "127.0.0.1", raw.port))
+        return raw.port
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def _chunked(*events: bytes) -> bytes:
+    body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events)
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + body
+        + b"0\r\n\r\n"
+    )
+
+
+def _json(body: bytes, extra: bytes = b"") -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s" % (
+        len(body),
+        extra,
+        body,
+    )
+
+
+async def _stream(pool: UpstreamPool, port: int) -> tuple[int, str, bytes]:
+    async with pool.post("127.0.0.1", port, "/v1/completions", {"X-Request-Id": "r1"}, b"{}") as resp:
+        pieces = []
+        while data := await resp.read_some():
+            pieces.append(data)
+        return resp.status, resp.headers["content-type"], b"".join(pieces)
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 0])
+async def test_chunked_body_arrives_whole_however_the_bytes_are_split(serve: Serve, step: int) -> None:
+    events = [b"data: one\n\n", b"data: " + b"x" * 300 + b"\n\n", b"data: [DONE]\n\n"]
+    raw = RawServer([_chunked(*events)], step=step)
+    port = await serve(raw)
+    pool = UpstreamPool(connect_timeout=2, keepalive_s=4)
+    assert await _stream(pool, port) == (200, "text/event-stream", b"".join(events))
+    assert await _stream(pool, port) == (200, "text/event-stream", b"".join(events))
+    assert raw.connections == 1  # read to the end: the connection was reused
+    request = raw.requests[0]
+    assert request.startswith(b"POST /v1/completions HTTP/1.1\r\n")
+    assert b"\r\nHost: 127.0.0.1:%d\r\n" % port in request and b"\r\nX-Request-Id: r1\r\n" in request
+    assert request.endswith(b"\r\n\r\n{}")
+    pool.close()
+
+
+async def test_content_length_and_close_delimited_bodies(serve: Serve) -> None:
+    port = await serve(RawServer([_json(b'{"a": 1}'), _json(b"", b"Connection: close\r\n")], step=3))
+    pool = UpstreamPool(connect_timeout=2, keepalive_s=4)
+    async with pool.post("127.0.0.1", port, "/p", {}, b"{}") as resp:
+        assert (resp.status, await resp.read()) == (200, b'{"a": 1}')
+    async with pool.post("127.0.0.1", port, "/p", {}, b"{}") as resp:
+        assert (resp.status, await resp.read()) == (200, b"")
+    close_delimited = RawServer(
+        [b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\n\r\nno engine"], close_after=True
+    )
+    other = await serve(close_delimited)
+    async with pool.post("127.0.0.1", other, "/p", {}, b"{}") as resp:
+        assert (resp.status, await resp.read()) == (502, b"no engine")
+    pool.close()
+
+
+async def test_connection_closed_mid_answer_is_broken_and_before_answer_unreachable(serve: Serve) -> None:
+    truncated = _chunked(b"data: one\n\n", b"data: two\n\n")[:-20]
+    port = await serve(RawServer([truncated], close_after=True))
+    pool = UpstreamPool(connect_timeout=2, keepalive_s=4)
+    with pytest.raises(UpstreamError) as broken:
+        await _stream(pool, port)
+    assert broken.value.answered
+    silent = await serve(RawServer([b""], close_after=True))
+    with pytest.raises(UpstreamError) as closed:
+        await _stream(pool, silent)
+    assert not closed.value.answered
+    with pytest.raises(UpstreamError) as refused:
+        await _stream(pool, free_port())
+    assert not refused.value.answered
+    garbage = await serve(RawServer([b"SSH-2.0-OpenSSH\r\n\r\n"]))
+    with pytest.raises(UpstreamError):
+        await _stream(pool, garbage)
+    pool.close()
+
+
+async def test_an_abandoned_answer_closes_its_connection(serve: Serve) -> None:
+    """How vLLM learns that the client went away: the leg's connection closes, it is never reused."""
+    raw = RawServer([_chunked(*[b"data: x\n\n"] * 50)], step=20)
+    port = await serve(raw)
+    pool = UpstreamPool(connect_timeout=2, keepalive_s=4)
+    async with pool.post("127.0.0.1", port, "/v1/completions", {}, b"{}") as resp:
+        assert await resp.read_some()
+    await asyncio.wait_for(raw.disconnected.wait(), 5)
+    await _stream(pool, port)
+    assert raw.connections == 2
+    pool.close()
+
+
+async def test_a_line_break_in_a_header_value_is_refused() -> None:
+    pool = UpstreamPool(connect_timeout=2, keepalive_s=4)
+    with pytest.raises(ValueError, match="line break"):
+        pool.post("127.0.0.1", 1, "/p", {"X-Request-Id": "a\r\nEvil: 1"}, b"{}")
