@@ -189,7 +189,7 @@ class ProxyCore:
     def _finish(
         self, request: ClientRequest, exchange: Exchange | None, outcome: str, verified: bool, detail: str = ""
     ) -> Result:
-        self.metrics.requests.labels(request.endpoint, outcome).inc()
+        self.metrics.request_done(request.endpoint, outcome)
         if exchange is not None:
             log.info(
                 "request done transfer_id=%s request=%s source=%s prefill=%s decode=%s outcome=%s ms=%.1f %s",
@@ -487,22 +487,28 @@ class ProxyCore:
                         body = await resp.read()
                         await sink.whole(200, content_type, exchange.rewriter.whole(body))
                         return
-                    last = 0.0
+                    # The per-chunk path: one read, the id rewrite, one write, one histogram count.
+                    rewriter, itl, idle, write = exchange.rewriter, self.metrics.itl, timeouts.idle, sink.write
+                    last = due = 0.0
                     while data := await resp.read_some():
-                        out = exchange.rewriter.feed(data)
+                        out = rewriter.feed(data)
                         now = loop.time()
-                        if out:
-                            if not streaming:
+                        if not streaming:
+                            due = deadline.when() or 0.0  # the kv wait may have moved it
+                            if out:
                                 streaming = True
                                 exchange.first_byte_timer = None
                                 await sink.begin_stream(content_type)
                                 self.metrics.ttft.observe(time.monotonic() - exchange.started)
-                            else:
-                                self.metrics.itl.observe(now - last)
+                                last = now
+                                await write(out)
+                        elif out:
+                            itl.observe(now - last)
                             last = now
-                            await sink.write(out)
-                        if abs(now + timeouts.idle - (deadline.when() or 0.0)) > slack:
-                            deadline.reschedule(now + timeouts.idle)
+                            await write(out)
+                        if abs(now + idle - due) > slack:
+                            due = now + idle
+                            deadline.reschedule(due)
                     tail = exchange.rewriter.flush()
                     if not streaming:
                         await sink.begin_stream(content_type)

@@ -285,6 +285,8 @@ class IdRewriter:
     def feed(self, data: bytes) -> bytes:
         if not self._active:
             return data
+        if not self._pending and data.endswith(b"\n\n"):  # what vLLM's reads are: whole events
+            return data.replace(self._internal, self._public)
         if self._pending:
             data = self._pending + data
         end = data.rfind(b"\n\n")

@@ -181,7 +181,7 @@ class ProxyServer:
             raw = await request.read()
             client_request = parse_client_request(raw, endpoint, self.config.mode, self.config.max_tokens_limit)
         except (ApiError, web.HTTPRequestEntityTooLarge) as err:
-            self.metrics.requests.labels(endpoint, "rejected").inc()
+            self.metrics.request_done(endpoint, "rejected")
             raise err
         sink = ClientSink(request)
         await self.core.handle(client_request, sink)
