@@ -376,9 +376,10 @@ async def _wait_ready(url: str, timeout: float = 30) -> None:
     raise RuntimeError(f"{url} never became ready")
 
 
-def _pdctl_proxy(name: str, python: str, loop: str, registration: str) -> Target:
+def _pdctl_proxy(name: str, command: list[str], loop: str, registration: str) -> Target:
+    """`pdctl proxy` (or a program taking its flags) with its defaults, in write mode."""
     port = free_port()
-    argv = [python, "-m", "pd_runtime.cli", "proxy", "--port", str(port), "--admin-port", str(free_port()),
+    argv = [*command, "--port", str(port), "--admin-port", str(free_port()),
             "--registration-address", registration, "--transfer-mode", "write", "--loop", loop]  # fmt: skip
     return Target(f"{name} ({loop})", f"http://127.0.0.1:{port}/v1/completions", _spawn(argv, PROXY_CPU))
 
@@ -402,7 +403,7 @@ def profiling(args: argparse.Namespace, target: Target, scenario: Scenario) -> I
     stem = f"{target.name}-{scenario.name}".replace(" ", "-").replace(",", "").replace("(", "").replace(")", "")
     out = Path(args.profile_dir) / f"{stem}.{'svg' if args.profile_format == 'flamegraph' else 'txt'}"
     spy = subprocess.Popen(
-        [args.profile_with, "record", "--pid", str(target.pid), "--rate", "200", "--format", args.profile_format,
+        [args.profile_with, "record", "--pid", str(target.pid), "--rate", "500", "--format", args.profile_format,
          "--output", str(out), "--nonblocking"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.sched_setaffinity(0, {LOAD_CPU}),
     )  # fmt: skip
@@ -415,13 +416,17 @@ def profiling(args: argparse.Namespace, target: Target, scenario: Scenario) -> I
 
 async def main_async(args: argparse.Namespace) -> list[Window]:
     prefill_port, decode_port = free_port(), free_port()
-    pdctl = [("pdctl proxy", sys.executable), *(tuple(c.split("=", 1)) for c in args.compare)]
+    pdctl = [("pdctl proxy", [sys.executable, "-m", "pd_runtime.cli", "proxy"])]
+    compare = (c.split("=", 1) for c in args.compare)
+    pdctl += [(name, [python, "-m", "pd_runtime.cli", "proxy"]) for name, python in compare]
+    if args.prototype:
+        pdctl.append((f"prototype {Path(args.prototype).stem}", [sys.executable, args.prototype]))
     registrations = {(name, loop): f"tcp://127.0.0.1:{free_port()}" for name, _ in pdctl for loop in args.loops}
     addresses = [*registrations.values()] + ([TOY_REGISTRATION] if args.toy_proxy else [])
     engines = _spawn([sys.executable, __file__, "engine", str(prefill_port), str(decode_port), *addresses], LOAD_CPU)
     targets = [Target("direct", f"http://127.0.0.1:{decode_port}/v1/completions")]
-    for name, python in pdctl:
-        targets += [_pdctl_proxy(name, python, loop, registrations[name, loop]) for loop in args.loops]
+    for name, command in pdctl:
+        targets += [_pdctl_proxy(name, command, loop, registrations[name, loop]) for loop in args.loops]
     if args.toy_proxy:
         port = free_port()
         env = {**os.environ, "PYTHONPATH": str(Path(args.toy_proxy).parent)}
@@ -545,6 +550,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--loops", nargs="+", default=["uvloop", "asyncio"], choices=("uvloop", "asyncio"))
     parser.add_argument("--compare", action="append", default=[], metavar="NAME=PYTHON",
                         help="also measure `pdctl proxy` of another installation (its python)")  # fmt: skip
+    parser.add_argument("--prototype", default=None, help="a script taking pdctl proxy's flags, e.g. the raw server")
     parser.add_argument("--toy-proxy", default=None, help="path to a local moriio_toy_proxy_server.py")
     parser.add_argument("--toy-python", default=sys.executable, help="python with quart and hypercorn")
     parser.add_argument("--only", default="", help="run only the scenarios whose name contains this")
