@@ -26,6 +26,8 @@ ProxyMode = Literal["disaggregated", "colocated"]
 MaxTokensPolicy = Literal["exact", "decrement"]
 
 TOKEN_LIMIT_KEYS = ("max_tokens", "max_completion_tokens")
+# One encoder for every leg: json.dumps with separators builds a new encoder per call.
+_compact_json = json.JSONEncoder(separators=(",", ":")).encode
 # Fields a client may send that would let it forge the transfer (§9.1 item 2).
 CLIENT_FORBIDDEN_KEYS = ("kv_transfer_params", "request_id")
 
@@ -77,7 +79,7 @@ class Leg:
     body: dict[str, Any]
 
     def encoded(self) -> bytes:
-        return json.dumps(self.body, separators=(",", ":")).encode()
+        return _compact_json(self.body).encode()
 
 
 # ---------------------------------------------------------------------------------------------
