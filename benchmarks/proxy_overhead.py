@@ -427,6 +427,12 @@ async def main_async(args: argparse.Namespace) -> list[Window]:
     targets = [Target("direct", f"http://127.0.0.1:{decode_port}/v1/completions")]
     for name, command in pdctl:
         targets += [_pdctl_proxy(name, command, loop, registrations[name, loop]) for loop in args.loops]
+    if args.go_relay:
+        port = free_port()
+        argv = [args.go_relay, "--port", str(port), "--prefill", f"127.0.0.1:{prefill_port}",
+                "--decode", f"127.0.0.1:{decode_port}"]  # fmt: skip
+        relay = _spawn(argv, PROXY_CPU, env={**os.environ, "GOMAXPROCS": "1"})
+        targets.append(Target("prototype go-relay", f"http://127.0.0.1:{port}/v1/completions", relay))
     if args.toy_proxy:
         port = free_port()
         env = {**os.environ, "PYTHONPATH": str(Path(args.toy_proxy).parent)}
@@ -551,6 +557,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--compare", action="append", default=[], metavar="NAME=PYTHON",
                         help="also measure `pdctl proxy` of another installation (its python)")  # fmt: skip
     parser.add_argument("--prototype", default=None, help="a script taking pdctl proxy's flags, e.g. the raw server")
+    parser.add_argument("--go-relay", default=None, help="binary of benchmarks/prototypes/go-relay (go build)")
     parser.add_argument("--toy-proxy", default=None, help="path to a local moriio_toy_proxy_server.py")
     parser.add_argument("--toy-python", default=sys.executable, help="python with quart and hypercorn")
     parser.add_argument("--only", default="", help="run only the scenarios whose name contains this")

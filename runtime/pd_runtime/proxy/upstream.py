@@ -144,18 +144,37 @@ class _Connection(asyncio.Protocol):
         return head[end + 4 :]
 
     def _parse_chunked(self, data: bytes) -> None:
+        """Chunked framing off, body bytes out. vLLM writes one SSE event per chunk and a read holds whole
+        chunks, so a chunk found whole is taken in one step (the profile's hottest lines were here)."""
         if self._partial:
             data, self._partial = self._partial + data, b""
         pos, size, out = 0, len(data), []
+        step, left = self._step, self._left
         while pos < size:
-            step = self._step
-            if step == "data":
-                end = min(size, pos + self._left)
+            if step == "size":
+                end = data.find(b"\r\n", pos)
+                if end < 0:
+                    self._partial = data[pos:]
+                    break
+                line = data[pos:end]
+                left = int(line.split(b";", 1)[0] if b";" in line else line, 16)
+                pos = end + 2
+                if not left:
+                    step = "trailer"
+                elif pos + left + 2 <= size:  # the whole chunk and its CRLF are here
+                    if data[pos + left : pos + left + 2] != b"\r\n":
+                        raise ValueError("chunk not followed by CRLF")
+                    out.append(data[pos : pos + left])
+                    pos += left + 2
+                else:
+                    step = "data"
+            elif step == "data":
+                end = min(size, pos + left)
                 out.append(data[pos:end])
-                self._left -= end - pos
+                left -= end - pos
                 pos = end
-                if not self._left:
-                    self._step = "crlf"
+                if not left:
+                    step = "crlf"
             elif step == "crlf":
                 if size - pos < 2:
                     self._partial = data[pos:]
@@ -163,21 +182,17 @@ class _Connection(asyncio.Protocol):
                 if data[pos : pos + 2] != b"\r\n":
                     raise ValueError("chunk not followed by CRLF")
                 pos += 2
-                self._step = "size"
-            else:
+                step = "size"
+            else:  # trailer: lines up to the empty one after the last chunk
                 end = data.find(b"\r\n", pos)
                 if end < 0:
                     self._partial = data[pos:]
                     break
-                line = data[pos:end]
+                if end == pos:
+                    self.complete = True
+                    break
                 pos = end + 2
-                if step == "trailer":
-                    if not line:  # the empty line after the last chunk (and any trailers)
-                        self.complete = True
-                        break
-                    continue
-                self._left = int(line.split(b";", 1)[0], 16)
-                self._step = "data" if self._left else "trailer"
+        self._step, self._left = step, left
         if out:
             self._push(out[0] if len(out) == 1 else b"".join(out))
 

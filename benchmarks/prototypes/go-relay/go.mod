@@ -1,0 +1,3 @@
+module pdoperator/benchmarks/go-relay
+
+go 1.21
