@@ -157,3 +157,16 @@ async def test_a_line_break_in_a_header_value_is_refused() -> None:
     pool = UpstreamPool(connect_timeout=2, keepalive_s=4)
     with pytest.raises(ValueError, match="line break"):
         pool.post("127.0.0.1", 1, "/p", {"X-Request-Id": "a\r\nEvil: 1"}, b"{}")
+
+
+async def test_a_slow_reader_pauses_the_socket_and_still_gets_every_byte(serve: Serve) -> None:
+    events = [b"data: %d %s\n\n" % (i, b"y" * 4000) for i in range(300)]  # about 1.2 MB, past PAUSE_BYTES
+    port = await serve(RawServer([_chunked(*events)]))
+    pool = UpstreamPool(connect_timeout=2, keepalive_s=4)
+    async with pool.post("127.0.0.1", port, "/v1/completions", {}, b"{}") as resp:
+        await asyncio.sleep(0.2)  # the engine writes everything meanwhile; the client stops reading
+        received = []
+        while data := await resp.read_some():
+            received.append(data)
+    assert b"".join(received) == b"".join(events)
+    pool.close()

@@ -237,7 +237,7 @@ class _Connection(asyncio.Protocol):
         data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         pieces.clear()
         self._buffered = 0
-        if self._paused and self.transport is not None:
+        if self._paused and not self.closed and self.transport is not None:
             self._paused = False
             self.transport.resume_reading()
         return data
