@@ -312,7 +312,7 @@ async def run_window(
     request_s = int(body["max_tokens"]) * float(body.get("bench_interval_ms", 0)) / 1000
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
-        await _one_stream(session, url, body, Window(target, "warmup"))
+        await _one_stream(session, url, {**body, "max_tokens": 2}, Window(target, "warmup"))  # connections up
         begin = time.monotonic() + request_s
         end = begin + seconds
         span = (int(begin * 1e9), int(end * 1e9))
@@ -420,7 +420,7 @@ async def main_async(args: argparse.Namespace) -> list[Window]:
     compare = (c.split("=", 1) for c in args.compare)
     pdctl += [(name, [python, "-m", "pd_runtime.cli", "proxy"]) for name, python in compare]
     if args.prototype:
-        pdctl.append((f"prototype {Path(args.prototype).stem}", [sys.executable, args.prototype]))
+        pdctl.append((Path(args.prototype).stem, [sys.executable, args.prototype]))
     registrations = {(name, loop): f"tcp://127.0.0.1:{free_port()}" for name, _ in pdctl for loop in args.loops}
     addresses = [*registrations.values()] + ([TOY_REGISTRATION] if args.toy_proxy else [])
     engines = _spawn([sys.executable, __file__, "engine", str(prefill_port), str(decode_port), *addresses], LOAD_CPU)
@@ -432,7 +432,7 @@ async def main_async(args: argparse.Namespace) -> list[Window]:
         argv = [args.go_relay, "--port", str(port), "--prefill", f"127.0.0.1:{prefill_port}",
                 "--decode", f"127.0.0.1:{decode_port}"]  # fmt: skip
         relay = _spawn(argv, PROXY_CPU, env={**os.environ, "GOMAXPROCS": "1"})
-        targets.append(Target("prototype go-relay", f"http://127.0.0.1:{port}/v1/completions", relay))
+        targets.append(Target("go-relay prototype", f"http://127.0.0.1:{port}/v1/completions", relay))
     if args.toy_proxy:
         port = free_port()
         env = {**os.environ, "PYTHONPATH": str(Path(args.toy_proxy).parent)}
