@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pd_operator import goodput, layout, observe, render
 from pd_operator.api import RUN_PROBE_ANNOTATION, GoodputStatus, PDDeploymentSpec, PDDeploymentStatus, ProbeState
@@ -56,23 +56,27 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
-class Apply:
-    """Server-side apply of a child: creates it, repairs drift, or changes nothing."""
+class _ObjectAction:
+    """An action on a whole rendered object; its key names the verb and the object."""
 
     obj: Obj
+    verb: ClassVar[str]
 
     @property
     def key(self) -> str:
-        return f"apply {self.obj['kind']}/{self.obj['metadata']['name']}"
+        return f"{self.verb} {self.obj['kind']}/{self.obj['metadata']['name']}"
 
 
 @dataclass(frozen=True)
-class Create:
-    obj: Obj
+class Apply(_ObjectAction):
+    """Server-side apply of a child: creates it, repairs drift, or changes nothing."""
 
-    @property
-    def key(self) -> str:
-        return f"create {self.obj['kind']}/{self.obj['metadata']['name']}"
+    verb = "apply"
+
+
+@dataclass(frozen=True)
+class Create(_ObjectAction):
+    verb = "create"
 
 
 @dataclass(frozen=True)
