@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import yaml
 
+from e2e import netns
 from e2e import pki as pki_mod
 from e2e.procs import ProcRef, spawn, stop
 from pd_runtime.localports import free_port
@@ -35,6 +36,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "e2e" / "build-control-plane.sh"
 DEFAULT_STATE_DIR = Path(os.environ.get("PD_E2E_STATE_DIR", "/tmp/pd-operator-e2e/cluster"))
 SERVICE_CIDR = "10.0.0.0/24"
+CLUSTER_CIDR_PREFIX = 20  # 16 nodes of /24 each (--node-cidr-mask-size)
 
 
 def binaries_dir() -> Path:
@@ -53,6 +55,7 @@ class ControlPlane:
     bin_dir: Path
     api_port: int = 0
     admin_token: str = ""
+    cluster_cidr: str = ""  # pods of all nodes; each node gets a /24 of it as spec.podCIDR
     procs: list[ProcRef] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
     audit_groups: list[str] = field(default_factory=list)  # audit requests of these groups (benchmarks)
@@ -91,6 +94,7 @@ class ControlPlane:
             "bin_dir": str(self.bin_dir),
             "api_port": self.api_port,
             "admin_token": self.admin_token,
+            "cluster_cidr": self.cluster_cidr,
             "procs": [p.as_dict() for p in self.procs],
             "extras": self.extras,
         }
@@ -104,6 +108,7 @@ class ControlPlane:
             bin_dir=Path(state["bin_dir"]),
             api_port=state["api_port"],
             admin_token=state["admin_token"],
+            cluster_cidr=state.get("cluster_cidr", ""),
             procs=[ProcRef.from_dict(p) for p in state["procs"]],
             extras=state.get("extras", {}),
         )
@@ -140,6 +145,7 @@ class ControlPlane:
         material = pki_mod.generate(self.workdir / "pki")
         self.admin_token = material.admin_token
         self.api_port = free_port()
+        self.cluster_cidr = str(netns.choose_subnet(CLUSTER_CIDR_PREFIX))
         self.save()
         etcd_url = self._start_etcd(detach)
         self._start_apiserver(material, etcd_url, detach)
@@ -241,6 +247,10 @@ class ControlPlane:
             f"--service-account-private-key-file={material.sa_private}",
             "--use-service-account-credentials=true",
             "--concurrent-gc-syncs=10",
+            "--allocate-node-cidrs=true",  # node IPAM: each node's spec.podCIDR, as on a kubenet-style cluster
+            f"--cluster-cidr={self.cluster_cidr}",
+            "--node-cidr-mask-size=24",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
         ]
         self._spawn("kube-controller-manager", argv, detach)
 

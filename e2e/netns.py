@@ -1,15 +1,22 @@
-"""Pod networking for the node agent: one network namespace per pod, veth pairs to a private bridge.
+"""Pod networking for the node agent: one network namespace per pod, veth pairs to a bridge.
 
 The node's own host network is a namespace too (`pd-<id>-node`, on the bridge like a pod): the node's
 InternalIP, the kubelet endpoint and every hostNetwork pod live there, never in the machine's own
 network namespace, so the fixed ports of hostNetwork pods cannot collide with anything on the machine,
 and two hostNetwork pods on this node collide with each other exactly as on a real node.
 
-Pods get no default route: anything beyond the bridge is unreachable at once (no traffic leaves the
-machine, and nothing hangs waiting for it). Every name carries the agent's run id (`pdbr<id>`,
-`pd-<id>-<n>`, `pdv<id>n<n>`), so two agents on one machine never clash and a crashed run can be swept
-by id. Addresses come from a /24 inside 10.213.0.0/16 that no interface uses yet; traffic stays inside
-namespaces and the bridge this module creates.
+Several nodes form one cluster network: every agent of a cluster plugs its namespaces into the same
+bridge (the stack creates it, `pdcl<id>`), each node with its own /24 pod CIDR (`node.spec.podCIDR`,
+allocated by the real kube-controller-manager from the cluster CIDR). Every namespace gets an on-link
+route to the whole cluster CIDR, so a pod reaches a pod on another node by its IP, directly over the
+bridge, as on a flat pod network; the machine's address in each node's /24 (on the bridge) is how
+tests and the API server reach pods and kubelets. A standalone agent makes a private bridge instead.
+
+Pods get no default route: anything beyond the cluster network is unreachable at once (no traffic
+leaves the machine, and nothing hangs waiting for it). Every name carries the agent's run id
+(`pdbr<id>`, `pd-<id>-<n>`, `pdv<id>n<n>`), so two agents on one machine never clash and a crashed run
+can be swept by id. Addresses come from 10.213.0.0/16, from blocks that no interface uses yet;
+traffic stays inside namespaces and the bridge this module creates.
 """
 
 from __future__ import annotations
@@ -55,23 +62,43 @@ def _used_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
     return nets
 
 
-def choose_subnet() -> ipaddress.IPv4Network:
-    """A /24 from the pool that overlaps no address configured on this machine."""
+def choose_subnet(prefix: int = 24) -> ipaddress.IPv4Network:
+    """A block of the pool (a node's /24, a cluster's CIDR) that overlaps no address on this machine."""
     used = _used_networks()
-    candidates: list[ipaddress.IPv4Network] = list(_POOL.subnets(new_prefix=24))
+    candidates: list[ipaddress.IPv4Network] = list(_POOL.subnets(new_prefix=prefix))
     start = secrets.randbelow(len(candidates))
     for subnet in candidates[start:] + candidates[:start]:
         if not any(subnet.overlaps(net) for net in used):
             return subnet
-    raise NetError("no free /24 left in 10.213.0.0/16")
+    raise NetError(f"no free /{prefix} left in {_POOL}")
+
+
+def create_bridge(name: str) -> None:
+    """The cluster's bridge, shared by the agents of all its nodes (made before the first agent starts)."""
+    subprocess.run(["ip", "link", "add", name, "type", "bridge"], check=True, capture_output=True)
+    subprocess.run(["ip", "link", "set", name, "up"], check=True, capture_output=True)
+
+
+def delete_bridge(name: str) -> None:
+    subprocess.run(["ip", "link", "del", name], capture_output=True)
 
 
 class PodNetwork:
-    """The bridge plus per-pod namespaces of one node agent."""
+    """The per-pod namespaces of one node agent, on the cluster's bridge or on a private one.
 
-    def __init__(self, run_id: str | None = None) -> None:
+    `bridge` and `cluster_cidr` join a cluster network (the node's `subnet` is its pod CIDR); without
+    them the agent makes its own bridge and picks a free /24."""
+
+    def __init__(
+        self,
+        run_id: str | None = None,
+        bridge: str | None = None,
+        cluster_cidr: ipaddress.IPv4Network | None = None,
+    ) -> None:
         self.run_id = run_id or secrets.token_hex(2)
-        self.bridge = f"pdbr{self.run_id}"
+        self.owns_bridge = bridge is None
+        self.bridge = bridge or f"pdbr{self.run_id}"
+        self.cluster_cidr = cluster_cidr
         self.subnet: ipaddress.IPv4Network | None = None
         self._free: list[ipaddress.IPv4Address] = []
         self._pods: dict[str, tuple[str, str]] = {}  # key -> (netns, ip)
@@ -93,11 +120,13 @@ class PodNetwork:
         assert self.subnet is not None
         return str(list(self.subnet.hosts())[1])
 
-    async def setup(self) -> None:
-        self.subnet = choose_subnet()
+    async def setup(self, pod_cidr: ipaddress.IPv4Network | None = None) -> None:
+        """Plug the node in: `pod_cidr` is the node's spec.podCIDR (a free /24 is chosen without one)."""
+        self.subnet = pod_cidr or choose_subnet()
         hosts = list(self.subnet.hosts())
         self._free = hosts[2:]
-        await _ip("link", "add", self.bridge, "type", "bridge")
+        if self.owns_bridge:
+            await _ip("link", "add", self.bridge, "type", "bridge")
         await _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
         await _ip("link", "set", self.bridge, "up")
         await self._add_namespace(self.node_netns, NODE_NETNS_INDEX, hosts[1])
@@ -127,6 +156,8 @@ class PodNetwork:
         await _ip("-n", netns, "addr", "add", f"{address}/{self.subnet.prefixlen}", "dev", "eth0")
         await _ip("-n", netns, "link", "set", "eth0", "up")
         await _ip("-n", netns, "link", "set", "lo", "up")
+        if self.cluster_cidr is not None:  # the other nodes' pods, on the same bridge
+            await _ip("-n", netns, "route", "add", str(self.cluster_cidr), "dev", "eth0")
 
     def _veth_names(self, index: int) -> tuple[str, str]:
         return f"pdv{self.run_id}n{index}", f"pdp{self.run_id}n{index}"
@@ -139,11 +170,22 @@ class PodNetwork:
         await _ip("netns", "del", netns, check=False)  # the veth pair goes with its namespace end
         self._free.append(ipaddress.ip_address(address))  # type: ignore[arg-type]
 
+    async def cut(self) -> None:
+        """The machine drops off the network: every link of this node goes down at once, so its node IP,
+        kubelet and pods stop answering (other nodes' pods keep talking to each other)."""
+        links = json.loads(await _ip("-j", "link", "show", "master", self.bridge) or "[]")
+        for link in links:
+            if str(link.get("ifname", "")).startswith(f"pdv{self.run_id}n"):
+                await _ip("link", "set", link["ifname"], "down", check=False)
+
     async def teardown(self) -> None:
         for key in list(self._pods):
             await self.remove_pod(key)
         await _ip("netns", "del", self.node_netns, check=False)
-        await _ip("link", "del", self.bridge, check=False)
+        if self.owns_bridge:
+            await _ip("link", "del", self.bridge, check=False)
+        elif self.subnet is not None:
+            await _ip("addr", "del", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge, check=False)
 
     def listening_socket(self, port: int = 0) -> socket.socket:
         """A TCP socket bound to the node's IP inside its host network namespace (the kubelet endpoint)."""

@@ -5,8 +5,12 @@ advertised as their device plugins do), keeps its Lease and Ready condition fres
 bound to it runs the exact container commands of the pod spec (see pod_worker.py), each pod in its own
 network namespace and each container with its own /dev holding the devices the emulated plugins
 allocated to it (devices.py). hostNetwork pods share the node's host network namespace, which is not
-the machine's (netns.py). It also stands in for cluster DNS (per-pod hosts files with Service names) and
-serves `kubectl logs` through a kubelet-style HTTPS endpoint.
+the machine's (netns.py). It also stands in for cluster DNS (per-pod hosts files with Service names,
+cluster_names.py) and serves `kubectl logs` through a kubelet-style HTTPS endpoint.
+
+Several agents make a cluster of several nodes: with `--bridge` and `--cluster-cidr` each plugs its
+pods into the cluster's bridge inside the pod CIDR the controller-manager gave its Node, so pods on
+different nodes reach each other. SIGUSR1 is the "node dies" fault (see `power_off`).
 
 `--status-only` runs no processes: pods just become Running and Ready (for the operator benchmark).
 
@@ -19,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import ipaddress
 import json
 import logging
 import os
@@ -33,6 +38,7 @@ from typing import Any
 from aiohttp import web
 
 from e2e import devices, pki, podspec
+from e2e.cluster_names import ClusterNames
 from e2e.kubeapi import MERGE, ApiError, KubeClient
 from e2e.netns import PodNetwork
 from e2e.pod_worker import NodeContext, PodWorker, now_iso
@@ -46,6 +52,7 @@ LEASE_DURATION_S = 40
 LEASE_RENEW_S = 10
 HEARTBEAT_S = 30
 SHUTDOWN_GRACE_S = 3.0
+POD_CIDR_WAIT_S = 60.0
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 VLLM_SHIM = Path(__file__).with_name("shims") / "vllm"
@@ -129,6 +136,13 @@ def parse_taint(text: str) -> Obj:
     return {"key": key, "value": value, "effect": effect} if value else {"key": key, "effect": effect}
 
 
+def parse_label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not key or not sep:
+        raise argparse.ArgumentTypeError(f"bad label {text!r}: expected key=value")
+    return key, value
+
+
 def micro_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -142,16 +156,17 @@ class NodeAgent:
         self.state_dir: Path = args.state_dir.resolve()
         self.status_only: bool = args.status_only
         self.args = args
-        self.network = None if args.status_only else PodNetwork()
+        self.network = None if args.status_only else PodNetwork(bridge=args.bridge, cluster_cidr=args.cluster_cidr)
         self.node_devices = devices.NodeDevices(
             root=self.state_dir / "node-root", gpus=args.gpus, nics=args.nics, uverbs_loaded=not args.no_uverbs
         )
         self.mount_points = MountPoints()
         self.workers: dict[str, PodWorker] = {}
         self.finalized: set[str] = set()
-        self.services: dict[tuple[str, str], Obj] = {}
+        self.names = ClusterNames(api)
         self.node_uid = ""
-        self._hosts_dirty = asyncio.Event()
+        self.powered_off = False
+        self._running: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self.ctx: NodeContext | None = None
         self._kubelet_port = 0
@@ -160,9 +175,10 @@ class NodeAgent:
 
     async def run(self, stop: asyncio.Event) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        await self._create_node()
         host_ip = "127.0.0.1"
         if self.network is not None:
-            await self.network.setup()
+            await self.network.setup(await self._pod_cidr() if self.args.bridge else None)
             host_ip = self.network.node_ip
         devices.create_node_root(self.node_devices)
         self._write_state()
@@ -185,20 +201,19 @@ class NodeAgent:
         )
         runner = await self._start_log_server(host_ip)
         try:
-            await self._register(host_ip)
+            await self.api.patch(f"/api/v1/nodes/{self.name}/status", {"status": self._node_status(host_ip)})
             tasks = [
                 self._lease_loop(),
                 self._heartbeat_loop(host_ip),
                 self._watch_pods(),
-                self._watch_services(),
+                self.names.watch_services(),
+                self.names.watch_endpoint_slices(),
                 self._hosts_loop(),
             ]
-            running = [asyncio.create_task(t) for t in tasks]
+            self._running = [asyncio.create_task(t) for t in tasks]
             log.info("node %s ready (status-only=%s)", self.name, self.status_only)
             await stop.wait()
-            for task in running:
-                task.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
+            await self._cancel_running()
         finally:
             await self._shutdown(runner)
 
@@ -207,6 +222,7 @@ class NodeAgent:
         if self.network is not None:
             state |= {"run_id": self.network.run_id, "bridge": self.network.bridge}
             state |= {"node_netns": self.network.node_netns, "node_ip": self.network.node_ip}
+            state |= {"pod_cidr": str(self.network.subnet)}
         (self.state_dir / "agent.json").write_text(json.dumps(state))
 
     @staticmethod
@@ -218,8 +234,9 @@ class NodeAgent:
         path = f"{VLLM_SHIM.parent}:{Path(sys.executable).parent}:{SYSTEM_PATH}"
         return {"PATH": path, "HOME": "/root", "LANG": "C.UTF-8"}
 
-    async def _register(self, host_ip: str) -> None:
-        labels = mi300x_labels(self.name)
+    async def _create_node(self) -> None:
+        """Register the Node (its status follows once the network is up, as the kubelet's first update)."""
+        labels = mi300x_labels(self.name) | dict(self.args.node_label)
         node: Obj = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.name, "labels": labels}}
         if self.args.register_with_taint:
             node["spec"] = {"taints": self.args.register_with_taint}
@@ -230,7 +247,20 @@ class NodeAgent:
                 raise
             created = await self.api.patch(f"/api/v1/nodes/{self.name}", {"metadata": {"labels": labels}})
         self.node_uid = created["metadata"]["uid"]
-        await self.api.patch(f"/api/v1/nodes/{self.name}/status", {"status": self._node_status(host_ip)})
+
+    async def _pod_cidr(self) -> ipaddress.IPv4Network:
+        """The node's spec.podCIDR, which the controller-manager's node IPAM sets soon after registration."""
+        deadline = asyncio.get_running_loop().time() + POD_CIDR_WAIT_S
+        while asyncio.get_running_loop().time() < deadline:
+            node = await self.api.get(f"/api/v1/nodes/{self.name}")
+            if cidr := node.get("spec", {}).get("podCIDR"):
+                log.info("node %s has pod CIDR %s", self.name, cidr)
+                return ipaddress.IPv4Network(cidr)
+            await asyncio.sleep(0.2)
+        raise RuntimeError(
+            f"node {self.name} got no spec.podCIDR in {POD_CIDR_WAIT_S:.0f}s: "
+            "is kube-controller-manager running with --allocate-node-cidrs?"
+        )
 
     def _node_status(self, host_ip: str) -> Obj:
         extra = dict(item.split("=", 1) for item in self.args.extra_resource)
@@ -263,6 +293,39 @@ class NodeAgent:
                 await self.api.patch(f"/api/v1/nodes/{self.name}/status", {"status": self._node_status(host_ip)})
             except Exception as err:
                 log.warning("node status heartbeat failed: %s", err)
+
+    async def _cancel_running(self) -> None:
+        for task in self._running:
+            task.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
+        self._running = []
+
+    # ---- the "node dies" fault -----------------------------------------------------------------------------
+
+    def power_off(self) -> None:
+        """The machine dies (SIGUSR1): from now on nothing of this node reaches the API server (no Lease
+        renewal, no NodeStatus, no pod status, no deletion confirmed), its links go down and its
+        processes are killed. The Node and its pods stay as they are in the API, so the real node
+        lifecycle controller marks the node Unknown and taints it, as for a machine that lost power.
+        The agent process stays (idle) until it is stopped, then cleans up as usual."""
+        if not self.powered_off:
+            self.powered_off = True
+            self._spawn(self._power_off())
+
+    async def _power_off(self) -> None:
+        log.warning("node %s powers off: heartbeats stop, links go down, pods die", self.name)
+        await self._cancel_running()
+        me = asyncio.current_task()
+        for task in list(self._background):
+            if task is not me:
+                task.cancel()
+        await self.api.close()  # whatever is still in flight fails: the machine is gone
+        if self.network is not None:
+            await self.network.cut()
+        workers = list(self.workers.values())
+        self.workers.clear()
+        await asyncio.gather(*(w.power_off() for w in workers), return_exceptions=True)
+        log.warning("node %s is off (%d pods killed)", self.name, len(workers))
 
     # ---- pods ----------------------------------------------------------------------------------------------
 
@@ -324,29 +387,17 @@ class NodeAgent:
 
     # ---- services and names --------------------------------------------------------------------------------
 
-    async def _watch_services(self) -> None:
-        async for kind, svc in self.api.watch("/api/v1/services"):
-            if kind == "SYNCED":
-                self.services = {(s["metadata"]["namespace"], s["metadata"]["name"]): s for s in svc.get("items", [])}
-            else:
-                key = (svc["metadata"]["namespace"], svc["metadata"]["name"])
-                if kind == "DELETED":
-                    self.services.pop(key, None)
-                else:
-                    self.services[key] = svc
-            self._hosts_dirty.set()
-
     async def _hosts_loop(self) -> None:
         while True:
-            await self._hosts_dirty.wait()
+            await self.names.changed.wait()
             await asyncio.sleep(0.05)
-            self._hosts_dirty.clear()
+            self.names.changed.clear()
             self._write_hosts_files()
 
     def _write_hosts_files(self) -> None:
         live = [w for w in self.workers.values() if w.sandbox_ready and w.sandbox.netns]
         addresses = [self._address(w) for w in live]
-        targets = podspec.service_targets(list(self.services.values()), addresses)
+        targets = self.names.targets(addresses)
         for worker, address in zip(live, addresses, strict=True):
             hostname = worker.pod["spec"].get("hostname", worker.name)
             worker.sandbox.write_hosts(podspec.render_hosts(address, hostname, targets))
@@ -484,6 +535,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="a taint the node registers with (the kubelet's --register-with-taints)",
     )
     parser.add_argument(
+        "--node-label",
+        action="append",
+        type=parse_label,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label the node registers with, beside the MI300X ones (the kubelet's --node-labels)",
+    )
+    parser.add_argument(
+        "--bridge",
+        help="join the cluster's pod network on this existing bridge, in the node's spec.podCIDR "
+        "(needs --cluster-cidr); without it the agent makes a private bridge and picks a free /24",
+    )
+    parser.add_argument(
+        "--cluster-cidr",
+        type=ipaddress.IPv4Network,
+        help="the cluster's pod CIDR (kube-controller-manager --cluster-cidr): routed to the other nodes' pods",
+    )
+    parser.add_argument(
         "--extra-resource", action="append", default=[], metavar="NAME=QTY", help="more extended resources"
     )
     parser.add_argument("--status-only", action="store_true", help="run no processes; pods become Ready at once")
@@ -492,7 +561,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--backoff-max", type=float, default=20.0, help="back-off cap (kubelet: 300s)")
     parser.add_argument("--keep-files", action="store_true", help="keep pod directories (logs) after deletion")
     parser.add_argument("-v", "--verbose", action="store_true")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if bool(args.bridge) != bool(args.cluster_cidr):
+        parser.error("--bridge and --cluster-cidr go together")
+    return args
 
 
 async def amain(args: argparse.Namespace) -> None:
@@ -502,6 +574,7 @@ async def amain(args: argparse.Namespace) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     agent = NodeAgent(api, args)
+    loop.add_signal_handler(signal.SIGUSR1, agent.power_off)
     await agent.run(stop)
 
 

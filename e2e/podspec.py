@@ -381,20 +381,51 @@ class PodAddress:
     ip: str
 
 
-def service_targets(services: list[Obj], pods: list[PodAddress]) -> dict[tuple[str, str], str]:
-    """(namespace, service) -> the IP of a pod its selector matches (first by name, so it is stable)."""
+@dataclass(frozen=True)
+class Endpoint:
+    """One address of a Service's EndpointSlice (from the real controller-manager): a pod on any node."""
+
+    namespace: str
+    service: str
+    pod: str
+    ip: str
+    ready: bool
+
+
+def slice_endpoints(endpoint_slice: Obj) -> list[Endpoint]:
+    """An EndpointSlice's addresses; a missing `ready` condition means ready (discovery.k8s.io/v1)."""
+    meta = endpoint_slice["metadata"]
+    service = (meta.get("labels") or {}).get("kubernetes.io/service-name")
+    if not service:
+        return []
+    found = []
+    for item in endpoint_slice.get("endpoints") or []:
+        addresses = item.get("addresses") or []
+        if addresses:
+            ready = (item.get("conditions") or {}).get("ready") is not False
+            pod = (item.get("targetRef") or {}).get("name", "")
+            found.append(Endpoint(meta["namespace"], service, pod, addresses[0], ready))
+    return found
+
+
+def service_targets(
+    services: list[Obj], pods: list[PodAddress], endpoints: list[Endpoint]
+) -> dict[tuple[str, str], str]:
+    """(namespace, service) -> one address for its name: a ready endpoint on any node first, else a
+    matching pod of this node (its sandbox is up before the EndpointSlice lists it); by pod name within
+    each, so the choice is stable."""
     targets: dict[tuple[str, str], str] = {}
     for svc in services:
-        selector = svc.get("spec", {}).get("selector") or {}
-        if not selector or svc["spec"].get("type") == "ExternalName":
+        if svc.get("spec", {}).get("type") == "ExternalName":
             continue
         namespace, name = svc["metadata"]["namespace"], svc["metadata"]["name"]
-        matching = sorted(
-            (p for p in pods if p.namespace == namespace and p.ip and _selects(selector, p.labels)),
-            key=lambda p: p.name,
-        )
-        if matching:
-            targets[(namespace, name)] = matching[0].ip
+        selector = svc.get("spec", {}).get("selector") or {}
+        candidates = [(not e.ready, e.pod, e.ip) for e in endpoints if (e.namespace, e.service) == (namespace, name)]
+        if selector:
+            local = (p for p in pods if p.namespace == namespace and p.ip and _selects(selector, p.labels))
+            candidates += [(True, p.name, p.ip) for p in local]
+        if candidates:
+            targets[(namespace, name)] = min(candidates)[2]
     return targets
 
 

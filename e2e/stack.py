@@ -1,6 +1,12 @@
-"""The whole local stack on top of a ControlPlane: node agent, operator install (chart), operator process.
+"""The whole local stack on top of a ControlPlane: node agents, operator install (chart), operator process.
 
 Shared by the pytest fixtures, `make demo` and `make cluster-up`, so all three run the same way.
+
+One node (`mi300x-0`) by default; `start_pool` adds a pool of more 8-GPU nodes, labelled and tainted with
+the pool's name so that only workloads placed there on purpose (`pool_placement`) land on them. All
+nodes share one pod network (one bridge, a /24 per node from the controller-manager's node IPAM), so
+pods on different nodes reach each other and Service names resolve to pods on any node. `fail_node`
+is the "node dies" fault: the agent stops heartbeating and its pods die with it.
 """
 
 from __future__ import annotations
@@ -8,6 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -23,6 +31,7 @@ from pd_runtime.localports import free_port
 log = logging.getLogger(__name__)
 
 NODE_NAME = "mi300x-0"
+POOL_KEY = "pd.serving.dev/e2e-pool"  # label and NoSchedule taint of the nodes of a pool
 OPERATOR_NAMESPACE = "pd-system"
 RELEASE = "pd-operator"
 CHART = REPO_ROOT / "charts" / "pd-operator"
@@ -44,7 +53,40 @@ class Stack:
         self, node: str = NODE_NAME, status_only: bool = False, extra_args: tuple[str, ...] = ()
     ) -> ProcRef:
         """Start a node agent process (more agent flags in `extra_args`) and wait until its Node is Ready."""
+        ref = self._spawn_agent(node, status_only, extra_args)
+        self.wait_node_ready(node, ref)
+        log.info("node %s Ready (agent pid %d, status-only=%s)", node, ref.pid, status_only)
+        return ref
+
+    def start_pool(self, pool: str, count: int) -> list[str]:
+        """`count` more GPU nodes `<pool>-<i>`, started together, with the pool's label and NoSchedule taint."""
+        nodes = [f"{pool}-{i}" for i in range(count)]
+        args = (f"--node-label={POOL_KEY}={pool}", f"--register-with-taint={POOL_KEY}={pool}:NoSchedule")
+        refs = [self._spawn_agent(node, False, args) for node in nodes]
+        for node, ref in zip(nodes, refs, strict=True):
+            self.wait_node_ready(node, ref)
+        log.info("node pool %s Ready: %s", pool, ", ".join(nodes))
+        return nodes
+
+    def fail_node(self, node: str) -> None:
+        """The "node dies" fault: its agent stops heartbeating, cuts its links and kills its pods (SIGUSR1)."""
+        ref = next(p for p in self.cp.procs if p.name == f"node-agent-{node}")
+        os.kill(ref.pid, signal.SIGUSR1)
+        log.info("node %s powered off (agent pid %d)", node, ref.pid)
+
+    def cluster_bridge(self) -> str:
+        """The bridge every node of this cluster plugs its pods into: made on first use, removed by down()."""
+        name = str(self.cp.extras.get("bridge") or "")
+        if not name:
+            name = f"pdcl{secrets.token_hex(2)}"
+            netns.create_bridge(name)
+            self.cp.extras["bridge"] = name
+            self.cp.save()
+        return name
+
+    def _spawn_agent(self, node: str, status_only: bool, extra_args: tuple[str, ...]) -> ProcRef:
         state = self.agent_dir(node)
+        network = [] if status_only else [f"--bridge={self.cluster_bridge()}", f"--cluster-cidr={self.cp.cluster_cidr}"]
         argv = [
             sys.executable,
             "-m",
@@ -55,6 +97,7 @@ class Stack:
             f"--client-ca={self.cp.ca_file}",
             *(["--status-only"] if status_only else []),
             *(["--keep-files"] if os.environ.get("PD_E2E_KEEP") == "1" else []),
+            *network,
             *extra_args,
         ]
         env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}:{os.environ.get('PYTHONPATH', '')}".rstrip(":")}
@@ -62,8 +105,6 @@ class Stack:
             f"node-agent-{node}", argv, self.cp.workdir / "logs" / f"node-agent-{node}.log", env, self.detach
         )
         self.cp.register(ref)
-        self.wait_node_ready(node, ref)
-        log.info("node %s Ready (agent pid %d, status-only=%s)", node, ref.pid, status_only)
         return ref
 
     def wait_node_ready(self, node: str, ref: ProcRef, timeout_s: float = 90) -> None:
@@ -163,8 +204,17 @@ class Stack:
         if agents.exists():
             for state in agents.iterdir():
                 self._sweep_agent(state)
+        if bridge := self.cp.extras.pop("bridge", None):
+            netns.delete_bridge(str(bridge))
+            self.cp.save()
         if remove:
             self.cp.stop(remove=True)
+
+
+def pool_placement(pool: str) -> dict[str, Any]:
+    """`spec.node` of a PDDeployment (or the placement of a pod spec) that lands on a node of `pool`."""
+    toleration = {"key": POOL_KEY, "operator": "Equal", "value": pool, "effect": "NoSchedule"}
+    return {"nodeSelector": {POOL_KEY: pool}, "tolerations": [toleration]}
 
 
 def _schedulable(node: dict[str, Any]) -> bool:

@@ -1,5 +1,9 @@
 """Session fixtures: one control plane, one node agent, one operator for the whole suite.
 
+Tests that need more GPU nodes ask `node_pool(name, count)`: the pool's nodes start on first use and
+run until the session ends, labelled and tainted so that only what `pool_placement(name)` places
+there lands on them (the suite's one-node tests never see them).
+
 Set PD_E2E_KEEP=1 to leave the cluster's work directory (logs, pod sandboxes) in place after the run.
 """
 
@@ -9,7 +13,7 @@ import os
 import secrets
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -61,6 +65,20 @@ def operator(stack: Stack) -> Stack:
     stack.install_operator()
     stack.start_operator()
     return stack
+
+
+@pytest.fixture(scope="session")
+def node_pool(stack: Stack) -> Callable[[str, int], list[str]]:
+    """Start a pool of `count` more 8-GPU nodes once per name; returns their node names."""
+    pools: dict[str, list[str]] = {}
+
+    def start(name: str, count: int) -> list[str]:
+        if name not in pools:
+            pools[name] = stack.start_pool(name, count)
+        assert len(pools[name]) == count, f"pool {name} already runs {len(pools[name])} nodes"
+        return pools[name]
+
+    return start
 
 
 @pytest.fixture

@@ -89,7 +89,25 @@ def test_service_names_resolve_to_matching_pods() -> None:
     ]
     me = PodAddress("ns", "client", {}, "10.213.1.3")
     server = PodAddress("ns", "p", {"app": "x"}, "10.213.1.2")
-    targets = podspec.service_targets(services, [me, server])
+    targets = podspec.service_targets(services, [me, server], [])
     assert targets == {("ns", "web"): "10.213.1.2"}
     hosts = podspec.render_hosts(me, "client", targets)
     assert "10.213.1.2\tweb.ns.svc.cluster.local web.ns.svc web.ns web\n" in hosts
+
+
+def test_service_names_prefer_ready_endpoints_on_any_node() -> None:
+    services: list[Obj] = [{"metadata": {"namespace": "ns", "name": "web"}, "spec": {"selector": {"app": "x"}}}]
+    local = PodAddress("ns", "a-local", {"app": "x"}, "10.213.1.2")
+    endpoint_slice: Obj = {
+        "metadata": {"namespace": "ns", "name": "web-abc", "labels": {"kubernetes.io/service-name": "web"}},
+        "endpoints": [
+            {"addresses": ["10.213.1.2"], "conditions": {"ready": False}, "targetRef": {"name": "a-local"}},
+            {"addresses": ["10.213.2.5"], "conditions": {"ready": True}, "targetRef": {"name": "z-remote"}},
+            {"addresses": ["10.213.2.6"], "targetRef": {"name": "y-remote"}},  # no condition: ready
+        ],
+    }
+    endpoints = podspec.slice_endpoints(endpoint_slice)
+    assert [e.ready for e in endpoints] == [False, True, True]
+    assert podspec.service_targets(services, [local], endpoints) == {("ns", "web"): "10.213.2.6"}
+    not_ready = [e for e in endpoints if not e.ready]
+    assert podspec.service_targets(services, [local], not_ready) == {("ns", "web"): "10.213.1.2"}
