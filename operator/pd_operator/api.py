@@ -43,6 +43,8 @@ DEFAULT_PROXY_PORT = 8000
 DEFAULT_ADMIN_PORT = 8001
 MI300X_NODE_SELECTOR = {"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM"}
 RUN_PROBE_ANNOTATION = f"{GROUP}/run-goodput-probe"
+# Engines per role in one pod (xPyD); with one proxy, 8 GPUs and TP >= 1 more never fit a node.
+MAX_ROLE_INSTANCES = 8
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=253)]
 Text = Annotated[str, StringConstraints(max_length=1024)]
@@ -83,6 +85,18 @@ COMPILATION_CONFIG_FLAGS = ("--compilation-config", "--compilation_config", "-cc
 # Linux's default net.ipv4.ip_local_port_range: where the kernel picks a port for bind(port 0), which
 # is how vLLM's get_open_port() draws the ports of its other listeners (MoRI engine, side channels).
 EPHEMERAL_PORTS = (32768, 60999)
+# num_attention_heads of each model's config.json on Hugging Face: tensorParallelSize must divide it.
+KNOWN_ATTENTION_HEADS = {
+    "Qwen/Qwen3-235B-A22B": 64,
+    "Qwen/Qwen3-235B-A22B-FP8": 64,
+    "Qwen/Qwen3-30B-A3B": 32,
+    "Qwen/Qwen3-8B": 32,
+    "Qwen/Qwen3-0.6B": 16,
+    "meta-llama/Llama-3.1-8B-Instruct": 32,
+    "meta-llama/Llama-3.1-70B-Instruct": 64,
+    "deepseek-ai/DeepSeek-R1": 128,
+    "deepseek-ai/DeepSeek-V3": 128,
+}
 
 
 def _cel_list(values: tuple[str, ...]) -> str:
@@ -153,6 +167,37 @@ def _role_count_check(role: EngineSettings) -> bool:
     return bounds is None or gpu_count(role.gpus) == role.tensor_parallel_size * role.data_parallel_size
 
 
+_GPUS_WELL_FORMED = Rule(
+    cel=cel_range_ok("self.gpus"),
+    message='gpus must be a GPU index or an inclusive range like "0-3" (first <= last)',
+    check=lambda s: parse_gpu_range(s.gpus) is not None,
+    field_path=".gpus",
+)
+_GPUS_MATCH_PARALLELISM = Rule(
+    cel=f"!{cel_range_ok('self.gpus')} || {cel_count('self.gpus')} == self.tensorParallelSize * self.dataParallelSize",
+    message="gpus must contain exactly tensorParallelSize * dataParallelSize GPUs",
+    check=_role_count_check,
+    field_path=".gpus",
+)
+_ARGS_AND_ENV_RULES = (
+    Rule(
+        cel=f"!has(self.extraArgs) || self.extraArgs.all(a, !(a.split('=')[0] in {_cel_list(MANAGED_FLAGS)}))",
+        message="extraArgs must not set flags the operator renders (--port, -tp, --data-parallel-size, "
+        "--kv-transfer-config, --served-model-name): use their fields",
+        check=lambda s: all(a.split("=")[0] not in MANAGED_FLAGS for a in s.extra_args),
+        field_path=".extraArgs",
+    ),
+    Rule(
+        cel=f"!has(self.env) || self.env.all(e, !(e.name in {_cel_list(MANAGED_ENV)}))",
+        message="env must not set variables the operator manages (CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, "
+        "ROCR_VISIBLE_DEVICES, POD_IP, VLLM_HOST_IP, VLLM_MORIIO_CONNECTOR_READ_MODE, "
+        "VLLM_ENGINE_READY_TIMEOUT_S)",
+        check=lambda s: all(e.name not in MANAGED_ENV for e in s.env),
+        field_path=".env",
+    ),
+)
+
+
 class EngineSettings(ApiModel):
     """What every vLLM engine of the deployment shares: GPUs, parallelism, batching, extra args."""
 
@@ -214,36 +259,7 @@ class EngineSettings(ApiModel):
         "32Gi", description="Size of the memory-backed /dev/shm emptyDir (tensor-parallel workers share memory)."
     )
 
-    _rules = (
-        Rule(
-            cel=cel_range_ok("self.gpus"),
-            message='gpus must be a GPU index or an inclusive range like "0-3" (first <= last)',
-            check=lambda s: parse_gpu_range(s.gpus) is not None,
-            field_path=".gpus",
-        ),
-        Rule(
-            cel=f"!{cel_range_ok('self.gpus')} || "
-            f"{cel_count('self.gpus')} == self.tensorParallelSize * self.dataParallelSize",
-            message="gpus must contain exactly tensorParallelSize * dataParallelSize GPUs",
-            check=_role_count_check,
-            field_path=".gpus",
-        ),
-        Rule(
-            cel=f"!has(self.extraArgs) || self.extraArgs.all(a, !(a.split('=')[0] in {_cel_list(MANAGED_FLAGS)}))",
-            message="extraArgs must not set flags the operator renders (--port, -tp, --data-parallel-size, "
-            "--kv-transfer-config, --served-model-name): use their fields",
-            check=lambda s: all(a.split("=")[0] not in MANAGED_FLAGS for a in s.extra_args),
-            field_path=".extraArgs",
-        ),
-        Rule(
-            cel=f"!has(self.env) || self.env.all(e, !(e.name in {_cel_list(MANAGED_ENV)}))",
-            message="env must not set variables the operator manages (CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, "
-            "ROCR_VISIBLE_DEVICES, POD_IP, VLLM_HOST_IP, VLLM_MORIIO_CONNECTOR_READ_MODE, "
-            "VLLM_ENGINE_READY_TIMEOUT_S)",
-            check=lambda s: all(e.name not in MANAGED_ENV for e in s.env),
-            field_path=".env",
-        ),
-    )
+    _rules: ClassVar[tuple[Rule, ...]] = (_GPUS_WELL_FORMED, _GPUS_MATCH_PARALLELISM, *_ARGS_AND_ENV_RULES)
 
     @property
     def rank_port_span(self) -> int:
@@ -298,15 +314,78 @@ class DecodePorts(RolePorts):
     notify: Port = Field(protocol.DECODE_PORTS.notify, description=_NOTIFY_PORT_DOC)
 
 
-class PrefillSpec(EngineSettings):
-    """The prefill engine (kv_producer), in disaggregated mode."""
+class EngineInstanceSpec(ApiModel):
+    """One engine of a role that runs several (xPyD in one pod): its own GPUs and base ports."""
+
+    gpus: GpuRange = Field(
+        description='GPU indices of this engine ("0-1"): exactly tensorParallelSize * dataParallelSize of its role.'
+    )
+    ports: RolePorts = Field(
+        description="Base ports of this engine; with the other engines' ports and rank offsets they must not overlap."
+    )
+
+    _rules = (_GPUS_WELL_FORMED,)
+
+
+def _instances_match_parallelism(role: DisaggregatedRoleSpec) -> bool:
+    width = role.tensor_parallel_size * role.data_parallel_size
+    return all(parse_gpu_range(i.gpus) is None or gpu_count(i.gpus) == width for i in role.instances)
+
+
+def cel_has_instances(role: str) -> str:
+    """CEL: the role at ``role`` (e.g. ``self.prefill``) lists its engines in ``instances``."""
+    return f"(has({role}.instances) && size({role}.instances) > 0)"
+
+
+class DisaggregatedRoleSpec(EngineSettings):
+    """A prefill or decode role: one engine (gpus, ports) or several (instances), all with the same settings."""
+
+    ports: RolePorts = Field(description="Listening ports of the engine.")
+    instances: list[EngineInstanceSpec] = Field(
+        default_factory=list,
+        max_length=MAX_ROLE_INSTANCES,
+        description=(
+            "Several engines of this role in the pod (xPyD), each its own container (<role>-0, <role>-1, ...) "
+            "with its own GPUs and ports, every one registering with the proxy; they share every other "
+            "setting of the role. Empty: one engine (container <role>) on gpus and ports, which are then "
+            "the only ones used; when set, gpus and ports of the role are ignored."
+        ),
+    )
+
+    _rules = (
+        _GPUS_WELL_FORMED,
+        Rule(
+            cel=f"{cel_has_instances('self')} || {_GPUS_MATCH_PARALLELISM.cel}",
+            message=_GPUS_MATCH_PARALLELISM.message,
+            check=lambda s: bool(s.instances) or _role_count_check(s),
+            field_path=".gpus",
+        ),
+        Rule(
+            cel=f"!has(self.instances) || self.instances.all(i, !{cel_range_ok('i.gpus')} || "
+            f"{cel_count('i.gpus')} == self.tensorParallelSize * self.dataParallelSize)",
+            message="instances[*].gpus must each contain exactly tensorParallelSize * dataParallelSize GPUs",
+            check=_instances_match_parallelism,
+            field_path=".instances",
+        ),
+        *_ARGS_AND_ENV_RULES,
+    )
+
+    def engine_instances(self) -> list[tuple[str, RolePorts]]:
+        """(GPU range, base ports) of every engine of the role, in container order."""
+        if not self.instances:
+            return [(self.gpus, self.ports)]
+        return [(i.gpus, i.ports) for i in self.instances]
+
+
+class PrefillSpec(DisaggregatedRoleSpec):
+    """The prefill engine(s) (kv_producer), in disaggregated mode."""
 
     gpus: GpuRange = Field("0-3", description=EngineSettings.model_fields["gpus"].description)
     ports: PrefillPorts = Field(default_factory=PrefillPorts, description="Listening ports of the prefill engine.")
 
 
-class DecodeSpec(EngineSettings):
-    """The decode engine (kv_consumer), in disaggregated mode."""
+class DecodeSpec(DisaggregatedRoleSpec):
+    """The decode engine(s) (kv_consumer), in disaggregated mode."""
 
     gpus: GpuRange = Field("4-7", description=EngineSettings.model_fields["gpus"].description)
     ports: DecodePorts = Field(default_factory=DecodePorts, description="Listening ports of the decode engine.")
@@ -626,36 +705,44 @@ class GoodputProbeSpec(ApiModel):
 # ---- the spec ---------------------------------------------------------------------------------------
 
 
-def _rank_ranges(role: PrefillSpec | DecodeSpec) -> list[tuple[int, int]]:
-    """The handshake and notify port ranges the connector's ranks bind, inclusive."""
-    span, p = role.rank_port_span, role.ports
-    return [(p.handshake, p.handshake + span - 1), (p.notify, p.notify + span - 1)]
+def _rank_ranges(role: DisaggregatedRoleSpec) -> list[tuple[int, int]]:
+    """The handshake and notify port ranges the connector's ranks bind, inclusive, of every engine."""
+    span = role.rank_port_span
+    return [(base, base + span - 1) for _, p in role.engine_instances() for base in (p.handshake, p.notify)]
 
 
-def _ports_of(role: PrefillSpec | DecodeSpec) -> list[tuple[int, int]]:
-    return [(role.ports.http, role.ports.http), *_rank_ranges(role)]
+def _ports_of(role: DisaggregatedRoleSpec) -> list[tuple[int, int]]:
+    return [(p.http, p.http) for _, p in role.engine_instances()] + _rank_ranges(role)
 
 
 def _proxy_ports(proxy: ProxySpec) -> list[tuple[int, int]]:
     return [(port, port) for port in (proxy.port, proxy.admin_port, proxy.registration_port)]
 
 
+def _cel_per_engine(role: str, single: str, each: str) -> str:
+    """CEL: a list with ``each`` of every ``instances`` entry (bound to ``i``), or ``single`` without them."""
+    return f"({cel_has_instances(f'self.{role}')} ? self.{role}.instances.map(i, {each}) : [{single}])"
+
+
 def _cel_rank_ranges(role: str) -> str:
     span = f"(self.{role}.tensorParallelSize + self.{role}.dataParallelSize - 1)"
-    p = f"self.{role}.ports"
-    return f"[{p}.handshake, {p}.handshake + {span} - 1], [{p}.notify, {p}.notify + {span} - 1]"
+    ranges = [
+        _cel_per_engine(role, f"[{base}, {base} + {span} - 1]", f"[{each}, {each} + {span} - 1]")
+        for base, each in ((f"self.{role}.ports.{kind}", f"i.ports.{kind}") for kind in ("handshake", "notify"))
+    ]
+    return " + ".join(ranges)
 
 
 def _cel_role_ports(role: str) -> str:
-    p = f"self.{role}.ports"
-    return f"[{p}.http, {p}.http], {_cel_rank_ranges(role)}"
+    http = _cel_per_engine(role, f"[self.{role}.ports.http, self.{role}.ports.http]", "[i.ports.http, i.ports.http]")
+    return f"{http} + {_cel_rank_ranges(role)}"
 
 
 _CEL_PROXY_PORTS = (
     "[self.proxy.port, self.proxy.port], [self.proxy.adminPort, self.proxy.adminPort], "
     "[self.proxy.registrationPort, self.proxy.registrationPort]"
 )
-_CEL_DISAGG_PORTS = f"[{_cel_role_ports('prefill')}, {_cel_role_ports('decode')}, {_CEL_PROXY_PORTS}]"
+_CEL_DISAGG_PORTS = f"({_cel_role_ports('prefill')} + {_cel_role_ports('decode')} + [{_CEL_PROXY_PORTS}])"
 _CEL_COLOC_PORTS = f"(self.colocated.engines.map(e, [e.port, e.port]) + [{_CEL_PROXY_PORTS}])"
 
 
@@ -669,17 +756,42 @@ def _cel_within_node(expr: str) -> str:
 
 
 def _role_within_node_rule(role: str) -> Rule:
+    has = cel_has_instances(f"self.{role}")
+    every = f"self.{role}.instances.all(i, {_cel_within_node('i.gpus')})"
     return Rule(
-        cel=f"self.mode != 'disaggregated' || {_cel_within_node(f'self.{role}.gpus')}",
-        message=f"{role}.gpus must lie within 0 .. node.gpusPerNode - 1",
-        check=lambda s: not s.disaggregated or _within_node(getattr(s, role).gpus, s.node.gpus_per_node),
+        cel=f"self.mode != 'disaggregated' || ({has} ? {every} : {_cel_within_node(f'self.{role}.gpus')})",
+        message=f"{role}.gpus must lie within 0 .. node.gpusPerNode - 1 "
+        f"(with instances: every {role}.instances[*].gpus)",
+        check=lambda s: (
+            not s.disaggregated
+            or all(_within_node(gpus, s.node.gpus_per_node) for gpus, _ in getattr(s, role).engine_instances())
+        ),
         field_path=f".{role}.gpus",
     )
 
 
+def _engine_gpu_ranges(s: PDDeploymentSpec) -> list[tuple[int, int] | None]:
+    return [parse_gpu_range(gpus) for role in (s.prefill, s.decode) for gpus, _ in role.engine_instances()]
+
+
 def _pd_disjoint(s: PDDeploymentSpec) -> bool:
-    p, d = parse_gpu_range(s.prefill.gpus), parse_gpu_range(s.decode.gpus)
-    return p is None or d is None or ranges_disjoint([p, d])
+    ranges = _engine_gpu_ranges(s)
+    return any(r is None for r in ranges) or ranges_disjoint([r for r in ranges if r is not None])
+
+
+def _cel_gpu_pairs(role: str) -> str:
+    gpus = f"self.{role}.gpus"
+    return _cel_per_engine(
+        role, f"[{cel_first(gpus)}, {cel_last(gpus)}]", f"[{cel_first('i.gpus')}, {cel_last('i.gpus')}]"
+    )
+
+
+def _cel_gpus_ok(role: str) -> str:
+    has = cel_has_instances(f"self.{role}")
+    return f"({has} ? self.{role}.instances.all(i, {cel_range_ok('i.gpus')}) : {cel_range_ok(f'self.{role}.gpus')})"
+
+
+_CEL_ENGINE_GPUS = f"({_cel_gpu_pairs('prefill')} + {_cel_gpu_pairs('decode')})"
 
 
 def _colocated_gpus_ok(s: PDDeploymentSpec) -> bool:
@@ -738,13 +850,38 @@ def _rank_ports_outside_ephemeral_rule(role: str) -> Rule:
     low, high = EPHEMERAL_PORTS
     return Rule(
         cel=f"self.engine != 'vllm' || self.mode != 'disaggregated' || "
-        f"[{_cel_rank_ranges(role)}].all(r, r[1] < {low} || r[0] > {high})",
-        message=f"{role}.ports.handshake and {role}.ports.notify (each base .. base + tensorParallelSize + "
-        f"dataParallelSize - 2) must lie outside the ephemeral port range {low}-{high}: they bind after the "
-        "model has loaded, when vLLM's get_open_port() (and, with hostNetwork, any process on the node) "
-        "may already hold a random port there",
+        f"({_cel_rank_ranges(role)}).all(r, r[1] < {low} || r[0] > {high})",
+        message=f"{role}.ports.handshake and {role}.ports.notify (and those of every {role}.instances[*]; "
+        "each base .. base + tensorParallelSize + dataParallelSize - 2) must lie outside the ephemeral port "
+        f"range {low}-{high}: they bind after the model has loaded, when vLLM's get_open_port() (and, with "
+        "hostNetwork, any process on the node) may already hold a random port there",
         check=lambda s: s.engine != "vllm" or not s.disaggregated or _outside_ephemeral(_rank_ranges(getattr(s, role))),
         field_path=f".{role}.ports",
+    )
+
+
+def _divides_heads(spec: PDDeploymentSpec) -> bool:
+    heads = KNOWN_ATTENTION_HEADS.get(spec.model)
+    return heads is None or all(heads % tp == 0 for tp in spec.tensor_parallel_sizes())
+
+
+def _divides_attention_heads_rule() -> Rule:
+    """vLLM refuses a tensor-parallel size that does not divide the model's attention heads.
+
+    ``ModelConfig.verify_with_parallel_config`` raises "Total number of attention heads (H) must be
+    divisible by tensor parallel size (T)"; checked here for the models whose config.json we know.
+    """
+    known = "{" + ", ".join(f"'{name}': {heads}" for name, heads in KNOWN_ATTENTION_HEADS.items()) + "}"
+    sizes = (
+        "(self.mode == 'disaggregated' ? [self.prefill.tensorParallelSize, self.decode.tensorParallelSize] : "
+        "self.colocated.engines.map(e, e.tensorParallelSize))"
+    )
+    return Rule(
+        cel=f"!(self.model in {known}) || {sizes}.all(t, {known}[self.model] % t == 0)",
+        message="tensorParallelSize must divide the model's attention heads (vLLM refuses the rest): "
+        + ", ".join(f"{name} has {heads}" for name, heads in KNOWN_ATTENTION_HEADS.items()),
+        check=_divides_heads,
+        field_path=".model",
     )
 
 
@@ -815,14 +952,14 @@ class PDDeploymentSpec(ApiModel):
         _role_within_node_rule("prefill"),
         _role_within_node_rule("decode"),
         Rule(
-            cel=f"self.mode != 'disaggregated' || !{cel_range_ok('self.prefill.gpus')} || "
-            f"!{cel_range_ok('self.decode.gpus')} || "
-            f"{cel_last('self.prefill.gpus')} < {cel_first('self.decode.gpus')} || "
-            f"{cel_last('self.decode.gpus')} < {cel_first('self.prefill.gpus')}",
-            message="prefill.gpus and decode.gpus must not overlap",
+            cel=f"self.mode != 'disaggregated' || !{_cel_gpus_ok('prefill')} || !{_cel_gpus_ok('decode')} || "
+            f"{cel_ranges_disjoint(_CEL_ENGINE_GPUS)}",
+            message="prefill.gpus and decode.gpus must not overlap (with instances: no two engines of prefill "
+            "and decode may share a GPU)",
             check=lambda s: not s.disaggregated or _pd_disjoint(s),
             field_path=".decode.gpus",
         ),
+        _divides_attention_heads_rule(),
         Rule(
             cel=f"self.mode != 'colocated' || ({_CEL_COLOC_GPUS})",
             message="colocated.engines[*].gpus must lie within 0 .. node.gpusPerNode - 1 and must not overlap",
@@ -831,8 +968,9 @@ class PDDeploymentSpec(ApiModel):
         ),
         Rule(
             cel=f"self.mode != 'disaggregated' || {cel_ranges_disjoint(_CEL_DISAGG_PORTS)}",
-            message="ports must be distinct: prefill.ports, decode.ports (handshake and notify reserve "
-            "tensorParallelSize + dataParallelSize - 1 ports from their base) and proxy port, adminPort, "
+            message="ports must be distinct: prefill.ports, decode.ports and every instances[*].ports (handshake "
+            "and notify reserve tensorParallelSize + dataParallelSize - 1 ports from their base) and proxy port, "
+            "adminPort, "
             "registrationPort",
             check=lambda s: (
                 not s.disaggregated
@@ -923,6 +1061,12 @@ class PDDeploymentSpec(ApiModel):
     @property
     def served_name(self) -> str:
         return self.served_model_name or self.model
+
+    def tensor_parallel_sizes(self) -> list[int]:
+        """The tensor-parallel size of every engine role of the mode."""
+        if self.disaggregated:
+            return [self.prefill.tensor_parallel_size, self.decode.tensor_parallel_size]
+        return [e.tensor_parallel_size for e in self.colocated.engines]
 
     # ---- yes/no facts about the spec, in one place --------------------------------------------------------
 
@@ -1031,7 +1175,9 @@ class GpuAssignment(ApiModel):
         description="gpuAllocation.strategy (none for simulated engines that reserve no GPUs)."
     )
     prefill: Annotated[str, StringConstraints(max_length=64)] = Field(
-        "-", description='Prefill GPUs ("0-3" pinned, "4 (plugin-chosen)" with the device plugin, "-" if none).'
+        "-",
+        description='Prefill GPUs ("0-3" pinned, "4 (plugin-chosen)" with the device plugin, "-" if none); '
+        'several engines are listed together ("0-1, 2-3", "2+2 (plugin-chosen)").',
     )
     decode: Annotated[str, StringConstraints(max_length=64)] = Field("-", description="Decode GPUs, same format.")
     engines: list[Annotated[str, StringConstraints(max_length=64)]] = Field(
@@ -1126,7 +1272,11 @@ class PDDeploymentStatus(ApiModel):
         None, alias="podIP", description="Its IP (the proxy's admin /status is read there)."
     )
     node_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(None, description="Its node.")
-    roles: list[RoleStatus] = Field(default_factory=list, max_length=8, description="Per-container readiness.")
+    roles: list[RoleStatus] = Field(
+        default_factory=list,
+        max_length=2 * MAX_ROLE_INSTANCES + 1,
+        description="Per-container readiness: every engine instance (prefill-0, prefill-1, ...) and the proxy.",
+    )
     gpu_assignment: GpuAssignment | None = Field(None, description="GPUs per engine.")
     conditions: list[Condition] = Field(
         default_factory=list,

@@ -15,7 +15,13 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pd_operator.api import ColocatedEngineSpec, EngineSettings, PDDeploymentSpec, sets_compilation_config
+from pd_operator.api import (
+    ColocatedEngineSpec,
+    DisaggregatedRoleSpec,
+    EngineSettings,
+    PDDeploymentSpec,
+    sets_compilation_config,
+)
 from pd_operator.rules import gpu_indices
 from pd_runtime.vllm_pin import DEFAULT_MAX_NUM_SEQS
 
@@ -39,13 +45,14 @@ class EngineContainer:
     name: str
     role: EngineRoleName
     settings: EngineSettings
+    gpu_range: str  # this engine's GPUs: the role's gpus, or one of its instances'
     http_port: int
     handshake_port: int | None = None
     notify_port: int | None = None
 
     @property
     def gpus(self) -> list[int]:
-        return gpu_indices(self.settings.gpus)
+        return gpu_indices(self.gpu_range)
 
     @property
     def named_ports(self) -> list[tuple[str, int]]:
@@ -63,18 +70,24 @@ class EngineContainer:
 
 
 def engine_containers(spec: PDDeploymentSpec) -> list[EngineContainer]:
-    """The engines of the pod: prefill and decode, or engine-0 [, engine-1] in colocated mode."""
+    """The engines of the pod: prefill then decode (one container per instance: prefill or prefill-0,
+    prefill-1, ...), or engine-0 [, engine-1] in colocated mode."""
     if not spec.disaggregated:
         return [_colocated(i, e) for i, e in enumerate(spec.colocated.engines)]
-    p, d = spec.prefill, spec.decode
+    return _role_containers("prefill", spec.prefill) + _role_containers("decode", spec.decode)
+
+
+def _role_containers(role: Literal["prefill", "decode"], settings: DisaggregatedRoleSpec) -> list[EngineContainer]:
+    engines = settings.engine_instances()
+    names = [role] if not settings.instances else [f"{role}-{i}" for i in range(len(engines))]
     return [
-        EngineContainer("prefill", "prefill", p, p.ports.http, p.ports.handshake, p.ports.notify),
-        EngineContainer("decode", "decode", d, d.ports.http, d.ports.handshake, d.ports.notify),
+        EngineContainer(name, role, settings, gpus, ports.http, ports.handshake, ports.notify)
+        for name, (gpus, ports) in zip(names, engines, strict=True)
     ]
 
 
 def _colocated(index: int, engine: ColocatedEngineSpec) -> EngineContainer:
-    return EngineContainer(f"engine-{index}", "engine", engine, engine.port)
+    return EngineContainer(f"engine-{index}", "engine", engine, engine.gpus, engine.port)
 
 
 # ---- vllm serve ------------------------------------------------------------------------------------

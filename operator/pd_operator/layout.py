@@ -123,7 +123,9 @@ class Layout:
 
 
 def _port_prefix(eng: EngineContainer) -> str:
-    return {"prefill": "p", "decode": "d"}.get(eng.role, eng.name.replace("engine-", "e"))
+    """p, d (one engine per role), p0, p1, d0 (several), e0, e1 (colocated): port names stay <= 15 characters."""
+    index = eng.name.rpartition("-")[2] if "-" in eng.name else ""
+    return {"prefill": "p", "decode": "d", "engine": "e"}[eng.role] + index
 
 
 def _gpu_counts(spec: PDDeploymentSpec, engines: list[EngineContainer]) -> list[int | None]:
@@ -165,7 +167,7 @@ def _engine(spec: PDDeploymentSpec, eng: EngineContainer, gpu_count: int | None)
         name=eng.name,
         role=eng.role,
         gpus=tuple(eng.gpus),
-        gpu_range=settings.gpus,
+        gpu_range=eng.gpu_range,
         tensor_parallel_size=settings.tensor_parallel_size,
         port_prefix=prefix,
         ports=tuple((f"{prefix}-{n}", p) for n, p in eng.named_ports),  # every rank's listener

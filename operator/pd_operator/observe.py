@@ -23,7 +23,7 @@ from pd_operator.api import (
     RoleGpus,
     RoleStatus,
 )
-from pd_operator.layout import Layout
+from pd_operator.layout import EngineInstance, Layout
 from pd_operator.render import PROXY_CONTAINER
 from pd_operator.views import MESSAGE_LIMIT, ContainerView, PodView
 
@@ -160,19 +160,22 @@ _GPU_NOTES = {
 def gpu_assignment(layout: Layout) -> GpuAssignment:
     strategy = layout.gpu_strategy
 
-    def shown(gpus: str, count: int) -> str:
-        if strategy == "none":
+    def shown(engines: Sequence[EngineInstance]) -> str:
+        if strategy == "none" or not engines:
             return "-"
-        return gpus if strategy in ("hostDevices", "dra") else f"{count} (plugin-chosen)"
+        if strategy in ("hostDevices", "dra"):
+            return ", ".join(e.gpu_range for e in engines)
+        return "+".join(str(len(e.gpus)) for e in engines) + " (plugin-chosen)"
 
-    cells = {e.role if e.role != "engine" else e.name: shown(e.gpu_range, len(e.gpus)) for e in layout.engines}
-    colocated = [cells[e.name] for e in layout.engines if e.role == "engine"]
+    def of_role(role: str) -> list[EngineInstance]:
+        return [e for e in layout.engines if e.role == role]
+
     return GpuAssignment(
         strategy=strategy,
         note=_GPU_NOTES[strategy],
-        prefill=cells.get("prefill", "-"),
-        decode=cells.get("decode", "-"),
-        engines=colocated,
+        prefill=shown(of_role("prefill")),
+        decode=shown(of_role("decode")),
+        engines=[shown([e]) for e in of_role("engine")],
     )
 
 
@@ -243,9 +246,11 @@ def _role_condition(
     if refused:
         return condition(kind, False, PREFLIGHT_FAILED, "; ".join(refused))
     not_ready = [r.name for r in roles if not r.ready]
+    # Several engines of a role: the counts first, so that `kubectl describe` answers "how many" at a glance.
+    counted = f"{len(roles) - len(not_ready)}/{len(roles)} ready; " if len(roles) > 1 and kind != "ProxyReady" else ""
     if not not_ready:
-        return condition(kind, True, "ContainersReady", ", ".join(r.name for r in roles) + " ready")
-    return condition(kind, False, "ContainersNotReady", "not ready: " + ", ".join(not_ready))
+        return condition(kind, True, "ContainersReady", counted + ", ".join(r.name for r in roles) + " ready")
+    return condition(kind, False, "ContainersNotReady", counted + "not ready: " + ", ".join(not_ready))
 
 
 def find(conditions: Sequence[Condition], kind: str) -> Condition | None:

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.utils import floatToGoString
 
-from pd_operator import layout, render
+from pd_operator import api, layout, render
 from pd_operator import metrics as operator_metrics
 from pd_operator.validation import validate_spec
 from pd_runtime.proxy.metrics import TTFT_BUCKETS, ProxyMetrics
@@ -82,8 +82,11 @@ def test_pod_monitor_scrapes_every_metrics_port_of_every_example(pod_monitor: di
     scraped = {e["port"] for e in endpoints}
     pods = serving_pods()
     every_port = set().union(*(metrics_ports(p) for p in pods))
-    assert {"p-http", "d-http", "e0-http", "admin"} <= every_port
-    assert scraped == every_port
+    assert {"p-http", "d-http", "p0-http", "p1-http", "e0-http", "admin"} <= every_port
+    assert every_port <= scraped
+    # and every name the operator can give an engine's HTTP port, up to the most instances per role
+    per_instance = {f"{r}{i}-http" for r in "pd" for i in range(api.MAX_ROLE_INSTANCES)}
+    assert scraped == {"p-http", "d-http", "e0-http", "e1-http", "admin"} | per_instance
     assert {e["path"] for e in endpoints} == {"/metrics"}
 
 
