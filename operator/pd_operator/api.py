@@ -627,8 +627,14 @@ class ProxySpec(ApiModel):
         protocol.REGISTRATION_PORT,
         description="ZMQ registration (proxy_ping_port); bound to 127.0.0.1 inside the pod.",
     )
-    policy: Literal["round_robin", "least_outstanding"] = Field(
-        "round_robin", description="How the proxy picks engines."
+    policy: Literal["round_robin", "least_outstanding", "least_load"] = Field(
+        "round_robin",
+        description=(
+            "How the proxy picks engines (and DP ranks): round_robin; least_outstanding (fewest requests in "
+            "flight from the proxy); least_load (each engine's own queue depth and KV-cache usage, scraped from "
+            "its vLLM /metrics every second, for several engines per role). Decode never gets more than "
+            "decode.maxNumSeqs in flight per DP rank under any policy."
+        ),
     )
     heartbeat_ttl_seconds: float | None = Field(
         None,

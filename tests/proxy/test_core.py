@@ -77,7 +77,7 @@ def test_router_counts_outstanding_per_slot() -> None:
     assert router.outstanding(first) == 0
 
 
-@pytest.mark.parametrize("policy", ["round_robin", "least_outstanding"])
+@pytest.mark.parametrize("policy", ["round_robin", "least_outstanding", "least_load"])
 def test_router_skips_slots_at_their_limit_and_reports_saturation(policy: Policy) -> None:
     """Per decode DP rank at most ``limit`` requests (the engine's max_num_seqs), whatever the policy."""
     router = Router(policy)

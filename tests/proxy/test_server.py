@@ -40,7 +40,7 @@ async def test_health_ready_and_status_follow_contract_3(pd_setup: SetupFactory)
     assert (await _get_json(setup.client, setup.url + "/ready"))[0] == 200
 
     _, doc = await _get_json(setup.client, setup.admin_url + "/status")
-    assert set(doc) == {"mode", "transfer_mode", "instances", "counts", "last_transfer", "canary"}
+    assert set(doc) == {"mode", "transfer_mode", "policy", "instances", "counts", "last_transfer", "canary"}
     assert doc["mode"] == "disaggregated" and doc["transfer_mode"] == "write"
     assert doc["last_transfer"] is None
     assert doc["canary"] == {"enabled": False, "ok": None, "at": None, "error": None}
@@ -49,7 +49,7 @@ async def test_health_ready_and_status_follow_contract_3(pd_setup: SetupFactory)
     prefill, decode = by_role["P"], by_role["D"]
     assert set(prefill) == {
         "role", "http_address", "zmq_address", "heartbeat_age_s", "healthy",
-        "dp_size", "tp_size", "transfer_mode", "generation",
+        "dp_size", "tp_size", "transfer_mode", "generation", "in_flight", "routed", "load", "load_age_s",
     }  # fmt: skip
     assert prefill["http_address"] == setup.prefill.http_address
     assert prefill["zmq_address"] == "host:127.0.0.1,handshake:6301,notify:6105"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from aiohttp import web
@@ -11,6 +11,7 @@ from pd_runtime.sim.config import parse_args
 from pd_runtime.sim.engine import SimEngine
 from pd_runtime.sim.profiles import get_profile
 from pd_runtime.sim.server import build_app
+from pd_runtime.sim.stack import LocalStack
 from tests.sim.sim_helpers import EngineFactory, RunningEngine
 
 
@@ -33,3 +34,12 @@ async def start_engine() -> AsyncIterator[EngineFactory]:
     yield start
     for item in running:
         await item.stop()
+
+
+@pytest.fixture
+def stacks() -> Iterator[list[LocalStack]]:
+    """Local stacks (real processes) a test launched; each is stopped, by pid, at the end."""
+    started: list[LocalStack] = []
+    yield started
+    for stack in started:
+        stack.stop()

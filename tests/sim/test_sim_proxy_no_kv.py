@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -23,14 +22,6 @@ from tests.sim.sim_helpers import metric, scrape
 pytestmark = pytest.mark.timeout(120)
 SHAPE = EngineShape(tp=1, max_batched_tokens=4096, max_num_seqs=8)
 BODY = {"model": "sim-model", "prompt": "a question", "max_tokens": 8}
-
-
-@pytest.fixture
-def stacks() -> Iterator[list[LocalStack]]:
-    started: list[LocalStack] = []
-    yield started
-    for stack in started:
-        stack.stop()
 
 
 async def _start(

@@ -87,7 +87,13 @@ class ProxyConfig:
         default=(),
         metadata=flag("static engine http://host:port (colocated; repeat the flag)", name="--engine", metavar="URL"),
     )
-    policy: Policy = field(default="round_robin", metadata=flag("how engines are picked"))
+    policy: Policy = field(
+        default="round_robin",
+        metadata=flag(
+            "how engines are picked: round_robin, least_outstanding (fewest in flight from this proxy), least_load "
+            "(the engines' own queue depth and KV-cache usage from their /metrics, see --load-interval)"
+        ),
+    )
     heartbeat_ttl_s: float | None = field(
         default=None,
         metadata=flag(
@@ -100,6 +106,14 @@ class ProxyConfig:
     admin_port: int | None = field(default=8001, metadata=flag("admin port for /status and /metrics; 0 picks one"))
     timeouts: Timeouts = field(default_factory=Timeouts)
     health_interval_s: float = field(default=5.0, metadata=flag("seconds between /health probes", parse=positive_float))
+    load_interval_s: float = field(
+        default=1.0,
+        metadata=flag(
+            "seconds between scrapes of every engine's /metrics (queue depth, KV-cache usage) for the least_load "
+            "policy and /status; 0 disables",
+            parse=non_negative_float,
+        ),
+    )
     max_tokens_policy: MaxTokensPolicy = field(
         default="exact",
         metadata=flag("decode-leg token limit: exact = the client's, decrement = minus 1 like vLLM's toy proxy"),

@@ -236,11 +236,14 @@ class ProxyCore:
 
     def _pick_within(self, pool: str, role: InstanceRole | None, limit: int) -> Target | None:
         """A slot with fewer than ``limit`` requests in flight (0: any), None when all are full."""
-        live = self.registry.live(role, time.monotonic())
+        now = time.monotonic()
+        live = self.registry.live(role, now)
         if not live:
             raise _no_live(role)
         by_key: dict[str, Instance] = {inst.key: inst for inst in live}
-        slot = self.router.pick(pool, [Candidate(inst.key, inst.registration.dp_size) for inst in live], limit)
+        fresh = self.registry.fresh_load
+        candidates = [Candidate(inst.key, inst.registration.dp_size, fresh(inst, now)) for inst in live]
+        slot = self.router.pick(pool, candidates, limit)
         return None if slot is None else Target(by_key[slot.key].registration, slot.dp_rank)
 
     async def _decode_slot(self) -> Target:

@@ -18,6 +18,7 @@ import zmq
 import zmq.asyncio
 
 from pd_runtime.protocol import ProtocolError, parse_registration
+from pd_runtime.proxy.load import parse_engine_load
 from pd_runtime.proxy.metrics import ProxyMetrics
 from pd_runtime.proxy.registry import Instance, Registry
 
@@ -128,9 +129,11 @@ class Housekeeping:
         health_interval_s: float,
         health_timeout_s: float,
         engine_api_key: str | None,
+        load_interval_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.registry = registry
+        self.load_interval_s = load_interval_s
         self.metrics = metrics
         self.session = session
         self.health_interval_s = health_interval_s
@@ -142,6 +145,8 @@ class Housekeeping:
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._sweep_loop()), asyncio.create_task(self._health_loop())]
+        if self.load_interval_s > 0:
+            self._tasks.append(asyncio.create_task(self._load_loop()))
 
     async def stop(self) -> None:
         tasks = [*self._tasks, *self._probes]
@@ -202,6 +207,35 @@ class Housekeeping:
                 inst.role,
                 inst.key,
             )
+
+    async def _load_loop(self) -> None:
+        while True:
+            await self.scrape_loads()
+            await asyncio.sleep(self.load_interval_s)
+
+    async def scrape_loads(self) -> None:
+        """Every live engine's /metrics at once, off the request path; a failed scrape keeps the old
+        report, which goes stale (and out of routing) after a few intervals."""
+        instances = self.registry.live(None, self.clock())
+        pages = await asyncio.gather(*(self._scrape(inst) for inst in instances))
+        for inst, page in zip(instances, pages, strict=True):
+            if page is None:
+                continue
+            try:
+                load = parse_engine_load(page)
+            except ValueError as exc:  # not Prometheus text: keep the old report, let it go stale
+                log.debug("unreadable /metrics from %s: %s", inst.key, exc)
+                continue
+            self.registry.record_load(inst.key, load, self.clock())
+
+    async def _scrape(self, inst: Instance) -> str | None:
+        try:
+            async with asyncio.timeout(self.health_timeout_s):
+                async with self.session.get(f"{inst.base_url}/metrics", headers=self.headers) as resp:
+                    body = await resp.text()
+                    return body if resp.status == 200 else None
+        except (TimeoutError, aiohttp.ClientError, UnicodeDecodeError):
+            return None
 
     async def _probe(self, inst: Instance) -> bool:
         try:

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from pd_runtime.protocol import PING_INTERVAL_S, Registration, TransferMode
 from pd_runtime.proxy.legs import ProxyMode
+from pd_runtime.proxy.load import EngineLoad
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,8 @@ TransferModeSetting = Literal["auto", "write", "read"]
 # A new instance starts at the threshold: vLLM heartbeats from its workers before its HTTP server is up,
 # so an instance enters the rotation only after its first successful probe (sent as it registers).
 HEALTH_FAILURE_THRESHOLD = 2
+# A load report older than this many scrape intervals is not used for routing (the scrape failed or lags).
+LOAD_STALE_INTERVALS = 3
 # TTL = this many heartbeat intervals of the instance's generation unless --heartbeat-ttl is given: 30 s
 # for G2. Before vLLM 0.32 the heartbeat is a thread inside the GPU worker (moriio_connector.py,
 # MoRIIOConnectorWorker._ping), which shares the GIL with the model runner and misses beats during long
@@ -41,6 +44,8 @@ class Instance:
     transfer_mode: TransferMode | None
     last_heartbeat: float | None  # monotonic; None for static engines, which never expire
     health_failures: int = HEALTH_FAILURE_THRESHOLD
+    load: dict[int, EngineLoad] = field(default_factory=dict)  # DP rank -> its last /metrics report
+    load_at: float | None = None  # monotonic time of that report
     key: str = field(init=False)  # http_address, computed once: routing reads it on every request
 
     def __post_init__(self) -> None:
@@ -90,9 +95,15 @@ class Observation:
 
 class Registry:
     def __init__(
-        self, mode: ProxyMode, transfer_mode: TransferModeSetting, ttl_s: float | None, static: list[Instance]
+        self,
+        mode: ProxyMode,
+        transfer_mode: TransferModeSetting,
+        ttl_s: float | None,
+        static: list[Instance],
+        load_interval_s: float = 0.0,
     ) -> None:
         self.mode = mode
+        self.load_max_age_s = LOAD_STALE_INTERVALS * load_interval_s
         self.transfer_mode_setting = transfer_mode
         self.ttl_override = ttl_s
         self.instances: dict[str, Instance] = {inst.key: inst for inst in static}
@@ -132,6 +143,7 @@ class Registry:
             return Observation("refreshed")
         if known is not None:
             fresh.health_failures = known.health_failures
+            fresh.load, fresh.load_at = known.load, known.load_at
         self.instances[reg.http_address] = fresh
         return Observation("added")
 
@@ -159,6 +171,17 @@ class Registry:
         if inst is not None:
             inst.health_failures = 0 if ok else inst.health_failures + 1
         return inst
+
+    def record_load(self, key: str, load: dict[int, EngineLoad], now: float) -> None:
+        inst = self.instances.get(key)
+        if inst is not None:
+            inst.load, inst.load_at = load, now
+
+    def fresh_load(self, inst: Instance, now: float) -> dict[int, EngineLoad]:
+        """The instance's last load report if it is recent enough to route by, else {}."""
+        if inst.load_at is None or now - inst.load_at > self.load_max_age_s:
+            return {}
+        return inst.load
 
     def is_live(self, inst: Instance, now: float) -> bool:
         age = inst.heartbeat_age(now)

@@ -9,17 +9,23 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
-Policy = Literal["round_robin", "least_outstanding"]
-POLICIES: tuple[Policy, ...] = ("round_robin", "least_outstanding")
+from pd_runtime.proxy.load import EngineLoad
+
+Policy = Literal["round_robin", "least_outstanding", "least_load"]
+POLICIES: tuple[Policy, ...] = ("round_robin", "least_outstanding", "least_load")
+# An engine core this full of KV cache is about to preempt (vLLM recomputes the newest sequence): it gets
+# a request only when every other one is as full.
+KV_USAGE_HIGH = 0.9
 
 
 @dataclass(frozen=True)
 class Candidate:
     key: str  # http_address
     dp_size: int
+    load: Mapping[int, EngineLoad] = field(default_factory=dict)  # DP rank -> fresh report; {} if none
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,40 @@ def least_outstanding(slots: list[Slot], outstanding: Mapping[Slot, int], counte
     return min(rotated, key=lambda slot: outstanding.get(slot, 0))
 
 
+def slot_loads(candidates: Sequence[Candidate]) -> dict[Slot, EngineLoad]:
+    """Each slot's reported load (a single-rank instance reports as engine 0)."""
+    return {
+        Slot(c.key, rank if c.dp_size > 1 else None): load
+        for c in candidates
+        for rank, load in c.load.items()
+        if rank < c.dp_size
+    }
+
+
+def least_load(
+    slots: list[Slot], outstanding: Mapping[Slot, int], loads: Mapping[Slot, EngineLoad], counter: int
+) -> Slot:
+    """The slot whose engine is least loaded by its own account, corrected by what the proxy knows.
+
+    Order: KV cache below ``KV_USAGE_HIGH`` first; then the fewest requests, where the count is the
+    larger of the proxy's own in-flight requests (exact now) and the engine's running + waiting (a
+    scrape old, but it includes work the proxy does not see, and a slow engine's backlog); then fewer
+    waiting; then less KV cache used; ties go round-robin. A slot without a fresh report counts only
+    the proxy's in-flight requests.
+    """
+    start = counter % len(slots)
+    rotated = slots[start:] + slots[:start]
+
+    def pressure(slot: Slot) -> tuple[bool, int, int, float]:
+        mine = outstanding.get(slot, 0)
+        reported = loads.get(slot)
+        if reported is None:
+            return (False, mine, 0, 0.0)
+        return (reported.kv_usage >= KV_USAGE_HIGH, max(mine, reported.queue), reported.waiting, reported.kv_usage)
+
+    return min(rotated, key=pressure)
+
+
 def decode_dp_rank(prefill_rank: int | None, prefill_dp: int, decode_rank: int | None, decode_dp: int) -> int | None:
     """§9.1 item 4: D's rank must be in D's range; the same as P's when the DP sizes match
     (both legs on the same rank, PR #46115), otherwise D's own choice."""
@@ -69,6 +109,7 @@ class Router:
         self.policy = policy
         self._counters: Counter[str] = Counter()
         self._outstanding: Counter[Slot] = Counter()
+        self._routed: Counter[str] = Counter()  # requests ever sent to each instance (for /status)
 
     def pick(self, pool: str, candidates: Sequence[Candidate], limit: int = 0) -> Slot | None:
         """Choose a slot among ``candidates`` (non-empty) for the pool named ``pool`` (P, D, E); None when
@@ -80,10 +121,13 @@ class Router:
         self._counters[pool] += 1
         if self.policy == "least_outstanding":
             return least_outstanding(slots, self._outstanding, counter)
+        if self.policy == "least_load":
+            return least_load(slots, self._outstanding, slot_loads(candidates), counter)
         return round_robin(slots, counter)
 
     def acquire(self, slot: Slot) -> None:
         self._outstanding[slot] += 1
+        self._routed[slot.key] += 1
 
     def release(self, slot: Slot) -> None:
         self._outstanding[slot] -= 1
@@ -92,3 +136,10 @@ class Router:
 
     def outstanding(self, slot: Slot) -> int:
         return self._outstanding.get(slot, 0)
+
+    def in_flight(self, key: str) -> int:
+        """Requests in flight on an instance, over all its DP ranks."""
+        return sum(n for slot, n in self._outstanding.items() if slot.key == key)
+
+    def routed(self, key: str) -> int:
+        return self._routed.get(key, 0)

@@ -77,7 +77,9 @@ class ProxyServer:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
         static = [static_engine(url) for url in config.engines]
-        self.registry = Registry(config.mode, config.transfer_mode, config.heartbeat_ttl_s, static)
+        self.registry = Registry(
+            config.mode, config.transfer_mode, config.heartbeat_ttl_s, static, config.load_interval_s
+        )
         self.metrics = ProxyMetrics(self.registry)
         self.core = ProxyCore(config, self.registry, Router(config.policy), self.metrics)
         self.listener = RegistrationListener(config.registration_address, self.registry, self.metrics)
@@ -100,6 +102,7 @@ class ProxyServer:
             self.config.health_interval_s,
             self.config.timeouts.health,
             self.config.engine_api_key,
+            self.config.load_interval_s,
         )
         self.housekeeping.start()
         self.listener.on_added = self.housekeeping.probe_soon
@@ -240,7 +243,12 @@ class ProxyServer:
     def status(self) -> dict[str, Any]:
         assert self.canary is not None
         return build_status(
-            self.registry, time.monotonic(), self.core.in_flight, self.core.last_transfer, self.canary.state
+            self.registry,
+            self.core.router,
+            time.monotonic(),
+            self.core.in_flight,
+            self.core.last_transfer,
+            self.canary.state,
         )
 
     async def _status(self, request: web.Request) -> web.StreamResponse:

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pd_runtime.proxy.registry import Instance, Registry
+from pd_runtime.proxy.routing import Router
 
 
 def rfc3339(moment: datetime) -> str:
@@ -49,8 +50,11 @@ class CanaryState:
         }
 
 
-def instance_json(registry: Registry, inst: Instance, now: float) -> dict[str, Any]:
+def instance_json(registry: Registry, router: Router, inst: Instance, now: float) -> dict[str, Any]:
+    """One instance: registration, liveness, and its load (the engine's last report per DP rank, and
+    what this proxy has in flight on it and ever sent it)."""
     age = inst.heartbeat_age(now)
+    load_age = None if inst.load_at is None else round(max(0.0, now - inst.load_at), 3)
     return {
         "role": inst.role,
         "http_address": inst.key,
@@ -61,16 +65,26 @@ def instance_json(registry: Registry, inst: Instance, now: float) -> dict[str, A
         "tp_size": inst.registration.tp_size,
         "transfer_mode": inst.transfer_mode,
         "generation": inst.generation,
+        "in_flight": router.in_flight(inst.key),
+        "routed": router.routed(inst.key),
+        "load": {str(rank): load.to_json() for rank, load in sorted(inst.load.items())},
+        "load_age_s": load_age,
     }
 
 
 def build_status(
-    registry: Registry, now: float, in_flight: int, last_transfer: LastTransfer | None, canary: CanaryState
+    registry: Registry,
+    router: Router,
+    now: float,
+    in_flight: int,
+    last_transfer: LastTransfer | None,
+    canary: CanaryState,
 ) -> dict[str, Any]:
     return {
         "mode": registry.mode,
         "transfer_mode": None if registry.transfer_mode is None else registry.transfer_mode.lower(),
-        "instances": [instance_json(registry, inst, now) for inst in registry.instances.values()],
+        "policy": router.policy,
+        "instances": [instance_json(registry, router, inst, now) for inst in registry.instances.values()],
         "counts": {
             "prefill": len(registry.live("P", now)),
             "decode": len(registry.live("D", now)),

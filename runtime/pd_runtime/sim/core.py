@@ -37,6 +37,7 @@ class EngineCore:
         self._scheduler = scheduler
         self._clock = clock
         self._metrics = metrics
+        self._gauge = metrics.scheduler_gauges(rank)
         self._wake = asyncio.Event()
         self._sinks: dict[int, asyncio.Queue[Emitted | str]] = {}
         self._on_allocated: dict[int, Callable[[], None]] = {}
@@ -78,8 +79,9 @@ class EngineCore:
         self._gauges()
 
     def _gauges(self) -> None:
-        self._metrics.running.set(len(self._scheduler.running))
-        self._metrics.waiting.set(len(self._scheduler.waiting))
+        self._gauge.running.set(len(self._scheduler.running))
+        self._gauge.waiting.set(len(self._scheduler.waiting))
+        self._gauge.kv_usage.set(self._scheduler.kv_usage)
 
     def _admit(self) -> None:
         for seq in self._scheduler.preempt():

@@ -6,10 +6,18 @@ shows as 0.1 s), so they compare directly with what a client measured.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
 _ITL_BUCKETS = (0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+
+
+class SchedulerGauges(NamedTuple):
+    running: Gauge
+    waiting: Gauge
+    kv_usage: Gauge
 
 
 class EngineMetrics:
@@ -36,10 +44,15 @@ class EngineMetrics:
         self.e2e = Histogram(
             "vllm:e2e_request_latency_seconds", "End-to-end latency.", labels, buckets=_LATENCY_BUCKETS, registry=reg
         ).labels(model_name)
-        self.running = Gauge("vllm:num_requests_running", "Requests in a batch.", labels, registry=reg).labels(
-            model_name
+        # The scheduler's gauges carry vLLM 0.31's per-engine-core label too (``engine``: the DP rank;
+        # v1/metrics/loggers.py, PrometheusStatLogger: labelnames ["model_name", "engine"]), so that a
+        # DP engine shows one series per rank, as the proxy's load-aware routing reads them.
+        per_core = [*labels, "engine"]
+        self._running = Gauge("vllm:num_requests_running", "Requests in a batch.", per_core, registry=reg)
+        self._waiting = Gauge("vllm:num_requests_waiting", "Requests waiting.", per_core, registry=reg)
+        self._kv_usage = Gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", per_core, registry=reg
         )
-        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting.", labels, registry=reg).labels(model_name)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens.", labels, registry=reg).labels(model_name)
         self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", labels, registry=reg).labels(
             model_name
@@ -75,6 +88,13 @@ class EngineMetrics:
         )
         self.blocks_held = Gauge(
             "pd_sim_kv_blocks_held", "Producer blocks kept for a decode engine (delay-freed).", registry=reg
+        )
+
+    def scheduler_gauges(self, rank: int) -> SchedulerGauges:
+        """The running, waiting and KV-usage gauges of one engine core (DP rank)."""
+        values = (self._model, str(rank))
+        return SchedulerGauges(
+            self._running.labels(*values), self._waiting.labels(*values), self._kv_usage.labels(*values)
         )
 
     def success(self, reason: str) -> None:

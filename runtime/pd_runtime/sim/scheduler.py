@@ -107,6 +107,13 @@ class Scheduler:
         held = sum(s.blocks for s in self.running) + sum(s.blocks for s in self.waiting if s.allocated)
         return self.kv_blocks - held
 
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of the KV cache's blocks held (vllm:kv_cache_usage_perc); 0 for an unbounded cache."""
+        if not self.kv_blocks:
+            return 0.0
+        return min(1.0, (self.kv_blocks - self._free_blocks()) / self.kv_blocks)
+
     def allocate_remote(self) -> Iterator[Sequence]:
         """Remote-KV sequences that get their blocks now, which is when a decode engine sends its block
         list to prefill: vLLM considers waiting requests only while fewer than ``max_num_seqs`` run, so

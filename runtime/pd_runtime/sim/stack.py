@@ -33,7 +33,7 @@ class LocalStack:
     proxy_url: str
     admin_url: str
     engine_urls: dict[str, str]
-    _procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     _logs: list[IO[bytes]] = field(default_factory=list)
 
     async def wait_ready(self, timeout_s: float = 30.0) -> None:
@@ -53,15 +53,21 @@ class LocalStack:
                 await asyncio.sleep(0.2)
 
     def _check_alive(self) -> None:
-        for proc in self._procs:
-            if proc.poll() is not None:
+        for proc in self._procs.values():
+            if proc.poll() is not None and proc.returncode != -signal.SIGKILL:
                 raise RuntimeError(f"process {proc.args!r} exited with {proc.returncode}")
 
+    def kill(self, name: str) -> None:
+        """SIGKILL one process (an engine dying mid-run: no goodbye on any socket)."""
+        proc = self._procs[name]
+        proc.kill()
+        proc.wait()
+
     def stop(self) -> None:
-        for proc in self._procs:
+        for proc in self._procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for proc in self._procs:
+        for proc in self._procs.values():
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -97,6 +103,11 @@ def _kv_config(role: str, port: int, handshake: int, notify: int, registration: 
     return json.dumps({"kv_connector": "MoRIIOConnector", "kv_role": role, "kv_connector_extra_config": extra})
 
 
+def _instance(role: str, index: int, count: int) -> str:
+    """Engine names as the operator gives containers: prefill alone, prefill-0, prefill-1 with several."""
+    return role if count == 1 else f"{role}-{index}"
+
+
 def launch(
     topology: Topology,
     profile: str,
@@ -123,7 +134,16 @@ def launch(
         proxy += ["--mode", "colocated"]
     else:
         read = topology.kind == "read"
-        roles = (("prefill", "kv_producer", topology.prefill), ("decode", "kv_consumer", topology.decode))
+        roles = (
+            *(
+                (_instance("prefill", i, topology.prefills), "kv_producer", topology.prefill)
+                for i in range(topology.prefills)
+            ),
+            *(
+                (_instance("decode", i, topology.decodes), "kv_consumer", topology.decode)
+                for i in range(topology.decodes)
+            ),
+        )
         for name, role, shape in roles:
             port, handshake, notify = free_port(), free_port_block(shape.tp), free_port_block(shape.tp)
             kv = _kv_config(role, port, handshake, notify, registration, read)
@@ -140,6 +160,6 @@ def launch(
     for name, argv in commands.items():
         handle = (log_dir / f"{name}.log").open("wb")
         stack._logs.append(handle)
-        stack._procs.append(subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=env))
-        log.info("started %s (pid %d)", name, stack._procs[-1].pid)
+        stack._procs[name] = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=env)
+        log.info("started %s (pid %d)", name, stack._procs[name].pid)
     return stack

@@ -42,6 +42,10 @@ class Topology:
     engine: EngineShape = EngineShape()
     prefill: EngineShape = EngineShape(tp=4, max_batched_tokens=4096, max_num_seqs=64)
     decode: EngineShape = EngineShape(tp=4, max_batched_tokens=4096, max_num_seqs=64)
+    prefills: int = 1
+    """Prefill engines (xPyD); real processes only (``stack.launch``), the discrete-event model runs one."""
+    decodes: int = 1
+    """Decode engines, likewise."""
 
 
 @dataclass(frozen=True)

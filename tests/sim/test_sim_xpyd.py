@@ -1,0 +1,70 @@
+"""Real processes (`pdctl proxy` + simulated engines): several engines per role behind one proxy.
+
+Load-aware routing reads every engine's /metrics (vLLM 0.31's gauges) and spreads prefill over both
+instances; /status shows each instance's load and how many requests it got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from pd_runtime.sim.stack import LocalStack, launch
+from pd_runtime.sim.system import EngineShape, Topology
+
+pytestmark = pytest.mark.timeout(120)
+SHAPE = EngineShape(tp=1, max_batched_tokens=4096, max_num_seqs=8)
+BODY = {"model": "sim-model", "prompt": "a question", "max_tokens": 16}
+
+
+async def start_2p1d(stacks: list[LocalStack], path: Path, *proxy: str, profile: str = "instant") -> LocalStack:
+    topology = Topology("write", prefill=SHAPE, decode=EngineShape(tp=1, max_num_seqs=64), prefills=2)
+    stack = launch(topology, profile, 10.0, path, extra_proxy_args=("--policy", "least_load", *proxy))
+    stacks.append(stack)
+    await stack.wait_ready(timeout_s=60)
+    return stack
+
+
+async def status(session: aiohttp.ClientSession, stack: LocalStack) -> dict[str, Any]:
+    async with session.get(stack.admin_url + "/status") as resp:
+        doc: dict[str, Any] = await resp.json()
+        return doc
+
+
+async def wait_for_prefills(session: aiohttp.ClientSession, stack: LocalStack, count: int) -> None:
+    for _ in range(200):
+        if (await status(session, stack))["counts"]["prefill"] == count:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"never {count} live prefill instances")
+
+
+async def completion(session: aiohttp.ClientSession, stack: LocalStack) -> int:
+    async with session.post(stack.proxy_url + "/v1/completions", json=BODY) as resp:
+        await resp.read()
+        return resp.status
+
+
+async def test_least_load_uses_both_prefill_instances_and_status_shows_their_load(
+    stacks: list[LocalStack], tmp_path: Path
+) -> None:
+    stack = await start_2p1d(stacks, tmp_path, "--load-interval", "0.2", profile="qwen3-235b-mi300x")
+    async with aiohttp.ClientSession() as session:
+        await wait_for_prefills(session, stack, 2)
+        statuses = await asyncio.gather(*(completion(session, stack) for _ in range(24)))
+        await asyncio.sleep(0.5)  # one more scrape after the burst
+        doc = await status(session, stack)
+    assert statuses == [200] * 24
+    assert doc["policy"] == "least_load"
+    prefills = [i for i in doc["instances"] if i["role"] == "P"]
+    assert len(prefills) == 2
+    routed = sorted(i["routed"] for i in prefills)
+    assert routed[0] > 0 and sum(routed) == 24, routed  # both used; the proxy's canary is off here
+    for inst in doc["instances"]:
+        assert inst["load_age_s"] is not None and inst["load_age_s"] < 2, inst
+        assert set(inst["load"]["0"]) == {"running", "waiting", "kv_cache_usage"}
+        assert inst["in_flight"] == 0
