@@ -194,7 +194,8 @@ class ControlPlane:
             f"--kubelet-client-certificate={material.kubelet_client_cert}",
             f"--kubelet-client-key={material.kubelet_client_key}",
             "--authorization-mode=Node,RBAC",
-            "--enable-admission-plugins=NodeRestriction",
+            # As hardened clusters (and OpenShift) run it: blockOwnerDeletion needs update on the owner's finalizers.
+            "--enable-admission-plugins=NodeRestriction,OwnerReferencesPermissionEnforcement",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={material.sa_public}",
             f"--service-account-signing-key-file={material.sa_private}",

@@ -20,6 +20,7 @@ import pytest
 
 from e2e.cluster import ControlPlane, binaries_dir, new_workdir
 from e2e.stack import Stack
+from e2e.tests.kube import create_namespace
 
 pytestmark = pytest.mark.e2e
 
@@ -81,11 +82,19 @@ def node_pool(stack: Stack) -> Callable[[str, int], list[str]]:
     return start
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "pod_security(level): the Pod Security level the test's namespace enforces (default baseline)"
+    )
+
+
 @pytest.fixture
-def namespace(cp: ControlPlane) -> Iterator[str]:
-    """A fresh namespace per test; deleted afterwards (namespace controller and GC clean up)."""
-    name = f"t-{secrets.token_hex(3)}"
-    cp.kubectl("create", "namespace", name)
+def namespace(cp: ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test, enforcing Pod Security baseline unless the test's pod_security marker says
+    otherwise (a test that runs privileged or host-network pods asks for privileged, as a user would have to);
+    deleted afterwards (namespace controller and GC clean up)."""
+    marker = request.node.get_closest_marker("pod_security")
+    name = create_namespace(cp, f"t-{secrets.token_hex(3)}", marker.args[0] if marker else "baseline")
     yield name
     cp.kubectl("delete", "namespace", name, "--wait=false", check=False)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import httpx
 
@@ -76,6 +76,27 @@ def container_status(obj: Obj | None, name: str) -> Obj:
         if status["name"] == name:
             return dict(status)
     return {}
+
+
+PodSecurityLevel = Literal["privileged", "baseline", "restricted"]
+POD_SECURITY = "pod-security.kubernetes.io"
+
+
+def pod_security_labels(enforce: PodSecurityLevel) -> dict[str, str]:
+    """The labels a cluster admin sets: enforce a level, warn and audit against restricted (the usual rollout)."""
+    return {
+        f"{POD_SECURITY}/enforce": enforce,
+        f"{POD_SECURITY}/warn": "restricted",
+        f"{POD_SECURITY}/audit": "restricted",
+    }
+
+
+def create_namespace(cp: ControlPlane, name: str, enforce: PodSecurityLevel = "baseline") -> str:
+    """A namespace labelled for Pod Security admission as a user would label it; returns its name."""
+    manifest: Obj = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    manifest["metadata"]["labels"] = pod_security_labels(enforce)
+    cp.kubectl("create", "-f", "-", input_text=json.dumps(manifest))
+    return name
 
 
 def apply(cp: ControlPlane, manifest: str, namespace: str) -> str:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
 from e2e.cluster import REPO_ROOT, ControlPlane
 from e2e.stack import NODE_NAME, Stack
@@ -353,6 +354,7 @@ def _listing(message: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in message.strip().splitlines())
 
 
+@pytest.mark.pod_security("privileged")  # a privileged container / hostNetwork, as a user must
 def test_device_plugins_give_each_container_its_own_devices(cp: ControlPlane, namespace: str) -> None:
     """As the AMD GPU plugin and the RDMA plugins allocate: disjoint GPUs, shared HCAs, exclusive NICs."""
     containers = [
@@ -395,6 +397,7 @@ spec:
 """
 
 
+@pytest.mark.pod_security("privileged")  # a privileged container / hostNetwork, as a user must
 def test_host_network_pods_live_in_the_nodes_namespace_not_the_machines(
     stack: Stack, cp: ControlPlane, namespace: str
 ) -> None:

@@ -24,6 +24,7 @@ from e2e.tests.kube import (
     Obj,
     apply,
     condition,
+    create_namespace,
     get,
     pdd,
     phase,
@@ -90,7 +91,7 @@ def modes_namespace(operator: Stack) -> Iterator[str]:
     """All three simulated examples applied at once, so they come up in parallel."""
     cp = operator.cp
     namespace = "pd-modes"
-    cp.kubectl("create", "namespace", namespace)
+    create_namespace(cp, namespace)
     for mode in EXAMPLES:
         apply_obj(cp, load_example(mode), namespace)
     yield namespace
@@ -185,7 +186,7 @@ LIFECYCLE = "lifecycle"
 def lifecycle(operator: Stack) -> Iterator[str]:
     cp = operator.cp
     namespace = "pd-lifecycle"
-    cp.kubectl("create", "namespace", namespace)
+    create_namespace(cp, namespace)
     obj = load_example("write", LIFECYCLE)
     obj["spec"]["goodputProbe"] = {"enabled": False}
     apply_obj(cp, obj, namespace)
@@ -273,6 +274,7 @@ def test_operator_restart_mid_reconcile_converges_without_duplicates(
 EXPECTED_RULES = {
     "pddeployments.pd.serving.dev": {"get", "list", "watch", "patch"},
     "pddeployments.pd.serving.dev/status": {"get", "patch", "update"},
+    "pddeployments.pd.serving.dev/finalizers": {"update"},
     "pods": {"get", "list", "watch", "create", "delete", "patch"},
     "services": {"get", "list", "watch", "create", "patch", "delete"},
     "events": {"create", "patch"},

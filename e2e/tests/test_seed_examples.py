@@ -25,7 +25,18 @@ import yaml
 from e2e.cluster import REPO_ROOT, ControlPlane
 from e2e.procs import stop
 from e2e.stack import NODE_NAME, Stack
-from e2e.tests.kube import Obj, apply, condition, get, pdd, pod, stream_completion, wait_for, wait_pdd_ready
+from e2e.tests.kube import (
+    Obj,
+    apply,
+    condition,
+    create_namespace,
+    get,
+    pdd,
+    pod,
+    stream_completion,
+    wait_for,
+    wait_pdd_ready,
+)
 
 SEED_EXAMPLES = ["write", "read", "colocated"]
 SERVING_CONDITIONS = {
@@ -84,7 +95,7 @@ def refused_deployment(operator: Stack) -> Iterator[str]:
         "nodeSelector": {"kubernetes.io/hostname": MISCONFIGURED_NODE},
         "tolerations": [{"key": MISCONFIGURED_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
     }
-    cp.kubectl("create", "namespace", REFUSED_NAMESPACE)
+    create_namespace(cp, REFUSED_NAMESPACE, "privileged")  # engine vllm: see docs/gpu-allocation.md
     apply(cp, json.dumps(obj), REFUSED_NAMESPACE)
     yield REFUSED_NAMESPACE
     cp.kubectl("delete", "pdd", REFUSED, "-n", REFUSED_NAMESPACE, "--wait=false", check=False)
@@ -99,7 +110,7 @@ def refused_deployment(operator: Stack) -> Iterator[str]:
 def test_seed_example_serves_through_the_real_preflight(operator: Stack, cp: ControlPlane, mode: str) -> None:
     obj = seed_example(mode)
     name, namespace = obj["metadata"]["name"], f"seed-{mode}"
-    cp.kubectl("create", "namespace", namespace)
+    create_namespace(cp, namespace, "privileged")  # engine vllm with a hostPath model: privileged
     try:
         apply(cp, json.dumps(obj), namespace)
         status = wait_pdd_ready(cp, namespace, name, timeout_s=150)["status"]

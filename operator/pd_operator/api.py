@@ -510,7 +510,8 @@ class GpuAllocationSpec(ApiModel):
     strategy: Literal["devicePlugin", "hostDevices", "dra"] = Field(
         "devicePlugin",
         description=(
-            "devicePlugin: amd.com/gpu per container, the plugin picks the devices, no privileges (default). "
+            "devicePlugin: amd.com/gpu per container, the plugin picks the devices, no privileged container (default; "
+            "Pod Security level in docs/gpu-allocation.md). "
             "hostDevices: exact ranges via privileged containers and CUDA/HIP_VISIBLE_DEVICES while the pod "
             "still requests the node's GPUs for scheduler accounting. dra: a ResourceClaimTemplate pins devices."
         ),
@@ -1140,7 +1141,7 @@ class Condition(ApiModel):
 
     type: Annotated[str, StringConstraints(min_length=1, max_length=64)] = Field(
         description="SpecValid, PrefillReady, DecodeReady, EngineReady, ProxyReady, Ready, KVTransferVerified, "
-        "GoodputMet."
+        "GoodputMet, ChildrenAdmitted."
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: Annotated[str, StringConstraints(max_length=128)] = Field("", description="CamelCase reason.")
@@ -1288,7 +1289,8 @@ class PDDeploymentStatus(ApiModel):
         default_factory=list,
         max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-        description="SpecValid, role readiness, Ready, KVTransferVerified, GoodputMet.",
+        description="SpecValid, role readiness, Ready, KVTransferVerified, GoodputMet, ChildrenAdmitted (False "
+        "while the API server refuses a child: the object, the policy and the fields at fault).",
     )
     goodput: GoodputStatus | None = Field(None, description="Latest goodput probe result.")
     probe: ProbeState = Field(default_factory=ProbeState, description="Probe Job bookkeeping.")

@@ -19,6 +19,7 @@ from pd_operator import goodput, layout, observe, render
 from pd_operator.api import RUN_PROBE_ANNOTATION, GoodputStatus, PDDeploymentSpec, PDDeploymentStatus, ProbeState
 from pd_operator.layout import Layout
 from pd_operator.observe import Event, Observation, ProxyReport
+from pd_operator.refusals import ApiFailure, Refusal, refusal
 from pd_operator.validation import SpecError, validate_spec
 from pd_operator.views import JobView, PodView, pod_view
 
@@ -49,7 +50,7 @@ class Snapshot:
     jobs: Sequence[JobView] = ()  # probe Jobs (kopf index)
     proxy: ProxyReport | None = None  # fetched from proxy_url() beforehand, when it asks for one
     repair_children: bool = True  # apply the Service, NetworkPolicy (and claim template) this time
-    failed: Mapping[str, str] = field(default_factory=dict)  # Action.key -> error, from executing once
+    failed: Mapping[str, ApiFailure] = field(default_factory=dict)  # Action.key -> error, from executing once
 
 
 # ---- actions ---------------------------------------------------------------------------------------------
@@ -149,7 +150,7 @@ def _pod_step(snap: Snapshot, desired: Obj, live: PodView | None) -> PodStep:
     act: Action = Create(desired) if verb == "create" else Delete("Pod", desired["metadata"]["name"])
     failure = snap.failed.get(act.key)
     if failure is not None:
-        return PodStep(live, False, error=f"cannot {verb} the serving pod: {failure}")
+        return PodStep(live, False, error=f"cannot {verb} the serving pod: {_refusal(act.key, failure).describe()}")
     pod = pod_view(desired) if verb == "create" else live
     return PodStep(pod, verb == "create", (act, Emit(_POD_EVENTS[verb])))
 
@@ -236,6 +237,16 @@ def _start(snap: Snapshot, spec: PDDeploymentSpec, lay: Layout, step: ProbeStep,
 # ---- decide ------------------------------------------------------------------------------------------------
 
 
+def _refusal(key: str, failure: ApiFailure) -> Refusal:
+    return refusal(key.split(" ", 1)[1], failure)  # key: "<verb> <Kind>/<name>"
+
+
+def children_refused(stored_status: Mapping[str, Any]) -> bool:
+    """Whether the API server refused a child last time: then every tick writes the children again (not
+    only every drift-repair interval), so that the condition clears as soon as the cause is fixed."""
+    return observe.children_refused(observe.parse(stored_status))
+
+
 def _owner(d: Deployment) -> layout.Owner:
     return layout.Owner(name=d.name, namespace=d.namespace, uid=d.uid, generation=d.generation)
 
@@ -288,6 +299,8 @@ def decide(snap: Snapshot) -> Decision:
         proxy=snap.proxy,
         previous=previous,
         goodput=collected.goodput,
+        refusals=tuple(_refusal(key, failure) for key, failure in snap.failed.items()),
+        children_written=snap.repair_children,
     )
     observed = observe.status(obs)
     ctx = ProbeContext(observed.phase, observed.goodput is not None, running)

@@ -28,6 +28,7 @@ from pd_operator import api, decide, metrics, render
 from pd_operator.decide import Action, Apply, Create, Decision, Delete, Snapshot
 from pd_operator.kube import Kube, KubeError
 from pd_operator.observe import ProxyReport
+from pd_operator.refusals import ApiFailure
 from pd_operator.settings import Settings
 from pd_operator.views import JobView, PodView, job_view, pod_view
 
@@ -93,7 +94,7 @@ async def _execute(kube: KubeLike, namespace: str, action: Action) -> None:
         await kube.delete(action.kind, namespace, action.name)
 
 
-async def execute(kube: KubeLike, snap: Snapshot, actions: tuple[Action, ...]) -> dict[str, str]:
+async def execute(kube: KubeLike, snap: Snapshot, actions: tuple[Action, ...]) -> dict[str, ApiFailure]:
     """Run the API actions in order; returns the failures by action key (Events are posted by kopf)."""
     d, failed = snap.deployment, {}
     for action in actions:
@@ -105,7 +106,7 @@ async def execute(kube: KubeLike, snap: Snapshot, actions: tuple[Action, ...]) -
         except KubeError as exc:
             metrics.RECONCILE_ERRORS.labels(kind).inc()
             log.warning("%s/%s: cannot %s: %s", d.namespace, d.name, action.key, exc)
-            failed[action.key] = str(exc)
+            failed[action.key] = exc.failure
             continue
         if not isinstance(action, Apply):  # an apply that changed nothing is no write
             metrics.CHILD_WRITES.labels(kind, action.key.split()[0]).inc()
@@ -191,7 +192,9 @@ async def _handle(trigger: str, kwargs: Mapping[str, Any]) -> None:
     state: ObjectState = memo.setdefault("object", ObjectState())
     async with state.lock:
         repair = (
-            trigger != "timer" or time.monotonic() - state.children_applied > operator.settings.drift_repair_seconds
+            trigger != "timer"
+            or time.monotonic() - state.children_applied > operator.settings.drift_repair_seconds
+            or decide.children_refused(kwargs["body"].status)
         )
         if repair:
             state.children_applied = time.monotonic()

@@ -18,6 +18,7 @@ from typing import Any
 
 from kubernetes import client, config
 
+from pd_operator.refusals import DETAIL_LIMIT, ApiFailure, failure_from_status
 from pd_operator.settings import FIELD_MANAGER
 
 log = logging.getLogger(__name__)
@@ -42,11 +43,20 @@ KINDS: dict[str, Kind] = {
 
 
 class KubeError(RuntimeError):
-    """An API call failed; ``status`` is the HTTP status (0 when the server was not reached)."""
+    """An API call failed; ``status`` is the HTTP status (0 when the server was not reached), ``failure``
+    the server's own account of it (refusals.py reads the policy and fields from it)."""
 
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"HTTP {status}: {message}")
-        self.status = status
+    def __init__(self, failure: ApiFailure) -> None:
+        super().__init__(str(failure))
+        self.status = failure.code
+        self.failure = failure
+
+
+def _body(data: bytes | str | None) -> Any:
+    try:
+        return json.loads(data or b"")
+    except ValueError:
+        return (data.decode(errors="replace") if isinstance(data, bytes) else data or "")[:DETAIL_LIMIT]
 
 
 def collection_path(kind: str, namespace: str) -> str:
@@ -92,12 +102,12 @@ class Kube:
             response = self.api.call_api(*params, _request_timeout=30)
             response.read()  # type: ignore[no-untyped-call]
         except client.ApiException as exc:
-            raise KubeError(exc.status or 0, str(exc.reason)) from exc
+            raise KubeError(failure_from_status(exc.status or 0, _body(exc.body) or str(exc.reason))) from exc
         except Exception as exc:  # connection errors of urllib3 and friends
-            raise KubeError(0, f"{type(exc).__name__}: {exc}") from exc
+            raise KubeError(ApiFailure(0, message=f"{type(exc).__name__}: {exc}")) from exc
         data: bytes = response.data or b""
         if response.status >= 400:
-            raise KubeError(response.status, data.decode(errors="replace")[:500])
+            raise KubeError(failure_from_status(response.status, _body(data)))
         return json.loads(data) if data else None
 
     async def call(

@@ -105,6 +105,7 @@ class Layout:
     gpu_strategy: GpuStrategy  # "none" when the engines reserve no GPUs
     dra_device_class: str | None  # set when a ResourceClaimTemplate pins the GPUs
     privileged_engines: bool  # hostDevices with real engines
+    rdma_engines: bool  # real engines moving KV over RDMA: they pin memory (IPC_LOCK)
     simulated: bool
     model: ModelVolume | None
     startup_failure_threshold: int
@@ -222,6 +223,7 @@ def build(owner: Owner, spec: PDDeploymentSpec) -> Layout:
         gpu_strategy=spec.gpu_allocation.strategy if spec.reserves_gpus else "none",
         dra_device_class=spec.gpu_allocation.dra.device_class_name if spec.uses_dra else None,
         privileged_engines=spec.engine == "vllm" and spec.gpu_allocation.strategy == "hostDevices",
+        rdma_engines=spec.engine == "vllm" and spec.disaggregated and spec.kv_transfer.backend == "rdma",
         simulated=spec.engine == "simulated",
         model=_model_volume(spec),
         startup_failure_threshold=math.ceil(spec.model_storage.load_timeout_seconds / STARTUP_PROBE_PERIOD_S),

@@ -24,6 +24,7 @@ from pd_operator.api import (
     RoleStatus,
 )
 from pd_operator.layout import EngineInstance, Layout
+from pd_operator.refusals import Refusal
 from pd_operator.render import PROXY_CONTAINER
 from pd_operator.views import MESSAGE_LIMIT, ContainerView, PodView
 
@@ -40,6 +41,8 @@ CRASH_REASONS = frozenset(
     }
 )
 KV_VERIFIED = "KVTransferVerified"
+CHILDREN_ADMITTED = "ChildrenAdmitted"
+CHILD_REFUSED = "ChildRefused"
 # `pdctl engine` exits with this code (EX_CONFIG) when its preflight refuses to start the engine; its
 # reason is the container's termination message (pd_runtime.launcher.EXIT_PREFLIGHT_FAILED).
 PREFLIGHT_EXIT_CODE = 78
@@ -69,6 +72,8 @@ class Observation:
     proxy: ProxyReport | None = None
     previous: PDDeploymentStatus = field(default_factory=PDDeploymentStatus)
     goodput: GoodputStatus | None = None  # a fresh probe result; None keeps the previous one
+    refusals: Sequence[Refusal] = ()  # child writes the API server refused this time
+    children_written: bool = True  # every applied child was written this time (drift repair)
 
 
 @dataclass(frozen=True)
@@ -296,6 +301,24 @@ def kv_transfer_condition(obs: Observation) -> Condition:
     return condition(KV_VERIFIED, True, "TransferCompleted", message)
 
 
+def children_refused(previous: PDDeploymentStatus) -> bool:
+    found = find(previous.conditions, CHILDREN_ADMITTED)
+    return found is not None and found.status == "False"
+
+
+def children_condition(obs: Observation) -> Condition:
+    """False while the API server refuses a child (pod, Service, NetworkPolicy, claim template, Job), naming
+    the object, the policy and the fields; True once every child was written. A tick that wrote only some
+    children keeps what the last full write found (a refusal makes every tick a full write)."""
+    if obs.refusals:
+        message = "; ".join(r.describe() for r in obs.refusals)
+        return condition(CHILDREN_ADMITTED, False, obs.refusals[0].reason, message)
+    kept = find(obs.previous.conditions, CHILDREN_ADMITTED)
+    if kept is not None and not obs.children_written:
+        return kept.model_copy()
+    return condition(CHILDREN_ADMITTED, True, "Admitted", "the API server accepted every child")
+
+
 def goodput_condition(spec: PDDeploymentSpec, goodput: GoodputStatus | None) -> Condition:
     kind = "GoodputMet"
     if not spec.goodput_probe.enabled:
@@ -355,7 +378,7 @@ def status(obs: Observation) -> PDDeploymentStatus:
     conds += _role_conditions(roles, _pod_not_usable(obs), preflight_refusals(pod))
     phase, message = phase_of(obs, roles, ready_set(layout).satisfied(conds))
     conds.append(condition("Ready", phase == "Ready", phase, "serving" if phase == "Ready" else "not serving"))
-    conds += [kv_transfer_condition(obs), goodput_condition(spec, goodput)]
+    conds += [kv_transfer_condition(obs), goodput_condition(spec, goodput), children_condition(obs)]
     current = obs.pod_current and pod is not None
     return obs.previous.model_copy(
         update={
@@ -392,10 +415,13 @@ def events(old: PDDeploymentStatus, new: PDDeploymentStatus) -> list[Event]:
         found.append(Event(_PHASE_EVENT[new.phase], new.phase, new.message))
     before = {c.type: c.status for c in old.conditions}
     reasons_before = {c.type: c.reason for c in old.conditions}
+    messages_before = {c.type: c.message for c in old.conditions}
     for cond in new.conditions:
         kind, value = cond.type, cond.status
         if cond.reason == PREFLIGHT_FAILED and reasons_before.get(kind) != PREFLIGHT_FAILED:
             found.append(Event("Warning", PREFLIGHT_FAILED, cond.message))
+        if kind == CHILDREN_ADMITTED and value == "False" and messages_before.get(kind) != cond.message:
+            found.append(Event("Warning", CHILD_REFUSED, cond.message))
         if before.get(kind) == value or value == "Unknown":
             continue
         if kind == "SpecValid" and value == "False":

@@ -129,9 +129,13 @@ def _engine_security(lay: Layout) -> Obj:
         }
     if lay.privileged_engines:
         return {"privileged": True, "seccompProfile": {"type": "Unconfined"}}
+    # seccomp Unconfined and SYS_PTRACE: AMD's guidance for non-privileged GPU containers and vLLM's ROCm
+    # recipe; IPC_LOCK only where RDMA pins memory regions (beyond RLIMIT_MEMLOCK). docs/gpu-allocation.md
+    # has the Pod Security level each combination needs.
+    added = ["SYS_PTRACE", "IPC_LOCK"] if lay.rdma_engines else ["SYS_PTRACE"]
     return {
         "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE", "IPC_LOCK"]},
+        "capabilities": {"drop": ["ALL"], "add": added},
         "seccompProfile": {"type": "Unconfined"},
     }
 

@@ -12,6 +12,7 @@ Grant = tuple[str, str, str, str]  # (namespace or "*" for cluster-wide, apiGrou
 NAMESPACED_NEEDS: dict[tuple[str, str], str] = {
     ("pd.serving.dev", "pddeployments"): "get list watch patch",
     ("pd.serving.dev", "pddeployments/status"): "get patch update",
+    ("pd.serving.dev", "pddeployments/finalizers"): "update",  # blockOwnerDeletion on every child
     ("", "pods"): "get list watch create delete patch",
     ("", "services"): "get list watch create patch delete",
     ("", "events"): "create patch",

@@ -11,6 +11,7 @@ from pd_operator import decide, layout, render
 from pd_operator.api import RUN_PROBE_ANNOTATION
 from pd_operator.decide import Apply, Create, Decision, Delete, Deployment, Snapshot
 from pd_operator.observe import ProxyReport, wire
+from pd_operator.refusals import ApiFailure
 from pd_operator.validation import validate_spec
 from pd_operator.views import job_view, pod_view
 from tests.operator.podfacts import finished_job, proxy_status, running_pod, summary
@@ -85,9 +86,58 @@ def test_invalid_spec_is_failed_with_no_actions_but_events() -> None:
 def test_a_failed_pod_creation_becomes_the_status_message() -> None:
     first = decide.decide(snapshot())
     key = next(a.key for a in first.actions if isinstance(a, Create))
-    again = decide.decide(snapshot(failed={key: "HTTP 0: connection refused"}))
+    again = decide.decide(snapshot(failed={key: ApiFailure(0, message="connection refused")}))
     assert again.status.phase == "Pending" and "cannot create the serving pod" in again.status.message
     assert "CreatedPod" not in {e.reason for e in again.events}
+
+
+POD_SECURITY_REFUSAL = ApiFailure(
+    403,
+    "Forbidden",
+    'pods "demo" is forbidden: violates PodSecurity "baseline:latest": host namespaces (hostNetwork=true), '
+    'non-default capabilities (containers "prefill", "decode" must not include "IPC_LOCK", "SYS_PTRACE" in '
+    "securityContext.capabilities.add)",
+)
+
+
+def test_a_refused_pod_is_a_condition_and_one_event_naming_policy_and_fields() -> None:
+    first = decide.decide(snapshot())
+    key = next(a.key for a in first.actions if isinstance(a, Create))
+    refused = decide.decide(snapshot(failed={key: POD_SECURITY_REFUSAL}))
+    admitted = cond(refused.patch, "ChildrenAdmitted")
+    assert (admitted["status"], admitted["reason"]) == ("False", "PodSecurity")
+    assert admitted["message"].startswith('Pod/demo refused by PodSecurity "baseline:latest": host namespaces')
+    assert "securityContext.capabilities.add" in admitted["message"]
+    [event] = [e for e in refused.events if e.reason == "ChildRefused"]
+    assert event.type == "Warning" and event.message == admitted["message"]
+    assert "refused by PodSecurity" in refused.status.message
+    # the same refusal on the next tick is no news; the children are written again on every tick meanwhile
+    stored_status = stored({}, refused)
+    assert decide.children_refused(stored_status)
+    again = decide.decide(snapshot(status=stored_status, failed={key: POD_SECURITY_REFUSAL}))
+    assert "ChildRefused" not in {e.reason for e in again.events}
+    fixed = decide.decide(snapshot(status=stored_status))
+    assert cond(fixed.patch, "ChildrenAdmitted")["status"] == "True"
+    assert not decide.children_refused(stored(stored_status, fixed))
+
+
+def test_a_refused_network_policy_shows_although_the_pod_was_created() -> None:
+    invalid = ApiFailure(
+        422,
+        "Invalid",
+        'NetworkPolicy.networking.k8s.io "demo" is invalid: spec.ingress[0].ports[0].port: Invalid value',
+        (("spec.ingress[0].ports[0].port", "Invalid value: 0: must be between 1 and 65535"),),
+    )
+    decision = decide.decide(snapshot(failed={"apply NetworkPolicy/demo": invalid}))
+    admitted = cond(decision.patch, "ChildrenAdmitted")
+    assert (admitted["status"], admitted["reason"]) == ("False", "Invalid")
+    assert admitted["message"] == (
+        "NetworkPolicy/demo refused by API validation: spec.ingress[0].ports[0].port: Invalid value: 0: must be "
+        "between 1 and 65535"
+    )
+    # a tick that writes no children keeps what the last write found
+    kept = decide.decide(snapshot(status=stored({}, decision), repair_children=False))
+    assert cond(wire(kept.status), "ChildrenAdmitted") == admitted
 
 
 def test_proxy_is_read_until_the_transfer_is_verified_for_this_pod() -> None:

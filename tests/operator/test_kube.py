@@ -60,3 +60,13 @@ async def test_unreachable_server_raises_kube_error() -> None:
     with pytest.raises(KubeError) as err:
         await kube.get("Pod", "ns1", "x")
     assert err.value.status == 0
+
+
+async def test_a_refusal_keeps_the_servers_status(kmock: Any, kube: Kube) -> None:
+    """The Status body (reason, message, causes) travels in the error, for refusals.py to read."""
+    status = {"kind": "Status", "reason": "Forbidden", "message": 'pods "demo" is forbidden: nope', "code": 403}
+    kmock["post /api/v1/namespaces/ns1/pods"] << 403 << status
+    with pytest.raises(KubeError) as err:
+        await kube.create(render.pod(LAYOUT))
+    assert err.value.failure.code == 403 and err.value.failure.reason == "Forbidden"
+    assert err.value.failure.message == 'pods "demo" is forbidden: nope'

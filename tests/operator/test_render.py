@@ -350,6 +350,13 @@ def test_pod_shape_probes_and_security() -> None:
     assert pod["metadata"]["annotations"][render.ANNOTATION_SPEC_HASH] == render.spec_hash(pod["spec"])
 
 
+def test_only_rdma_engines_lock_memory() -> None:
+    """IPC_LOCK is for RDMA memory registration: colocated engines move no KV and get SYS_PTRACE only."""
+    colocated = render.pod(lay(spec_of("qwen3-235b-colocated.yaml")))["spec"]["containers"][0]
+    assert colocated["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    assert colocated["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
+
+
 def test_spec_change_changes_the_hash() -> None:
     a = render.pod(lay(spec_of("simulated-write.yaml")))
     b = render.pod(lay(spec_of("simulated-write.yaml", image="other:1")))

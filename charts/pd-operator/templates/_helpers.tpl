@@ -59,6 +59,11 @@ Namespaced rules go into a ClusterRole (all namespaces) or one Role per watched 
 - apiGroups: [pd.serving.dev]
   resources: [pddeployments/status]
   verbs: [get, patch, update]
+{{- /* Children carry blockOwnerDeletion: with OwnerReferencesPermissionEnforcement (OpenShift, hardened
+clusters) setting it needs update on the owner's finalizers; without this every child create is refused. */}}
+- apiGroups: [pd.serving.dev]
+  resources: [pddeployments/finalizers]
+  verbs: [update]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, delete, patch]
