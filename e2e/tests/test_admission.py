@@ -48,7 +48,7 @@ CASES: dict[str, dict[str, Any]] = {
 def documented_levels() -> dict[str, str]:
     """`case` -> level from the table in docs/gpu-allocation.md (rows whose first cell is a case id)."""
     text = (REPO_ROOT / "docs" / "gpu-allocation.md").read_text()
-    rows = re.findall(r"^\| `([^`]+)` \|.*\| \*\*(\w+)\*\* \|$", text, re.M)
+    rows = re.findall(r"^\| `([^`]+)` \| \*\*(\w+)\*\* \|$", text, re.M)
     return dict(rows)
 
 
