@@ -15,6 +15,7 @@ import pytest
 
 from pd_runtime.sim.stack import LocalStack, launch
 from pd_runtime.sim.system import EngineShape, Topology
+from tests.sim.sim_helpers import metric, scrape
 
 pytestmark = pytest.mark.timeout(120)
 SHAPE = EngineShape(tp=1, max_batched_tokens=4096, max_num_seqs=8)
@@ -68,3 +69,49 @@ async def test_least_load_uses_both_prefill_instances_and_status_shows_their_loa
         assert inst["load_age_s"] is not None and inst["load_age_s"] < 2, inst
         assert set(inst["load"]["0"]) == {"running", "waiting", "kv_cache_usage"}
         assert inst["in_flight"] == 0
+
+
+async def timed_stream(session: aiohttp.ClientSession, stack: LocalStack, delay: float) -> tuple[bool, float, float]:
+    """One streamed request sent after ``delay``: (served whole, first byte time, end time)."""
+    await asyncio.sleep(delay)
+    loop = asyncio.get_running_loop()
+    first = end = 0.0
+    try:
+        async with session.post(stack.proxy_url + "/v1/completions", json={**BODY, "stream": True}) as resp:
+            body = b""
+            async for chunk in resp.content.iter_any():
+                first = first or loop.time()
+                body += chunk
+            end = loop.time()
+            ok = resp.status == 200 and b'"error"' not in body and body.endswith(b"data: [DONE]\n\n")
+            return ok, first, end
+    except aiohttp.ClientError:
+        return False, first, loop.time()
+
+
+async def test_a_killed_prefill_loses_at_most_the_requests_that_were_streaming(
+    stacks: list[LocalStack], tmp_path: Path
+) -> None:
+    """100 probe requests at 50/s; prefill-0 is SIGKILLed 0.8 s in. Requests on it before their first
+    byte are served again on prefill-1 (new transfer, both legs); only a request already streaming could
+    be lost, and in write mode those no longer need prefill."""
+    stack = await start_2p1d(stacks, tmp_path, profile="qwen3-235b-mi300x")
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession() as session:
+        await wait_for_prefills(session, stack, 2)
+        probes = [asyncio.create_task(timed_stream(session, stack, i / 50)) for i in range(100)]
+        await asyncio.sleep(0.8)
+        killed_at = loop.time()
+        stack.kill("prefill-0")
+        results = await asyncio.gather(*probes)
+        doc = await status(session, stack)
+        failovers = metric(await scrape(session, stack.admin_url), "pd_proxy_failovers_total", leg="prefill")
+    streaming = sum(1 for _, first, end in results if 0 < first < killed_at < end)
+    lost = sum(1 for ok, _, _ in results if not ok)
+    assert lost <= streaming, f"lost {lost}, streaming at the kill {streaming}"
+    assert failovers >= 1  # requests did meet the dead engine, and were served on the other one
+    by_port = {i["http_address"]: i for i in doc["instances"]}
+    killed = by_port[stack.engine_urls["prefill-0"].removeprefix("http://")]
+    survivor = by_port[stack.engine_urls["prefill-1"].removeprefix("http://")]
+    assert killed["healthy"] is False and survivor["healthy"] is True
+    assert survivor["routed"] > killed["routed"] > 0

@@ -55,6 +55,12 @@ class LegFailure(Exception):
         self.kind = kind
         self.error = error
 
+    @property
+    def engine_failed(self) -> bool:
+        """The engine failed, not the request: no connection or a connection lost before its answer was
+        relayed, or an HTTP 5xx. Another instance of the role may well serve the same request."""
+        return self.kind == "unreachable" or (self.kind == "http" and self.error.status >= 500)
+
 
 @dataclass(frozen=True)
 class PrefillAnswer:
@@ -163,7 +169,13 @@ class ProxyCore:
         exchange: Exchange | None = None
         try:
             exchange = await self._route(request, source)
-            verified = await self._serve(exchange, sink)
+            try:
+                verified = await self._serve(exchange, sink)
+            except LegFailure as failure:
+                if not self._fail_over(exchange, failure, sink):
+                    raise
+                exchange = await self._route(request, source)  # a new transfer id; both legs again
+                verified = await self._serve(exchange, sink)
             return self._finish(request, exchange, "ok", verified)
         except ApiError as err:
             await sink.error(err)
@@ -204,6 +216,34 @@ class ProxyCore:
                 extra={"transfer_id": exchange.ids.transfer_id, "outcome": outcome},
             )
         return Result(outcome, verified)
+
+    # -- failover ------------------------------------------------------------------------------
+
+    def _fail_over(self, exchange: Exchange, failure: LegFailure, sink: Sink) -> bool:
+        """Whether to serve the request once more elsewhere after ``failure``: only while nothing has
+        reached the client, only for a failed engine (not a refused request), only for client requests
+        (the canary must see the failure), and only when another live instance of that role exists. The
+        failed one then leaves the rotation until a heartbeat and a /health probe after now clear it; a
+        role's only instance stays in rotation (nothing better to send the next request to)."""
+        target = exchange.prefill if failure.leg == "prefill" else exchange.decode
+        if sink.started or not failure.engine_failed or exchange.source != "request" or target is None:
+            return False
+        now = time.monotonic()
+        failed = self.registry.instances.get(target.instance.http_address)
+        if failed is None or not any(inst.key != failed.key for inst in self.registry.live(failed.role, now)):
+            return False
+        self.registry.suspend(failed.key, now)
+        self.metrics.upstream_errors.labels(failure.leg, failure.kind).inc()
+        self.metrics.failovers.labels(failure.leg).inc()
+        log.warning(
+            "failing over: instance out of rotation role=%s http=%s after %s transfer_id=%s",
+            failed.role,
+            failed.key,
+            failure,
+            exchange.ids.transfer_id,
+            extra={"transfer_id": exchange.ids.transfer_id},
+        )
+        return True
 
     # -- routing -------------------------------------------------------------------------------
 

@@ -110,6 +110,9 @@ class ProxyMetrics:
             "pd_proxy_registration_frames", "Registration frames by result", ["result"], registry=r
         )
         self.evictions = Counter("pd_proxy_evictions", "Instances evicted (heartbeat TTL)", ["role"], registry=r)
+        self.failovers = Counter(
+            "pd_proxy_failovers", "Requests served again on another instance after a leg failed", ["leg"], registry=r
+        )
         self.health_checks = Counter("pd_proxy_health_checks", "Instance /health probes", ["result"], registry=r)
         self.no_kv = Counter(
             "pd_proxy_no_kv",
