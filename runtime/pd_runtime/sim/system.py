@@ -5,8 +5,8 @@ a 100-request, 2-minute experiment runs in well under a second. ``benchmarks/cal
 calibrated profile with it; the live processes (scaled time) then confirm the numbers end to end.
 
 Topologies: ``colocated`` (N engines behind round robin, each doing prefill and decode), ``write`` and
-``read`` (one prefill and one decode engine, MoRI-IO write or read mode, as in §3.6/§3.7 of the protocol
-reference and the seed article's TTFT decomposition).
+``read`` (x prefill and y decode engines, each side in round robin, MoRI-IO write or read mode, as in
+§3.6/§3.7 of the protocol reference and the seed article's TTFT decomposition).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Literal
 from pd_runtime.bench.arrivals import Arrival, arrival_offsets
 from pd_runtime.sim.profiles import Profile
 from pd_runtime.sim.scheduler import Scheduler, Sequence, Step, TokenEvent
-from pd_runtime.sim.timing import kv_transfer_time, step_time, write_tail_time
+from pd_runtime.sim.timing import KVLink, kv_transfer_time, step_time, write_tail_time
 
 Kind = Literal["colocated", "write", "read"]
 
@@ -38,14 +38,21 @@ class EngineShape:
 class Topology:
     kind: Kind
     engines: int = 1
-    """Colocated engines behind round robin (ignored for write/read: one P and one D)."""
+    """Colocated engines behind round robin (colocated only)."""
     engine: EngineShape = EngineShape()
     prefill: EngineShape = EngineShape(tp=4, max_batched_tokens=4096, max_num_seqs=64)
     decode: EngineShape = EngineShape(tp=4, max_batched_tokens=4096, max_num_seqs=64)
     prefills: int = 1
-    """Prefill engines (xPyD); real processes only (``stack.launch``), the discrete-event model runs one."""
+    """Prefill engines (xPyD; write/read), each request to the next in round robin, in the discrete-event
+    model and as real processes (``stack.launch``)."""
     decodes: int = 1
-    """Decode engines, likewise."""
+    """Decode engines (write/read), round robin independently of the prefill side."""
+    backend: Literal["rdma", "xgmi"] = "rdma"
+    """How the KV moves between a prefill and a decode engine (``timing.KVLink``)."""
+
+    @property
+    def kv_link(self) -> KVLink:
+        return KVLink(backend=self.backend, prefill_tp=self.prefill.tp, decode_tp=self.decode.tp)
 
 
 @dataclass(frozen=True)
@@ -131,7 +138,16 @@ class _Engine:
         self.scheduler = Scheduler(shape.max_batched_tokens, shape.max_num_seqs)
         self._busy = False
         self._on_token: dict[int, TokenCallback] = {}
+        self._at_step_start: list[Callable[[], None]] = []
         self.first_scheduled: dict[int, float] = {}
+
+    def at_next_step(self, action: Callable[[], None]) -> None:
+        """Run ``action`` when the engine next starts a step (now, if it is idle): where vLLM's
+        scheduler hands new work to the connector, so a read-mode pull starts there."""
+        if self._busy:
+            self._at_step_start.append(action)
+        else:
+            action()
 
     def submit(self, seq: Sequence, on_token: TokenCallback) -> None:
         self._on_token[id(seq)] = on_token
@@ -141,6 +157,9 @@ class _Engine:
     def kick(self) -> None:
         if self._busy:
             return
+        for action in self._at_step_start:
+            action()
+        self._at_step_start.clear()
         step = self.scheduler.plan()
         if step is None:
             return
@@ -202,12 +221,15 @@ def _colocated(clock: _Clock, profile: Profile, topology: Topology, workload: Wo
 
 
 def _disaggregated(clock: _Clock, profile: Profile, topology: Topology, workload: Workload) -> Dispatch:
-    prefill = _Engine(clock, profile, topology.prefill)
-    decode = _Engine(clock, profile, topology.decode)
+    prefills = [_Engine(clock, profile, topology.prefill) for _ in range(topology.prefills)]
+    decodes = [_Engine(clock, profile, topology.decode) for _ in range(topology.decodes)]
     read_mode = topology.kind == "read"
     hop = profile.proxy_hop_s
+    link = topology.kv_link
+    whole_transfer = kv_transfer_time(profile, workload.prompt_tokens, link)
 
     def dispatch(index: int, length: int, result: RequestResult) -> None:
+        prefill, decode = prefills[index % len(prefills)], decodes[index % len(decodes)]
         p_seq = Sequence(f"p{index}", workload.prompt_tokens, 1)
         # our proxy's default max-tokens policy is exact: D generates the client's full length
         d_seq = Sequence(f"d{index}", workload.prompt_tokens, length, ready=False)
@@ -218,13 +240,17 @@ def _disaggregated(clock: _Clock, profile: Profile, topology: Topology, workload
 
         def prefill_done(event: TokenEvent, when: float) -> None:
             if read_mode:
-                # proxy reads P's response, dispatches D; D pulls the KV, then schedules
-                arrive = when + 2 * hop
-                clock.at(arrive, lambda: decode.submit(d_seq, _record(clock, result, 0.0)))
-                clock.at(arrive + kv_transfer_time(profile, workload.prompt_tokens), landed)
+                # proxy reads P's response, dispatches D; D's scheduler starts the pull when it next
+                # schedules (its connector loads KV for requests the step admits), then the request waits
+                def pull() -> None:
+                    decode.submit(d_seq, _record(clock, result, 0.0))
+                    decode.at_next_step(lambda: clock.at(clock.now + whole_transfer, landed))
+
+                clock.at(when + 2 * hop, pull)
             else:
                 started = prefill.first_scheduled.get(id(p_seq), when)
-                clock.at(when + write_tail_time(profile, workload.prompt_tokens, when - started), landed)
+                tail = write_tail_time(profile, workload.prompt_tokens, when - started, link)
+                clock.at(when + tail, landed)
 
         clock.at(clock.now + hop, lambda: prefill.submit(p_seq, prefill_done))
         if not read_mode:
