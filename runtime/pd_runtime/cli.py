@@ -39,6 +39,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "pd_runtime.sim.cli", "run a simulated vLLM engine (MoRI-IO protocol, timing model)", "sim"
     ),
     "bench": Subcommand("pd_runtime.bench.cli", "open-loop goodput benchmark against an OpenAI endpoint", None),
+    "plan": Subcommand(
+        "pd_runtime.plan.cli", "rank the node's layouts for a workload with the simulator: disaggregate or not", None
+    ),
     "engine": Subcommand("pd_runtime.launcher", "preflight checks, then exec the engine command after --", None),
 }
 

@@ -1,0 +1,118 @@
+"""Simulate one layout over a grid of rates: attainment per rate and the latency distributions at the
+rate the user asked about. Pure: the discrete-event simulation has no clock but its own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from pd_runtime.bench.stats import Distribution, summarize, wilson_interval
+from pd_runtime.plan.layouts import Layout
+from pd_runtime.sim.profiles import Profile
+from pd_runtime.sim.system import RequestResult, Workload, simulate
+
+
+@dataclass(frozen=True)
+class Demand:
+    """The workload and SLOs to plan for (the flags of `pdctl plan`)."""
+
+    rate: float
+    rates: tuple[float, ...]
+    prompt_tokens: int
+    output_tokens: int
+    ttft_slo_s: float
+    itl_slo_s: float
+    target: float = 0.9
+    requests: int = 100
+    seeds: int = 2
+    ignore_eos: bool = False
+
+    def workload(self, rate: float, seed: int) -> Workload:
+        return Workload(
+            rate=rate,
+            requests=self.requests,
+            prompt_tokens=self.prompt_tokens,
+            output_tokens=self.output_tokens,
+            ignore_eos=self.ignore_eos,
+            seed=seed,
+        )
+
+
+@dataclass(frozen=True)
+class RatePoint:
+    rate: float
+    good: int
+    total: int
+
+    @property
+    def attainment(self) -> float:
+        return self.good / self.total if self.total else 0.0
+
+
+@dataclass
+class Priced:
+    layout: Layout
+    curve: list[RatePoint]
+    at_rate: RatePoint
+    ttft_s: list[float] = field(default_factory=list)
+    itl_s: list[float] = field(default_factory=list)
+    ttft_misses: int = 0
+    itl_misses: int = 0
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson_interval(self.at_rate.good, self.at_rate.total)
+
+    def goodput(self, target: float) -> float:
+        """DistServe's goodput on the grid: the highest rate up to which every rate meets the target."""
+        best = 0.0
+        for point in sorted(self.curve, key=lambda p: p.rate):
+            if point.attainment < target:
+                break
+            best = point.rate
+        return best
+
+    @property
+    def ttft(self) -> Distribution:
+        return summarize(self.ttft_s)
+
+    @property
+    def itl(self) -> Distribution:
+        return summarize(self.itl_s)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One (layout, rate) cell: its good count and, per request, TTFT, ITL and which SLO each missed."""
+
+    point: RatePoint
+    ttft_s: tuple[float, ...]
+    itl_s: tuple[float, ...]
+
+
+def sample(profile: Profile, layout: Layout, demand: Demand, rate: float) -> Sample:
+    """Simulate ``demand.seeds`` arrival sequences of ``demand.requests`` requests at ``rate``."""
+    results: list[RequestResult] = []
+    for seed in range(demand.seeds):
+        results += simulate(profile, layout.topology(), demand.workload(rate, seed))
+    good = sum(r.good(demand.ttft_slo_s, demand.itl_slo_s) for r in results)
+    return Sample(RatePoint(rate, good, len(results)), tuple(r.ttft for r in results), tuple(r.itl for r in results))
+
+
+def assemble(layout: Layout, demand: Demand, curve: Sequence[Sample], at_rate: Sample) -> Priced:
+    """A layout's curve over the grid and its detail at the requested rate."""
+    priced = Priced(layout=layout, curve=[s.point for s in curve], at_rate=at_rate.point)
+    priced.ttft_s = list(at_rate.ttft_s)
+    priced.itl_s = list(at_rate.itl_s)
+    priced.ttft_misses = sum(t >= demand.ttft_slo_s for t in at_rate.ttft_s)
+    priced.itl_misses = sum(i >= demand.itl_slo_s for i in at_rate.itl_s)
+    return priced
+
+
+def price(profile: Profile, layout: Layout, demand: Demand, tick: Callable[[], None] = lambda: None) -> Priced:
+    """Every grid rate, then the requested one, in this process; ``tick`` after each."""
+    samples = []
+    for rate in (*demand.rates, demand.rate):
+        samples.append(sample(profile, layout, demand, rate))
+        tick()
+    return assemble(layout, demand, samples[:-1], samples[-1])

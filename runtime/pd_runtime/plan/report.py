@@ -1,0 +1,32 @@
+"""The plan's HTML page: the document's tables plus inline SVG charts of every priced layout."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from markupsafe import Markup
+
+from pd_runtime.plan.charts import Series, cdf, line_chart
+from pd_runtime.plan.price import Priced
+from pd_runtime.report_page import render
+
+
+def render_plan(doc: dict[str, Any], ranked: Sequence[Priced]) -> str:
+    curves = [
+        Series(p.layout.name, [(c.rate, 100 * c.attainment) for c in p.curve], p.layout.kind != "colocated")
+        for p in ranked
+    ]
+    ttft = [Series(p.layout.name, [(1000 * v, 100 * f) for v, f in cdf(p.ttft_s)]) for p in ranked]
+    itl = [Series(p.layout.name, [(1000 * v, 100 * f) for v, f in cdf(p.itl_s)]) for p in ranked]
+    inputs = doc["inputs"]
+    return render(
+        "plan.html.j2",
+        title=f"pdctl plan: {inputs['model']} on {inputs['gpus']}x {inputs['gpu']}",
+        doc=doc,
+        versions=doc["versions"],
+        inputs=list(inputs.items()),
+        curves_svg=Markup(line_chart("SLO attainment", curves, "request rate (req/s)", "attainment (%)", 100.0)),
+        ttft_svg=Markup(line_chart("TTFT", ttft, "TTFT (ms)", "requests at or below (%)", 100.0)),
+        itl_svg=Markup(line_chart("ITL", itl, "per-request mean ITL (ms)", "requests at or below (%)", 100.0)),
+    )

@@ -1,0 +1,23 @@
+"""Self-contained HTML pages from the Jinja2 templates in ``pd_runtime/templates`` (package data).
+
+One environment with autoescaping for every report (`pdctl plan --report`, `pdctl bench --report`);
+charts arrive as inline SVG marked safe by the caller that built them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+
+_ENV = Environment(
+    loader=PackageLoader("pd_runtime", "templates"),
+    autoescape=select_autoescape(["html", "j2"]),
+    undefined=StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def render(template: str, **context: Any) -> str:
+    return _ENV.get_template(template).render(**context)

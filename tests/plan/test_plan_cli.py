@@ -1,0 +1,74 @@
+"""`pdctl plan` end to end on the simulator: the seed's workload at 8 req/s and a light one at 0.5 req/s."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pd_operator.commands.render import objects_for
+from pd_runtime.plan.cli import main
+
+ISSUE_LAYOUTS = {"1xTP8", "2xTP4", "4xTP2", "1P TP4 + 1D TP4", "2P TP2 + 1D TP4", "1P TP4 + 2D TP2"}
+
+
+def plan(tmp: Path, rate: float, prompt: int, *extra: str) -> dict[str, Any]:
+    argv = [
+        "--model", "Qwen/Qwen3-235B-A22B-FP8", "--prompt-tokens", str(prompt), "--output-tokens", "1000",
+        "--rate", str(rate), "--slo-ttft-ms", "1000", "--slo-itl-ms", "50", "--rates", "1:9:2", "--seeds", "2",
+        "--output", str(tmp / "plan.json"), "--quiet", *extra,
+    ]  # fmt: skip
+    assert main(argv) == 0
+    doc: dict[str, Any] = json.loads((tmp / "plan.json").read_text())
+    return doc
+
+
+@pytest.fixture(scope="module")
+def seed_plan(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("seed-plan")
+    return tmp, plan(tmp, 8, 2000, "--emit-yaml", str(tmp / "best.yaml"), "--report", str(tmp / "plan.html"))
+
+
+def test_seed_workload_prices_every_layout_and_ranks_disaggregated_first(
+    seed_plan: tuple[Path, dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, doc = seed_plan
+    priced = {row["layout"] for row in doc["layouts"]}
+    assert priced >= ISSUE_LAYOUTS
+    assert all(row["tp"] == 1 for row in doc["excluded"])  # only TP1 engines cannot hold the weights
+    assert doc["layouts"][0]["kind"] == "disaggregated"
+    assert doc["verdict"]["text"].startswith("disaggregate: write mode, ")
+    colocated = [row for row in doc["layouts"] if row["kind"] == "colocated"]
+    assert all(row["itlMisses"] > row["ttftMisses"] for row in colocated)
+    for row in doc["layouts"]:
+        low, high = row["attainmentInterval"]
+        assert low <= row["attainment"] <= high
+        assert row["predicted"] == ("TP2" in row["layout"])
+
+
+def test_emitted_yaml_is_the_best_layout_the_api_runs_and_renders(seed_plan: tuple[Path, dict[str, Any]]) -> None:
+    tmp, doc = seed_plan
+    emitted = doc["emitted"]
+    ranked = [row["layout"] for row in doc["layouts"]]
+    assert emitted["layout"] in ranked
+    if emitted["layout"] != ranked[0]:
+        assert "several engines per role" in emitted["note"]
+    manifest = yaml.safe_load((tmp / "best.yaml").read_text())
+    assert any(o["kind"] == "Pod" for o in objects_for(manifest, None))
+
+
+def test_light_load_with_short_prompts_stays_colocated(tmp_path: Path) -> None:
+    doc = plan(tmp_path, 0.5, 200)
+    assert doc["layouts"][0]["kind"] == "colocated"
+    assert doc["verdict"]["text"].startswith("stay colocated: ")
+
+
+def test_unknown_model_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--model", "nope", "--prompt-tokens", "1", "--output-tokens", "1", "--rate", "1",
+              "--slo-ttft-ms", "1", "--slo-itl-ms", "1"])  # fmt: skip
+    assert exc.value.code == 2
+    assert "--model 'nope'" in capsys.readouterr().err

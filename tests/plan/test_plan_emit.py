@@ -1,0 +1,47 @@
+"""The emitted PDDeployment is what the operator's own API and renderer accept."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from pd_operator.commands.render import objects_for
+from pd_runtime.plan.emit import manifest, supported, to_yaml
+from pd_runtime.plan.layouts import Layout, layouts
+from pd_runtime.plan.price import Demand
+
+DEMAND = Demand(rate=8, rates=(8.0,), prompt_tokens=2000, output_tokens=1000, ttft_slo_s=1.0, itl_slo_s=0.05)
+MODEL = "Qwen/Qwen3-235B-A22B-FP8"
+EXPRESSIBLE = [layout for layout in layouts(8) if supported(layout)] + [
+    Layout("disaggregated", 1, 4, 1, 4, backend="xgmi")
+]
+
+
+@pytest.mark.parametrize("layout", EXPRESSIBLE, ids=lambda layout: f"{layout.name} {layout.backend}")
+def test_expressible_layouts_render(layout: Layout) -> None:
+    doc = yaml.safe_load(to_yaml(manifest(layout, MODEL, DEMAND)))
+    assert doc == manifest(layout, MODEL, DEMAND)  # the YAML writer round-trips
+    pod = next(o for o in objects_for(doc, None) if o["kind"] == "Pod")
+    engines = [c["command"] for c in pod["spec"]["containers"] if "serve" in c["command"]]
+    tps = sorted(int(args[args.index("-tp") + 1]) for args in engines)
+    expected = (
+        [layout.engine_tp] * layout.engines if layout.kind == "colocated" else [layout.prefill_tp, layout.decode_tp]
+    )
+    assert tps == sorted(expected)
+
+
+def test_the_seed_layouts_are_expressible_and_xpyd_is_not_yet() -> None:
+    expressible = {layout.name for layout in layouts(8) if supported(layout)}
+    assert {"1xTP8", "2xTP4", "1P TP4 + 1D TP4"} <= expressible
+    assert not {"4xTP2", "2P TP2 + 1D TP4", "1P TP4 + 2D TP2"} & expressible
+    with pytest.raises(ValueError, match="several engines per role"):
+        manifest(Layout("disaggregated", 2, 2, 1, 4), MODEL, DEMAND)
+
+
+def test_manifest_carries_the_layout_and_the_workload() -> None:
+    spec = manifest(Layout("disaggregated", 1, 4, 1, 4), MODEL, DEMAND)["spec"]
+    assert (spec["prefill"]["gpus"], spec["decode"]["gpus"]) == ("0-3", "4-7")
+    assert spec["kvTransfer"]["transferMode"] == "write"
+    assert spec["goodputProbe"]["slo"] == {"ttftMs": 1000, "itlMs": 50}
+    engines = manifest(Layout("colocated", engines=1, engine_tp=8), MODEL, DEMAND)["spec"]["colocated"]["engines"]
+    assert [(e["gpus"], e["tensorParallelSize"]) for e in engines] == [("0-7", 8)]
