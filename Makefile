@@ -22,7 +22,9 @@ lint: venv
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 
+# The report tests open pages in headless Chromium from Debian's packages; installed here when missing.
 unit: venv
+	bash tests/browser/ensure-chromium.sh
 	$(VENV)/bin/pytest -q tests
 
 # Conformance against vLLM's own code (conformance/): vLLM from PyPI at the image's version (override with

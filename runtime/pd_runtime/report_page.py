@@ -6,6 +6,7 @@ charts arrive as inline SVG marked safe by the caller that built them.
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
@@ -21,3 +22,11 @@ _ENV = Environment(
 
 def render(template: str, **context: Any) -> str:
     return _ENV.get_template(template).render(**context)
+
+
+def package_version() -> str:
+    """pd-operator's installed version, printed in every page's footer."""
+    try:
+        return version("pd-operator")
+    except PackageNotFoundError:
+        return "unknown"

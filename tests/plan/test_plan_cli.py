@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -11,25 +10,9 @@ import yaml
 
 from pd_operator.commands.render import objects_for
 from pd_runtime.plan.cli import main
+from tests.plan.conftest import plan
 
 ISSUE_LAYOUTS = {"1xTP8", "2xTP4", "4xTP2", "1P TP4 + 1D TP4", "2P TP2 + 1D TP4", "1P TP4 + 2D TP2"}
-
-
-def plan(tmp: Path, rate: float, prompt: int, *extra: str) -> dict[str, Any]:
-    argv = [
-        "--model", "Qwen/Qwen3-235B-A22B-FP8", "--prompt-tokens", str(prompt), "--output-tokens", "1000",
-        "--rate", str(rate), "--slo-ttft-ms", "1000", "--slo-itl-ms", "50", "--rates", "1:9:2", "--seeds", "2",
-        "--output", str(tmp / "plan.json"), "--quiet", *extra,
-    ]  # fmt: skip
-    assert main(argv) == 0
-    doc: dict[str, Any] = json.loads((tmp / "plan.json").read_text())
-    return doc
-
-
-@pytest.fixture(scope="module")
-def seed_plan(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    tmp = tmp_path_factory.mktemp("seed-plan")
-    return tmp, plan(tmp, 8, 2000, "--emit-yaml", str(tmp / "best.yaml"), "--report", str(tmp / "plan.html"))
 
 
 def test_seed_workload_prices_every_layout_and_ranks_disaggregated_first(

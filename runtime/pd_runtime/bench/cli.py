@@ -27,10 +27,12 @@ from pd_runtime.bench.payload import Endpoint, endpoint_url
 from pd_runtime.bench.plan import Mode, RunResult, Workload
 from pd_runtime.bench.progress import progress_factory
 from pd_runtime.bench.report import render_table
+from pd_runtime.bench.report_html import render_bench
 from pd_runtime.bench.result import RunContext, full_result, summary_json
 from pd_runtime.bench.runner import Runner
 from pd_runtime.bench.search import SearchParams, parse_sweep
 from pd_runtime.bench.slo import Slo
+from pd_runtime.report_page import package_version
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar=("FILE.png", "RESULTS.json"),
         help="draw attainment vs rate for this run (if --url is given) and each RESULTS.json",
     )
+    out.add_argument("--report", metavar="FILE.html", help="a self-contained HTML page of the run")
     out.add_argument("--label", help="name of this configuration in plots (default: the model)")
     out.add_argument("--quiet", action="store_true", help="no table, no progress bar")
     out.add_argument("--verbose", action="store_true", help="log each stage")
@@ -212,6 +215,8 @@ def _write_outputs(args: argparse.Namespace, run: RunResult, workload: Workload,
         sys.stdout.write(json.dumps(document, indent=1) + "\n")
     elif args.output:
         _write_text(Path(args.output), json.dumps(document, indent=1) + "\n")
+    if args.report:
+        _write_text(Path(args.report), render_bench(run, workload, document, {"pd-operator": package_version()}))
     if not args.quiet and args.output != "-":
         sys.stdout.write(render_table(run, workload))
 

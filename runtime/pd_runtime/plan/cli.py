@@ -13,7 +13,6 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -27,6 +26,7 @@ from pd_runtime.plan.price import Demand, Priced, Sample, assemble, sample
 from pd_runtime.plan.rank import rank, verdict
 from pd_runtime.plan.report import render_plan
 from pd_runtime.plan.table import render_table
+from pd_runtime.report_page import package_version
 from pd_runtime.vllm_pin import PINNED_VLLM_VERSION
 
 log = logging.getLogger(__name__)
@@ -205,8 +205,8 @@ def _write_outputs(
 
 
 def _versions(model: ModelSpec) -> dict[str, str]:
-    try:
-        ours = version("pd-operator")
-    except PackageNotFoundError:
-        ours = "unknown"
-    return {"pd-operator": ours, "simulator profile": model.profile.name, "simulated vLLM": PINNED_VLLM_VERSION}
+    return {
+        "pd-operator": package_version(),
+        "simulator profile": model.profile.name,
+        "simulated vLLM": PINNED_VLLM_VERSION,
+    }

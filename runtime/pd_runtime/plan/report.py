@@ -7,9 +7,9 @@ from typing import Any
 
 from markupsafe import Markup
 
-from pd_runtime.plan.charts import Series, cdf, line_chart
 from pd_runtime.plan.price import Priced
 from pd_runtime.report_page import render
+from pd_runtime.svgcharts import Series, cdf_series, line_chart
 
 
 def render_plan(doc: dict[str, Any], ranked: Sequence[Priced]) -> str:
@@ -17,8 +17,8 @@ def render_plan(doc: dict[str, Any], ranked: Sequence[Priced]) -> str:
         Series(p.layout.name, [(c.rate, 100 * c.attainment) for c in p.curve], p.layout.kind != "colocated")
         for p in ranked
     ]
-    ttft = [Series(p.layout.name, [(1000 * v, 100 * f) for v, f in cdf(p.ttft_s)]) for p in ranked]
-    itl = [Series(p.layout.name, [(1000 * v, 100 * f) for v, f in cdf(p.itl_s)]) for p in ranked]
+    ttft = [cdf_series(p.layout.name, p.ttft_s, scale=1000) for p in ranked]
+    itl = [cdf_series(p.layout.name, p.itl_s, scale=1000) for p in ranked]
     inputs = doc["inputs"]
     return render(
         "plan.html.j2",

@@ -77,3 +77,8 @@ def cdf(values: Sequence[float], points: int = 50) -> list[tuple[float, float]]:
     step = max(1, len(ordered) // points)
     picked = [*range(0, len(ordered), step), len(ordered) - 1]
     return [(ordered[i], (i + 1) / len(ordered)) for i in sorted(set(picked))]
+
+
+def cdf_series(label: str, values: Sequence[float | None], scale: float = 1.0) -> Series:
+    """A cumulative-share line (percent of requests at or below each value), values times ``scale``."""
+    return Series(label, [(scale * v, 100 * f) for v, f in cdf([v for v in values if v is not None])])
