@@ -1,7 +1,7 @@
 """Self-contained HTML pages from the Jinja2 templates in ``pd_runtime/templates`` (package data).
 
 One environment with autoescaping for every report (`pdctl plan --report`, `pdctl bench --report`);
-charts arrive as inline SVG marked safe by the caller that built them.
+charts arrive as inline SVG strings the templates insert with `|safe` (svgcharts escapes every label).
 """
 
 from __future__ import annotations

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from markupsafe import Markup
-
 from pd_runtime.bench.plan import RunResult, Workload
 from pd_runtime.report_page import render
 from pd_runtime.svgcharts import Series, cdf_series, line_chart
@@ -30,7 +28,7 @@ def render_bench(run: RunResult, workload: Workload, document: dict[str, Any], v
         goodput=document.get("goodput_rate"),
         inputs=list(inputs.items()),
         versions=versions,
-        curves_svg=Markup(line_chart("SLO attainment", curve, "request rate (req/s)", "attainment (%)", 100.0)),
-        ttft_svg=Markup(line_chart("TTFT", ttft, "TTFT (ms)", "requests at or below (%)", 100.0)),
-        itl_svg=Markup(line_chart("ITL", itl, "per-request mean ITL (ms)", "requests at or below (%)", 100.0)),
+        curves_svg=line_chart("SLO attainment", curve, "request rate (req/s)", "attainment (%)", 100.0),
+        ttft_svg=line_chart("TTFT", ttft, "TTFT (ms)", "requests at or below (%)", 100.0),
+        itl_svg=line_chart("ITL", itl, "per-request mean ITL (ms)", "requests at or below (%)", 100.0),
     )

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from markupsafe import Markup
-
 from pd_runtime.plan.price import Priced
 from pd_runtime.report_page import render
 from pd_runtime.svgcharts import Series, cdf_series, line_chart
@@ -26,7 +24,7 @@ def render_plan(doc: dict[str, Any], ranked: Sequence[Priced]) -> str:
         doc=doc,
         versions=doc["versions"],
         inputs=list(inputs.items()),
-        curves_svg=Markup(line_chart("SLO attainment", curves, "request rate (req/s)", "attainment (%)", 100.0)),
-        ttft_svg=Markup(line_chart("TTFT", ttft, "TTFT (ms)", "requests at or below (%)", 100.0)),
-        itl_svg=Markup(line_chart("ITL", itl, "per-request mean ITL (ms)", "requests at or below (%)", 100.0)),
+        curves_svg=line_chart("SLO attainment", curves, "request rate (req/s)", "attainment (%)", 100.0),
+        ttft_svg=line_chart("TTFT", ttft, "TTFT (ms)", "requests at or below (%)", 100.0),
+        itl_svg=line_chart("ITL", itl, "per-request mean ITL (ms)", "requests at or below (%)", 100.0),
     )
