@@ -284,6 +284,15 @@ SEED_CURVE_POINTS = {
     "read": {5.0: 100.0, 10.0: 44.0},
     "write": {5.5: 100.0, 10.0: 46.0},
 }
+# Every point of the seed's Figure 4 (rates 0.5, 1.0, ..., 10), read off the published chart
+# (vllm-project.github.io assets/figures/2026-04-07-moriio-kv-connector/SLO-attainment.png).
+SEED_FIGURE4_RATES = tuple(0.5 * i for i in range(1, 21))
+SEED_FIGURE4: dict[str, tuple[int, ...]] = {
+    "1xTP8": (78, 11, 13, 12, 13, 13, 13, 14, 16, 17, 20, 17, 17, 24, 25, 26, 26, 26, 27, 30),
+    "2xTP4": (100, 57, 30, 22, 22, 22, 22, 23, 23, 22, 24, 25, 25, 25, 26, 29, 30, 30, 27, 29),
+    "read": (100, 100, 100, 100, 100, 100, 100, 100, 100, 100, 97, 92, 90, 80, 73, 70, 61, 56, 50, 44),
+    "write": (100, 100, 100, 100, 100, 100, 100, 100, 100, 100, 100, 94, 91, 80, 77, 73, 62, 56, 50, 46),
+}
 
 
 def seed_workload(rate: float = SEED_RATE, seed: int = 0) -> Workload:
