@@ -24,6 +24,7 @@ def test_seed_workload_prices_every_layout_and_ranks_disaggregated_first(
     assert all(row["tp"] == 1 for row in doc["excluded"])  # only TP1 engines cannot hold the weights
     assert doc["layouts"][0]["kind"] == "disaggregated"
     assert doc["verdict"]["text"].startswith("disaggregate: write mode, ")
+    assert doc["verdict"]["text"].endswith(" (predicted)") == doc["layouts"][0]["predicted"]
     colocated = [row for row in doc["layouts"] if row["kind"] == "colocated"]
     assert all(row["itlMisses"] > row["ttftMisses"] for row in colocated)
     for row in doc["layouts"]:

@@ -93,7 +93,8 @@ def main(argv: Sequence[str]) -> int:
         sys.stderr.write(f"pdctl plan: no layout of {args.gpus} GPUs fits {model.name}\n")
         return EXIT_FAILED
     ranked = rank(_price_all(model, feasible, demand, args.jobs, None if args.quiet else sys.stderr), demand.target)
-    found = verdict(ranked, demand.rate, demand.target)
+    predicted = frozenset(p.layout.name for p in ranked if p.layout.predicted(model))
+    found = verdict(ranked, demand.rate, demand.target, predicted)
     emitted = _emitted(ranked, model, demand, args)
     ctx = Context(model, MI300X, args.gpus, demand, _versions(model), time.monotonic() - started)
     doc = plan_document(ctx, ranked, fits, excluded, found, emitted)

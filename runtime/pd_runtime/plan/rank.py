@@ -31,7 +31,15 @@ def rank(priced: Sequence[Priced], target: float) -> list[Priced]:
     return sorted(priced, key=key)
 
 
-def verdict(ranked: Sequence[Priced], rate: float, target: float) -> Verdict:
+def verdict(ranked: Sequence[Priced], rate: float, target: float, predicted: frozenset[str] = frozenset()) -> Verdict:
+    """``predicted``: names of layouts timed by the TP scaling model; the verdict says so."""
+    found = _verdict(ranked, rate, target)
+    if ranked[0].layout.name in predicted:
+        return Verdict(f"{found.text} (predicted)", found.reason)
+    return found
+
+
+def _verdict(ranked: Sequence[Priced], rate: float, target: float) -> Verdict:
     best = ranked[0]
     other_kind = next((p for p in ranked if p.layout.kind != best.layout.kind), None)
     pct = f"{100 * best.at_rate.attainment:.0f} %"
