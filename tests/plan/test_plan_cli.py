@@ -39,7 +39,8 @@ def test_emitted_yaml_is_the_best_layout_the_api_runs_and_renders(seed_plan: tup
     ranked = [row["layout"] for row in doc["layouts"]]
     assert emitted["layout"] in ranked
     if emitted["layout"] != ranked[0]:
-        assert "several engines per role" in emitted["note"]
+        assert "more colocated engines" in emitted["note"]
+    assert emitted["layout"] == ranked[0] or ranked[0] == "4xTP2"  # xPyD layouts are expressible
     manifest = yaml.safe_load((tmp / "best.yaml").read_text())
     assert any(o["kind"] == "Pod" for o in objects_for(manifest, None))
 

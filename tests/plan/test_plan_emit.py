@@ -12,9 +12,9 @@ from pd_runtime.plan.price import Demand
 
 DEMAND = Demand(rate=8, rates=(8.0,), prompt_tokens=2000, output_tokens=1000, ttft_slo_s=1.0, itl_slo_s=0.05)
 MODEL = "Qwen/Qwen3-235B-A22B-FP8"
-EXPRESSIBLE = [layout for layout in layouts(8) if supported(layout)] + [
-    Layout("disaggregated", 1, 4, 1, 4, backend="xgmi")
-]
+EXPRESSIBLE = [
+    layout for layout in layouts(8) if supported(layout) and 1 not in (layout.prefill_tp, layout.decode_tp)
+] + [Layout("disaggregated", 1, 4, 1, 4, backend="xgmi")]
 
 
 @pytest.mark.parametrize("layout", EXPRESSIBLE, ids=lambda layout: f"{layout.name} {layout.backend}")
@@ -25,17 +25,26 @@ def test_expressible_layouts_render(layout: Layout) -> None:
     engines = [c["command"] for c in pod["spec"]["containers"] if "serve" in c["command"]]
     tps = sorted(int(args[args.index("-tp") + 1]) for args in engines)
     expected = (
-        [layout.engine_tp] * layout.engines if layout.kind == "colocated" else [layout.prefill_tp, layout.decode_tp]
+        [layout.engine_tp] * layout.engines
+        if layout.kind == "colocated"
+        else [layout.prefill_tp] * layout.prefills + [layout.decode_tp] * layout.decodes
     )
     assert tps == sorted(expected)
 
 
-def test_the_seed_layouts_are_expressible_and_xpyd_is_not_yet() -> None:
+def test_every_feasible_layout_but_four_colocated_engines_is_expressible() -> None:
     expressible = {layout.name for layout in layouts(8) if supported(layout)}
-    assert {"1xTP8", "2xTP4", "1P TP4 + 1D TP4"} <= expressible
-    assert not {"4xTP2", "2P TP2 + 1D TP4", "1P TP4 + 2D TP2"} & expressible
-    with pytest.raises(ValueError, match="several engines per role"):
-        manifest(Layout("disaggregated", 2, 2, 1, 4), MODEL, DEMAND)
+    assert {"1xTP8", "2xTP4", "1P TP4 + 1D TP4", "2P TP2 + 1D TP4", "1P TP4 + 2D TP2", "2P TP2 + 2D TP2"} <= expressible
+    assert "4xTP2" not in expressible
+    with pytest.raises(ValueError, match="4 colocated engines"):
+        manifest(Layout("colocated", engines=4, engine_tp=2), MODEL, DEMAND)
+
+
+def test_xpyd_instances_get_disjoint_gpus_and_ports() -> None:
+    spec = manifest(Layout("disaggregated", 2, 2, 1, 4), MODEL, DEMAND)["spec"]
+    assert [i["gpus"] for i in spec["prefill"]["instances"]] == ["0-1", "2-3"]
+    assert [i["ports"]["handshake"] for i in spec["prefill"]["instances"]] == [6301, 6311]
+    assert spec["decode"]["gpus"] == "4-7" and "instances" not in spec["decode"]
 
 
 def test_manifest_carries_the_layout_and_the_workload() -> None:

@@ -179,9 +179,8 @@ def _emitted(ranked: list[Priced], model: ModelSpec, demand: Demand, args: argpa
     note = f"wrote {chosen.layout.name}, the top-ranked layout"
     if chosen is not ranked[0]:
         note = (
-            f"the top layout {ranked[0].layout.name} needs several engines per role, which this PDDeployment API "
-            f"does not run yet (one or two colocated engines, or one prefill and one decode engine); wrote "
-            f"{chosen.layout.name}, rank {ranked.index(chosen) + 1}, instead"
+            f"the top layout {ranked[0].layout.name} needs more colocated engines than the PDDeployment API runs "
+            f"(one or two); wrote {chosen.layout.name}, rank {ranked.index(chosen) + 1}, instead"
         )
     return {
         "path": args.emit_yaml,

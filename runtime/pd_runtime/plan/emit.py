@@ -2,8 +2,8 @@
 
 The runtime never imports the operator's API models (the layer contract), so the manifest is built
 here as plain data in the API's field names, and checked against the real API in tests. The API runs
-one or two colocated engines, or one prefill and one decode engine; layouts with more engines per role
-(4xTP2, xPyD) wait for the multi-instance API (issue 14 builds on the scale-out issue).
+one or two colocated engines, and any number of prefill and decode instances (``instances``, xPyD in
+one pod); 4xTP2 colocated would need four colocated engines, which it does not run.
 """
 
 from __future__ import annotations
@@ -21,16 +21,22 @@ RDMA_RESOURCE = "rdma/hca_shared_devices_a"
 """The examples' RDMA device plugin resource; the emitted file's header says to check it."""
 
 
+PREFILL_PORTS = {"http": 20005, "handshake": 6301, "notify": 6105}
+DECODE_PORTS = {"http": 40005, "handshake": 7301, "notify": 7501}
+INSTANCE_PORT_STRIDE = {"http": 1, "handshake": 10, "notify": 10}
+"""Instance i's base ports: side channels 10 apart, room for the rank offsets of up to TP8."""
+
+
 def supported(layout: Layout) -> bool:
     """Whether today's PDDeployment API can express the layout."""
     if layout.kind == "colocated":
         return layout.engines <= len(COLOCATED_PORTS)
-    return layout.prefills == 1 and layout.decodes == 1
+    return True
 
 
 def manifest(layout: Layout, model: str, demand: Demand, name: str | None = None) -> dict[str, Any]:
     if not supported(layout):
-        raise ValueError(f"layout {layout.name} needs several engines per role, which the PDDeployment API lacks")
+        raise ValueError(f"layout {layout.name} needs {layout.engines} colocated engines; the API runs one or two")
     spec: dict[str, Any] = {"model": model, "engine": "vllm", "mode": layout.kind}
     if layout.kind == "colocated":
         spec["colocated"] = {
@@ -46,8 +52,9 @@ def manifest(layout: Layout, model: str, demand: Demand, name: str | None = None
             ]
         }
     else:
-        spec["prefill"] = _role(0, layout.prefill_tp)
-        spec["decode"] = _role(layout.prefill_tp, layout.decode_tp)
+        decode_first = layout.prefills * layout.prefill_tp
+        spec["prefill"] = _role(0, layout.prefill_tp, layout.prefills, PREFILL_PORTS)
+        spec["decode"] = _role(decode_first, layout.decode_tp, layout.decodes, DECODE_PORTS)
         spec["kvTransfer"] = {"transferMode": "write", "backend": layout.backend}
         if layout.backend == "rdma":
             # the seed's single-node setup: RoCE through the NIC, GIDs in the host network namespace
@@ -104,14 +111,23 @@ def _scalar(value: Any) -> str:
     return json.dumps(value)
 
 
-def _role(first_gpu: int, tp: int) -> dict[str, Any]:
-    return {
-        "gpus": _gpus(first_gpu, tp),
+def _role(first_gpu: int, tp: int, count: int, ports: dict[str, int]) -> dict[str, Any]:
+    role: dict[str, Any] = {
         "tensorParallelSize": tp,
         "enableExpertParallel": True,
         "maxNumBatchedTokens": DISAGGREGATED_ENGINE["max_batched_tokens"],
         "maxNumSeqs": DISAGGREGATED_ENGINE["max_num_seqs"],
     }
+    if count == 1:
+        return {"gpus": _gpus(first_gpu, tp), **role, "ports": dict(ports)}
+    role["instances"] = [
+        {
+            "gpus": _gpus(first_gpu + i * tp, tp),
+            "ports": {name: base + i * INSTANCE_PORT_STRIDE[name] for name, base in ports.items()},
+        }
+        for i in range(count)
+    ]
+    return role
 
 
 def _gpus(first: int, count: int) -> str:
