@@ -45,6 +45,7 @@ MI300X_NODE_SELECTOR = {"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM"}
 RUN_PROBE_ANNOTATION = f"{GROUP}/run-goodput-probe"
 # Engines per role in one pod (xPyD); with one proxy, 8 GPUs and TP >= 1 more never fit a node.
 MAX_ROLE_INSTANCES = 8
+MAX_REPLICAS = 64
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=253)]
 Text = Annotated[str, StringConstraints(max_length=1024)]
@@ -548,6 +549,23 @@ class NodeSpec(ApiModel):
     )
 
 
+class RolloutSpec(ApiModel):
+    """How a spec change and a node drain reach the replicas."""
+
+    max_unavailable: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description=(
+            "With replicas > 1: at most this many replicas out of service at a time. A spec change rolls that "
+            "many pods at once (delete, then create: a pod holds its node's GPUs, so there is no surge) and "
+            "waits for each new one to be Ready and KVTransferVerified before the next; the PodDisruptionBudget "
+            "keeps replicas - maxUnavailable serving during node drains. With replicas 1 a spec change deletes "
+            "and recreates the one pod (an outage of one pod start) and no PodDisruptionBudget is rendered."
+        ),
+    )
+
+
 # ---- model storage, proxy, simulation, probe -------------------------------------------------------
 
 
@@ -893,7 +911,7 @@ def _divides_attention_heads_rule() -> Rule:
 
 
 class PDDeploymentSpec(ApiModel):
-    """Desired state: one pod on one GPU node running prefill, decode and proxy (or colocated engines)."""
+    """Desired state: per replica one pod on one GPU node running prefill, decode and proxy (or colocated engines)."""
 
     model: Annotated[str, StringConstraints(min_length=1, max_length=256)] = Field(
         description="Model to serve: a Hugging Face id (Qwen/Qwen3-235B-A22B-FP8) or a path under the model mount."
@@ -932,6 +950,19 @@ class PDDeploymentSpec(ApiModel):
     )
     gpu_allocation: GpuAllocationSpec = Field(default_factory=GpuAllocationSpec, description="How containers get GPUs.")
     node: NodeSpec = Field(default_factory=NodeSpec, description="Node size and placement.")
+    replicas: int = Field(
+        1,
+        ge=1,
+        le=MAX_REPLICAS,
+        description=(
+            "Serving pods, each the whole node layout (prefill, decode and proxy) on its own node; the Service "
+            "spreads clients across the ready ones. The scale subresource sets it: `kubectl scale pdd/NAME "
+            "--replicas 3`, or a HorizontalPodAutoscaler. Pod names: NAME for the first, NAME-1, NAME-2, ..."
+        ),
+    )
+    rollout: RolloutSpec = Field(
+        default_factory=RolloutSpec, description="Rolling updates and disruption budget across replicas."
+    )
     proxy: ProxySpec = Field(default_factory=ProxySpec, description="The proxy and its Service.")
     simulation: SimulationSpec = Field(
         default_factory=SimulationSpec, description="Settings of engine simulated (ignored for vllm)."
@@ -1263,26 +1294,70 @@ class ProbeState(ApiModel):
     )
 
 
+class ReplicaStatus(ApiModel):
+    """One serving pod (replica): where it runs, its phase, and whether it takes traffic."""
+
+    index: int = Field(ge=0, le=MAX_REPLICAS, description="Replica index (pod NAME for 0, NAME-<index> after).")
+    pod_name: Annotated[str, StringConstraints(max_length=253)] = Field(description="The replica's pod.")
+    pod_uid: Annotated[str, StringConstraints(max_length=64)] | None = Field(None, description="Its UID.")
+    pod_ip: Annotated[str, StringConstraints(max_length=64)] | None = Field(
+        None, alias="podIP", description="Its IP (its proxy's admin /status is read there)."
+    )
+    node_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(None, description="Its node.")
+    phase: Phase = Field(description="The replica's own phase (same meanings as status.phase).")
+    message: Annotated[str, StringConstraints(max_length=4096)] = Field("", description="Why.")
+    ready: Annotated[str, StringConstraints(max_length=16)] = Field(
+        "", description='Ready containers of this pod, e.g. "3/3".'
+    )
+    current: bool = Field(False, description="The pod runs the current spec (its spec hash matches).")
+    available: bool = Field(
+        False, description="Ready and, when disaggregated, KVTransferVerified: counts as serving for rollouts."
+    )
+    kv_transfer: Condition | None = Field(None, description="This pod's KVTransferVerified condition.")
+
+
 class PDDeploymentStatus(ApiModel):
     """Observed state, written by the operator."""
 
     observed_generation: int | None = Field(None, ge=0, description="Last metadata.generation reconciled.")
-    phase: Phase | None = Field(None, description="Pending, Progressing, Ready, Degraded or Failed.")
+    phase: Phase | None = Field(
+        None,
+        description="Pending, Progressing, Ready, Degraded or Failed; Ready when every replica is Ready.",
+    )
     message: Annotated[str, StringConstraints(max_length=4096)] = Field("", description="Why the phase is what it is.")
-    ready: Annotated[str, StringConstraints(max_length=16)] = Field("", description='Ready containers, e.g. "3/3".')
+    ready: Annotated[str, StringConstraints(max_length=16)] = Field(
+        "",
+        description='Ready replicas / replicas, e.g. "2/3" (column READY); containers are in containersReady.',
+    )
+    containers_ready: Annotated[str, StringConstraints(max_length=16)] = Field(
+        "",
+        description='Ready containers / containers over every replica, e.g. "9/9" (column CONTAINERS, -o wide).',
+    )
+    replicas: int = Field(0, ge=0, description="Serving pods that exist, current or not (the scale subresource).")
+    ready_replicas: int = Field(0, ge=0, description="Serving pods whose containers are all ready.")
+    updated_replicas: int = Field(0, ge=0, description="Serving pods running the current spec.")
+    available_replicas: int = Field(
+        0, ge=0, description="Ready pods that also verified a KV transfer (when disaggregated)."
+    )
+    selector: Annotated[str, StringConstraints(max_length=512)] = Field(
+        "", description="Label selector of the serving pods (the scale subresource's, for HorizontalPodAutoscalers)."
+    )
+    replica_statuses: list[ReplicaStatus] = Field(
+        default_factory=list, max_length=MAX_REPLICAS, description="Per replica: pod, node, phase, readiness."
+    )
     transfer: Annotated[str, StringConstraints(max_length=16)] = Field(
         "", description="KV transfer mode in effect: write, read, or none (colocated)."
     )
-    pod_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(None, description="Serving pod.")
-    pod_uid: Annotated[str, StringConstraints(max_length=64)] | None = Field(None, description="Its UID.")
-    pod_ip: Annotated[str, StringConstraints(max_length=64)] | None = Field(
-        None, alias="podIP", description="Its IP (the proxy's admin /status is read there)."
+    pod_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(
+        None, description="Serving pod of the first replica (every replica: replicaStatuses)."
     )
+    pod_uid: Annotated[str, StringConstraints(max_length=64)] | None = Field(None, description="Its UID.")
+    pod_ip: Annotated[str, StringConstraints(max_length=64)] | None = Field(None, alias="podIP", description="Its IP.")
     node_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(None, description="Its node.")
     roles: list[RoleStatus] = Field(
         default_factory=list,
         max_length=2 * MAX_ROLE_INSTANCES + 1,
-        description="Per-container readiness: every engine instance (prefill-0, prefill-1, ...) and the proxy.",
+        description="Per-container readiness of the first replica's pod: every engine instance and the proxy.",
     )
     gpu_assignment: GpuAssignment | None = Field(None, description="GPUs per engine.")
     conditions: list[Condition] = Field(

@@ -24,8 +24,22 @@ JsonSchema = dict[str, Any]
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Mode", "type": "string", "jsonPath": ".spec.mode", "description": "disaggregated or colocated"},
     {"name": "Transfer", "type": "string", "jsonPath": ".status.transfer", "description": "KV transfer mode"},
-    {"name": "Ready", "type": "string", "jsonPath": ".status.ready", "description": "Ready containers"},
+    {"name": "Ready", "type": "string", "jsonPath": ".status.ready", "description": "Ready replicas / replicas"},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase"},
+    {
+        "name": "Containers",
+        "type": "string",
+        "jsonPath": ".status.containersReady",
+        "description": "Ready containers over every replica",
+        "priority": 1,
+    },
+    {
+        "name": "Available",
+        "type": "integer",
+        "jsonPath": ".status.availableReplicas",
+        "description": "Replicas Ready with a verified KV transfer",
+        "priority": 1,
+    },
     {
         "name": "Prefill GPUs",
         "type": "string",
@@ -41,6 +55,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Goodput", "type": "string", "jsonPath": ".status.goodput.summary", "description": "Latest probe"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
+
+# `kubectl scale pdd/NAME --replicas N` and HorizontalPodAutoscalers go through this.
+SCALE_SUBRESOURCE = {
+    "specReplicasPath": ".spec.replicas",
+    "statusReplicasPath": ".status.replicas",
+    "labelSelectorPath": ".status.selector",
+}
 
 
 def _models_by_name(root: type[BaseModel]) -> dict[str, type[BaseModel]]:
@@ -182,7 +203,7 @@ def crd() -> dict[str, Any]:
                     "name": api.VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}, "scale": SCALE_SUBRESOURCE},
                     "additionalPrinterColumns": PRINTER_COLUMNS,
                     "schema": {"openAPIV3Schema": spec_schema()},
                 }
@@ -255,7 +276,8 @@ def _rules_section(node: JsonSchema, path: str) -> list[str]:
 _STATUS_GUIDE = f"""## Reading the status
 
 Phases: **Pending** (no pod yet, or not scheduled: the message quotes the scheduler), **Progressing**
-(containers starting, or the pod rolling after a spec change), **Ready** (every container ready),
+(containers starting, or the pod rolling after a spec change), **Ready** (every container of every
+replica ready),
 **Degraded** (a container crashed or cannot start; the message carries its last termination message,
 e.g. a failed launcher preflight), **Failed** (invalid spec, or the pod ended).
 
@@ -265,8 +287,18 @@ whose prefill and decode legs both succeeded, from user traffic, the proxy canar
 True for the life of the pod; `Unknown`/`NotApplicable` in colocated mode); `GoodputMet` (attainment of
 the last probe >= `spec.goodputProbe.slo.target` at the configured rate; `Unknown` until a probe ran).
 
+Replicas: each replica is one serving pod (`NAME`, `NAME-1`, ...) observed on its own; its phase,
+readiness (`ready`, containers) and `available` (Ready and KV transfer verified) are in
+`status.replicaStatuses`. With one replica the phase and conditions are that pod's; with several,
+`Ready` and each readiness condition are True when True on every replica, and otherwise name the
+replicas holding them back. Column `READY` is ready replicas / replicas; `kubectl get pdd -o wide`
+adds `CONTAINERS` (ready containers over every replica) and `AVAILABLE`. A spec change rolls at most
+`spec.rollout.maxUnavailable` replicas at a time, highest index first, each waiting for its
+replacement to be Ready and KVTransferVerified; with one replica the pod is deleted and recreated.
+A PodDisruptionBudget (`minAvailable: replicas - maxUnavailable`) guards node drains.
+
 Events: one per phase change (`Pending`, `Progressing`, `Ready`, `Degraded`, `Failed`), `CreatedPod`,
-`RollingPod`, `ReplacingPod`, `InvalidSpec`, `KVTransferVerified`, `GoodputProbeStarted`,
+`RollingPod`, `ReplacingPod`, `ScalingDown`, `InvalidSpec`, `KVTransferVerified`, `GoodputProbeStarted`,
 `GoodputMeasured`, `GoodputProbeFailed`, `GoodputMet`, `GoodputMissed`.
 
 Goodput probes: with `spec.goodputProbe.enabled`, a Job `<name>-goodput-<time>` runs `pdctl bench` against

@@ -4,8 +4,9 @@ The handlers gather a :class:`Snapshot` (the PDDeployment, its pods and probe Jo
 the proxy's report, the time), call :func:`decide`, execute the :data:`Action` list in order and write
 the status patch. When an action fails they decide once more with the failures in the snapshot, so
 that what the user sees (a status message, no "created" Event) follows from the same pure function.
-The serving pod, the probe Job lifecycle (collect, record, delete, start) and drift repair of the
-other children are all decided here.
+The serving pods (one per replica, rolled at most ``rollout.maxUnavailable`` at a time), the probe
+Job lifecycle (collect, record, delete, start) and drift repair of the other children are all
+decided here.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, ClassVar, Literal
 from pd_operator import goodput, layout, observe, render
 from pd_operator.api import RUN_PROBE_ANNOTATION, GoodputStatus, PDDeploymentSpec, PDDeploymentStatus, ProbeState
 from pd_operator.layout import Layout
-from pd_operator.observe import Event, Observation, ProxyReport
+from pd_operator.observe import Event, Observation, ProxyReport, ReplicaObservation
 from pd_operator.refusals import ApiFailure, Refusal, refusal
 from pd_operator.validation import SpecError, validate_spec
 from pd_operator.views import JobView, PodView, pod_view
@@ -46,9 +47,9 @@ class Snapshot:
 
     deployment: Deployment
     now: datetime
-    pods: Sequence[PodView] = ()  # the serving pod and probe pods (kopf index)
+    pods: Sequence[PodView] = ()  # the serving pods and probe pods (kopf index)
     jobs: Sequence[JobView] = ()  # probe Jobs (kopf index)
-    proxy: ProxyReport | None = None  # fetched from proxy_url() beforehand, when it asks for one
+    proxies: Mapping[str, ProxyReport] = field(default_factory=dict)  # pod name -> report, from proxy_urls()
     repair_children: bool = True  # apply the Service, NetworkPolicy (and claim template) this time
     failed: Mapping[str, ApiFailure] = field(default_factory=dict)  # Action.key -> error, from executing once
 
@@ -113,9 +114,9 @@ class Decision:
         return [a.event for a in self.actions if isinstance(a, Emit)]
 
 
-# ---- the serving pod -------------------------------------------------------------------------------------
+# ---- the serving pods -----------------------------------------------------------------------------------
 
-PodAction = Literal["create", "keep", "replace", "roll", "wait"]
+PodAction = Literal["create", "keep", "replace", "roll", "wait", "hold"]
 _POD_EVENTS = {
     "create": Event("Normal", "CreatedPod", "created the serving pod"),
     "roll": Event("Normal", "RollingPod", "the spec changed: deleting the serving pod to recreate it"),
@@ -124,7 +125,7 @@ _POD_EVENTS = {
 
 
 def pod_action(live: PodView | None, desired: Obj) -> PodAction:
-    """What to do with the serving pod: create it, keep it, wait for it to go, or delete it to recreate."""
+    """What to do with a serving pod: create it, keep it, wait for it to go, or delete it to recreate."""
     if live is None:
         return "create"
     if live.deleting:
@@ -135,6 +136,29 @@ def pod_action(live: PodView | None, desired: Obj) -> PodAction:
     return "keep" if live.annotations.get(render.ANNOTATION_SPEC_HASH) == wanted else "roll"
 
 
+def rollout(verbs: Sequence[PodAction], available: Sequence[bool], max_unavailable: int) -> list[PodAction]:
+    """Which outdated replicas roll now; the others ``hold`` (keep serving the previous spec).
+
+    With one replica every roll goes ahead (recreate: a pod holds its node's GPUs, no surge is possible).
+    With several, an outdated replica that serves (available: Ready and KV transfer verified) rolls only
+    while fewer than ``max_unavailable`` replicas are out of service, counting every replica that is
+    missing, terminating, ended, starting or not yet verified; the highest index goes first. An
+    outdated replica that does not serve anyway rolls at once: holding it would protect nothing.
+    """
+    if len(verbs) <= 1:
+        return list(verbs)
+    serving = [a and v in ("keep", "roll") for v, a in zip(verbs, available, strict=True)]
+    budget = max_unavailable - serving.count(False)
+    out = list(verbs)
+    for i in reversed(range(len(out))):
+        if out[i] == "roll" and serving[i]:
+            if budget > 0:
+                budget -= 1
+            else:
+                out[i] = "hold"
+    return out
+
+
 @dataclass(frozen=True)
 class PodStep:
     pod: PodView | None
@@ -143,16 +167,57 @@ class PodStep:
     error: str | None = None
 
 
-def _pod_step(snap: Snapshot, desired: Obj, live: PodView | None) -> PodStep:
-    verb = pod_action(live, desired)
-    if verb in ("keep", "wait"):
+def _pod_step(snap: Snapshot, desired: Obj, live: PodView | None, verb: PodAction) -> PodStep:
+    if verb in ("keep", "wait", "hold"):
         return PodStep(live, verb == "keep")
-    act: Action = Create(desired) if verb == "create" else Delete("Pod", desired["metadata"]["name"])
+    name = desired["metadata"]["name"]
+    act: Action = Create(desired) if verb == "create" else Delete("Pod", name)
     failure = snap.failed.get(act.key)
     if failure is not None:
         return PodStep(live, False, error=f"cannot {verb} the serving pod: {_refusal(act.key, failure).describe()}")
     pod = pod_view(desired) if verb == "create" else live
-    return PodStep(pod, verb == "create", (act, Emit(_POD_EVENTS[verb])))
+    event = _POD_EVENTS[verb]
+    return PodStep(pod, verb == "create", (act, Emit(Event(event.type, event.reason, f"{event.message} ({name})"))))
+
+
+def _serving_pods(snap: Snapshot) -> dict[str, PodView]:
+    return {p.name: p for p in snap.pods if p.labels.get(render.LABEL_COMPONENT) == render.COMPONENT_SERVING}
+
+
+@dataclass(frozen=True)
+class ServingStep:
+    replicas: tuple[ReplicaObservation, ...]
+    surplus: int  # serving pods beyond spec.replicas, deleted (scale-down) or terminating
+    actions: tuple[Action, ...]
+
+
+def _serving_step(
+    snap: Snapshot, spec: PDDeploymentSpec, lay: Layout, desired: Sequence[Obj], previous: PDDeploymentStatus
+) -> ServingStep:
+    """Every replica's pod step, rolled per :func:`rollout`, and the deletion of pods beyond spec.replicas."""
+    live = _serving_pods(snap)
+    names = [d["metadata"]["name"] for d in desired]
+    verbs = [pod_action(live.get(n), d) for n, d in zip(names, desired, strict=True)]
+    available = [
+        observe.replica_facts(
+            spec, lay, ReplicaObservation(i, live.get(n), v == "keep", proxy=snap.proxies.get(n)), previous
+        ).status.available
+        for i, (n, v) in enumerate(zip(names, verbs, strict=True))
+    ]
+    verbs = rollout(verbs, available, spec.rollout.max_unavailable)
+    replicas: list[ReplicaObservation] = []
+    actions: list[Action] = []
+    for i, (name, obj, verb) in enumerate(zip(names, desired, verbs, strict=True)):
+        step = _pod_step(snap, obj, live.get(name), verb)
+        replicas.append(ReplicaObservation(i, step.pod, step.current, step.error, snap.proxies.get(name)))
+        actions += step.actions
+    surplus = [p for n, p in sorted(live.items()) if n not in names]
+    for pod in surplus:
+        delete = Delete("Pod", pod.name)
+        if not pod.deleting and delete.key not in snap.failed:
+            message = f"spec.replicas is {spec.replicas}: deleting the serving pod {pod.name}"
+            actions += [delete, Emit(Event("Normal", "ScalingDown", message))]
+    return ServingStep(tuple(replicas), len(surplus), tuple(actions))
 
 
 # ---- the goodput probe -----------------------------------------------------------------------------------
@@ -251,21 +316,26 @@ def _owner(d: Deployment) -> layout.Owner:
     return layout.Owner(name=d.name, namespace=d.namespace, uid=d.uid, generation=d.generation)
 
 
-def serving_pod(snap: Snapshot) -> PodView | None:
-    return next((p for p in snap.pods if p.labels.get(render.LABEL_COMPONENT) == render.COMPONENT_SERVING), None)
-
-
-def proxy_url(snap: Snapshot) -> str | None:
-    """The proxy admin /status to read before deciding (disaggregated, pod has an IP, not yet verified)."""
+def proxy_urls(snap: Snapshot) -> dict[str, str]:
+    """Pod name -> the proxy admin /status to read before deciding: disaggregated replicas whose pod has
+    an IP and has not verified a KV transfer yet."""
     try:
         spec = validate_spec(snap.deployment.spec)
     except SpecError:
-        return None
-    pod = serving_pod(snap)
-    previous = observe.parse(snap.deployment.status)
-    if pod is None or not pod.ip or not spec.disaggregated or observe.kv_transfer_verified(previous, pod):
-        return None
-    return f"http://{pod.ip}:{spec.proxy.admin_port}/status"
+        return {}
+    if not spec.disaggregated:
+        return {}
+    previous, live, owner = observe.parse(snap.deployment.status), _serving_pods(snap), _owner(snap.deployment)
+    urls = {}
+    for index in range(spec.replicas):
+        pod = live.get(render.pod_name(owner, index))
+        if (
+            pod is not None
+            and pod.ip
+            and not observe.kv_transfer_verified(observe.previous_replica(previous, index), pod)
+        ):
+            urls[pod.name] = f"http://{pod.ip}:{spec.proxy.admin_port}/status"
+    return urls
 
 
 def _decision(previous: Mapping[str, Any], status: PDDeploymentStatus, actions: Sequence[Action]) -> Decision:
@@ -286,17 +356,15 @@ def decide(snap: Snapshot) -> Decision:
     lay = layout.build(_owner(d), spec)
     children = render.children(lay)
     repairs: list[Action] = [Apply(obj) for obj in children.applied] if snap.repair_children else []
-    pod = _pod_step(snap, children.pod, serving_pod(snap))
+    serving = _serving_step(snap, spec, lay, children.pods, previous)
     collected, running = _collect(snap, spec, lay, previous.probe)
     obs = Observation(
         generation=d.generation,
         now=now,
         spec=spec,
         layout=lay,
-        pod=pod.pod,
-        pod_current=pod.current,
-        pod_error=pod.error,
-        proxy=snap.proxy,
+        replicas=serving.replicas,
+        surplus=serving.surplus,
         previous=previous,
         goodput=collected.goodput,
         refusals=tuple(_refusal(key, failure) for key, failure in snap.failed.items()),
@@ -307,4 +375,4 @@ def decide(snap: Snapshot) -> Decision:
     probe = _start(snap, spec, lay, collected, ctx)
     new = observed.model_copy(update={"probe": probe.probe})
     events = [Emit(e) for e in observe.events(previous, new)]
-    return _decision(d.status, new, [*repairs, *pod.actions, *probe.actions, *events])
+    return _decision(d.status, new, [*repairs, *serving.actions, *probe.actions, *events])

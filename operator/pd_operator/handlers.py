@@ -115,13 +115,14 @@ async def execute(kube: KubeLike, snap: Snapshot, actions: tuple[Action, ...]) -
 
 
 async def reconcile(snap: Snapshot, deps: Deps) -> Decision:
-    """Read the proxy if the core asks for it, decide, act; decide again if an action failed."""
-    url = decide.proxy_url(snap)
-    if url is not None:
-        report = await deps.fetch_proxy_status(url)
-        if report.error:
-            metrics.RECONCILE_ERRORS.labels("proxy").inc()
-        snap = dataclasses.replace(snap, proxy=report)
+    """Read the proxies the core asks for (concurrently), decide, act; decide again if an action failed."""
+    urls = decide.proxy_urls(snap)
+    if urls:
+        reports = await asyncio.gather(*(deps.fetch_proxy_status(url) for url in urls.values()))
+        for report in reports:
+            if report.error:
+                metrics.RECONCILE_ERRORS.labels("proxy").inc()
+        snap = dataclasses.replace(snap, proxies=dict(zip(urls, reports, strict=True)))
     decision = decide.decide(snap)
     failed = await execute(deps.kube, snap, decision.actions)
     if failed:

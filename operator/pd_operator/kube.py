@@ -38,6 +38,7 @@ KINDS: dict[str, Kind] = {
     "ConfigMap": Kind("v1", "configmaps"),
     "NetworkPolicy": Kind("networking.k8s.io/v1", "networkpolicies"),
     "Job": Kind("batch/v1", "jobs"),
+    "PodDisruptionBudget": Kind("policy/v1", "poddisruptionbudgets"),
     "ResourceClaimTemplate": Kind("resource.k8s.io/v1", "resourceclaimtemplates"),
 }
 

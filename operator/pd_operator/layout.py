@@ -115,6 +115,8 @@ class Layout:
     affinity: Mapping[str, Any] | None
     priority_class_name: str | None
     host_network: bool
+    replicas: int
+    max_unavailable: int
 
     def engine(self, name: str) -> EngineInstance | None:
         return next((e for e in self.engines if e.name == name), None)
@@ -233,4 +235,6 @@ def build(owner: Owner, spec: PDDeploymentSpec) -> Layout:
         affinity=dict(spec.node.affinity) if spec.node.affinity else None,
         priority_class_name=spec.node.priority_class_name,
         host_network=spec.host_network,
+        replicas=spec.replicas,
+        max_unavailable=spec.rollout.max_unavailable,
     )

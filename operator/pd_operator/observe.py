@@ -4,6 +4,8 @@ Nothing here talks to the API server. The status is an :class:`api.PDDeploymentS
 the CRD schema is generated from, so a key the operator writes cannot be missing from the schema; it
 goes on the wire only through :func:`wire` and :func:`merge_patch`. ``Ready`` is declared once, as a
 condition set (after KServe's ``conditionSet``): it is True exactly when every dependent is True.
+Each replica (serving pod) is observed on its own, as if it were alone; the deployment's phase and
+conditions are those of its one replica, or with several replicas their summary.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from pd_operator.api import (
     PDDeploymentSpec,
     PDDeploymentStatus,
     Phase,
+    ReplicaStatus,
     RoleGpus,
     RoleStatus,
 )
 from pd_operator.layout import EngineInstance, Layout
 from pd_operator.refusals import Refusal
-from pd_operator.render import PROXY_CONTAINER
+from pd_operator.render import PROXY_CONTAINER, selector_string
 from pd_operator.views import MESSAGE_LIMIT, ContainerView, PodView
 
 Obj = dict[str, Any]
@@ -58,6 +61,17 @@ class ProxyReport:
 
 
 @dataclass(frozen=True)
+class ReplicaObservation:
+    """One replica: its serving pod as decided this tick (None: none yet) and its proxy's report."""
+
+    index: int = 0
+    pod: PodView | None = None
+    current: bool = True  # the pod runs the current spec
+    error: str | None = None  # why the pod could not be created or deleted
+    proxy: ProxyReport | None = None
+
+
+@dataclass(frozen=True)
 class Observation:
     """Everything the status is computed from; ``previous`` is the status as stored."""
 
@@ -66,10 +80,8 @@ class Observation:
     spec: PDDeploymentSpec | None
     layout: Layout | None = None  # None exactly when the spec is invalid
     spec_problems: Sequence[str] = ()
-    pod: PodView | None = None
-    pod_current: bool = True
-    pod_error: str | None = None  # why the serving pod could not be created or deleted
-    proxy: ProxyReport | None = None
+    replicas: Sequence[ReplicaObservation] = (ReplicaObservation(),)  # one per spec.replicas, by index
+    surplus: int = 0  # serving pods beyond spec.replicas, being deleted (scale-down)
     previous: PDDeploymentStatus = field(default_factory=PDDeploymentStatus)
     goodput: GoodputStatus | None = None  # a fresh probe result; None keeps the previous one
     refusals: Sequence[Refusal] = ()  # child writes the API server refused this time
@@ -197,18 +209,16 @@ def _trouble(roles: Sequence[RoleStatus]) -> list[str]:
     return found
 
 
-def phase_of(obs: Observation, roles: Sequence[RoleStatus], ready: bool) -> tuple[Phase, str]:
-    """The phase and why; ``ready`` is whether the Ready condition set is satisfied."""
-    if obs.spec is None:
-        return "Failed", "invalid spec: " + "; ".join(obs.spec_problems)
-    pod = obs.pod
-    if obs.pod_error:
-        return ("Pending" if pod is None else "Progressing"), obs.pod_error
+def phase_of(rep: ReplicaObservation, roles: Sequence[RoleStatus], ready: bool) -> tuple[Phase, str]:
+    """The phase of one replica and why; ``ready`` is whether its Ready condition set is satisfied."""
+    pod = rep.pod
+    if rep.error:
+        return ("Pending" if pod is None else "Progressing"), rep.error
     if pod is None:
         return "Pending", "creating the serving pod"
     if pod.deleting:
         return "Progressing", "the serving pod is terminating"
-    if not obs.pod_current:
+    if not rep.current:
         return "Progressing", "rolling the serving pod to the new spec"
     if pod.ended:
         return "Failed", f"the serving pod ended ({pod.reason or pod.phase}); it will be recreated"
@@ -231,13 +241,13 @@ def condition(kind: str, ok: bool | None, reason: str, message: str) -> Conditio
     return Condition(type=kind, status=status, reason=reason, message=message[:MESSAGE_LIMIT])
 
 
-def _pod_not_usable(obs: Observation) -> tuple[str, str] | None:
+def _pod_not_usable(rep: ReplicaObservation) -> tuple[str, str] | None:
     """Why no container of the serving pod can count as ready for the current spec, if so."""
-    if obs.pod is None:
+    if rep.pod is None:
         return "NoPod", "the serving pod does not exist yet"
-    if obs.pod.deleting:
+    if rep.pod.deleting:
         return "PodTerminating", "the serving pod is terminating"
-    if not obs.pod_current:
+    if not rep.current:
         return "PodOutdated", "the serving pod runs an older spec"
     return None
 
@@ -262,31 +272,37 @@ def find(conditions: Sequence[Condition], kind: str) -> Condition | None:
     return next((c for c in conditions if c.type == kind), None)
 
 
-def same_pod(previous: PDDeploymentStatus, pod: PodView | None) -> bool:
-    return pod is not None and bool(pod.uid) and pod.uid == previous.pod_uid
+def previous_replica(previous: PDDeploymentStatus, index: int) -> ReplicaStatus | None:
+    return next((r for r in previous.replica_statuses if r.index == index), None)
 
 
-def kv_transfer_verified(previous: PDDeploymentStatus, pod: PodView | None) -> bool:
-    """Already verified for this very pod: no need to ask the proxy again."""
-    kv = find(previous.conditions, KV_VERIFIED)
-    return kv is not None and kv.status == "True" and same_pod(previous, pod)
+def _same_pod(prior: ReplicaStatus | None, pod: PodView | None) -> bool:
+    return prior is not None and pod is not None and bool(pod.uid) and pod.uid == prior.pod_uid
 
 
-def kv_transfer_condition(obs: Observation) -> Condition:
+def _kept_kv(prior: ReplicaStatus | None, pod: PodView | None) -> Condition | None:
+    """The KVTransferVerified this very pod had last time, if any."""
+    return prior.kv_transfer if prior is not None and _same_pod(prior, pod) else None
+
+
+def kv_transfer_verified(prior: ReplicaStatus | None, pod: PodView | None) -> bool:
+    """Already verified for this very pod: no need to ask its proxy again."""
+    kept = _kept_kv(prior, pod)
+    return kept is not None and kept.status == "True"
+
+
+def kv_transfer_condition(spec: PDDeploymentSpec, rep: ReplicaObservation, prior: ReplicaStatus | None) -> Condition:
     """True once the proxy saw one transfer id succeed on both legs; sticky for the life of the pod."""
-    assert obs.spec is not None
-    if not obs.spec.disaggregated:
+    if not spec.disaggregated:
         return condition(KV_VERIFIED, None, "NotApplicable", "colocated mode moves no KV cache between engines")
-    if kv_transfer_verified(obs.previous, obs.pod):
-        kept = find(obs.previous.conditions, KV_VERIFIED)
-        assert kept is not None
+    kept = _kept_kv(prior, rep.pod)
+    if kept is not None and kept.status == "True":
         return kept.model_copy()
-    report = obs.proxy
-    if report is None or obs.pod is None:
+    report = rep.proxy
+    if report is None or rep.pod is None:
         return condition(KV_VERIFIED, False, "NoProxy", "the proxy is not running yet")
     if report.status is None:
-        kept = find(obs.previous.conditions, KV_VERIFIED)
-        if kept is not None and kept.reason == "ProxyUnreachable" and same_pod(obs.previous, obs.pod):
+        if kept is not None and kept.reason == "ProxyUnreachable":
             return kept.model_copy()  # a timeout after a refusal is no news: the first error's text stays
         return condition(KV_VERIFIED, False, "ProxyUnreachable", f"proxy admin /status: {report.error}")
     last = report.status.get("last_transfer")
@@ -360,37 +376,133 @@ def _role_conditions(
 
 def _invalid(obs: Observation) -> PDDeploymentStatus:
     """An invalid spec changes phase, message and SpecValid; everything else stays as it was."""
-    phase, message = phase_of(obs, [], ready=False)
+    phase, message = "Failed", "invalid spec: " + "; ".join(obs.spec_problems)
     invalid = condition("SpecValid", False, "InvalidSpec", "; ".join(obs.spec_problems))
     kept = [c for c in obs.previous.conditions if c.type != "SpecValid"]
     conds = _with_transition_times([invalid, *kept], obs.previous.conditions, obs.now, obs.generation)
     return obs.previous.model_copy(update={"phase": phase, "message": message[:MESSAGE_LIMIT], "conditions": conds})
 
 
+@dataclass(frozen=True)
+class ReplicaFacts:
+    """One replica observed as if it were alone: what the deployment's status summarises."""
+
+    obs: ReplicaObservation
+    roles: list[RoleStatus]
+    role_conditions: list[Condition]
+    phase: Phase
+    message: str
+    kv: Condition
+    ready: bool  # serving: the pod exists, is not going away, every container is ready (any spec version)
+    status: ReplicaStatus
+
+
+def replica_available(spec: PDDeploymentSpec, ready: bool, kv: Condition) -> bool:
+    """Counts as serving for a rollout: ready and, when disaggregated, its KV transfer verified."""
+    return ready and (not spec.disaggregated or kv.status == "True")
+
+
+def replica_facts(
+    spec: PDDeploymentSpec, layout: Layout, rep: ReplicaObservation, previous: PDDeploymentStatus
+) -> ReplicaFacts:
+    pod = rep.pod
+    roles = role_statuses(layout, pod)
+    role_conds = _role_conditions(roles, _pod_not_usable(rep), preflight_refusals(pod))
+    valid = condition("SpecValid", True, "Valid", "the spec passed validation")
+    phase, message = phase_of(rep, roles, ready_set(layout).satisfied([valid, *role_conds]))
+    kv = kv_transfer_condition(spec, rep, previous_replica(previous, rep.index))
+    ready = pod is not None and not pod.deleting and not pod.ended and all(r.ready for r in roles)
+    status = ReplicaStatus(
+        index=rep.index,
+        pod_name=pod.name if pod else "",
+        pod_uid=pod.uid if pod else None,
+        pod_ip=pod.ip if pod else None,
+        node_name=pod.node if pod else None,
+        phase=phase,
+        message=message[:MESSAGE_LIMIT],
+        ready=f"{sum(r.ready for r in roles)}/{len(roles)}",
+        current=rep.current and pod is not None and not pod.deleting,
+        available=replica_available(spec, ready, kv),
+        kv_transfer=kv.model_copy(update={"last_transition_time": None, "observed_generation": None}),
+    )
+    return ReplicaFacts(rep, roles, role_conds, phase, message, kv, ready, status)
+
+
+def _summary_condition(kind: str, per: Sequence[ReplicaFacts], conds: Sequence[Condition], ok_reason: str) -> Condition:
+    """A condition over several replicas: True when True on each; else the replicas that hold it back."""
+    failing = [(f, c) for f, c in zip(per, conds, strict=True) if c.status != "True"]
+    if not failing:
+        return condition(kind, True, ok_reason, f"on all {len(per)} replicas")
+    detail = "; ".join(f"{f.status.pod_name or f'replica {f.obs.index}'}: {c.message}" for f, c in failing)
+    prefix = f"{len(per) - len(failing)}/{len(per)} replicas: "
+    return condition(kind, False, failing[0][1].reason, prefix + detail)
+
+
+def _summary_phase(per: Sequence[ReplicaFacts], surplus: int) -> tuple[Phase, str]:
+    if len(per) == 1 and not surplus:
+        return per[0].phase, per[0].message
+    phases = {f.phase for f in per}
+    waiting = [f"{f.status.pod_name or f'replica {f.obs.index}'}: {f.message}" for f in per if f.phase != "Ready"]
+    if surplus:
+        waiting.append(f"scaling down: {surplus} surplus pod(s) terminating")
+    if not waiting:
+        return "Ready", f"all {len(per)} replicas are ready"
+    phase: Phase = (
+        "Degraded" if phases & {"Degraded", "Failed"} else "Pending" if phases == {"Pending"} else "Progressing"
+    )
+    ready = sum(f.phase == "Ready" for f in per)
+    return phase, f"{ready}/{len(per)} replicas ready; " + "; ".join(waiting)
+
+
+def _summary_conditions(per: Sequence[ReplicaFacts]) -> tuple[list[Condition], Condition]:
+    """The role conditions and KVTransferVerified of the deployment: the one replica's, or a summary."""
+    if len(per) == 1:
+        return per[0].role_conditions, per[0].kv
+    by_kind: dict[str, list[Condition]] = {}
+    for f in per:  # every replica has the same roles: one layout
+        for c in f.role_conditions:
+            by_kind.setdefault(c.type, []).append(c)
+    roles = [_summary_condition(kind, per, conds, "ContainersReady") for kind, conds in by_kind.items()]
+    kv = per[0].kv
+    if kv.reason != "NotApplicable":
+        kv = _summary_condition(KV_VERIFIED, per, [f.kv for f in per], "TransferCompleted")
+    return roles, kv
+
+
 def status(obs: Observation) -> PDDeploymentStatus:
     """The status the operator owns (the probe bookkeeping is the caller's, and kept as it was)."""
     if obs.spec is None or obs.layout is None:
         return _invalid(obs)
-    spec, layout, pod = obs.spec, obs.layout, obs.pod
+    spec, layout = obs.spec, obs.layout
     goodput = obs.goodput or obs.previous.goodput
-    roles = role_statuses(layout, pod)
-    conds = [condition("SpecValid", True, "Valid", "the spec passed validation")]
-    conds += _role_conditions(roles, _pod_not_usable(obs), preflight_refusals(pod))
-    phase, message = phase_of(obs, roles, ready_set(layout).satisfied(conds))
+    per = [replica_facts(spec, layout, rep, obs.previous) for rep in obs.replicas]
+    first = per[0]
+    role_conds, kv = _summary_conditions(per)
+    conds = [condition("SpecValid", True, "Valid", "the spec passed validation"), *role_conds]
+    phase, message = _summary_phase(per, obs.surplus)
     conds.append(condition("Ready", phase == "Ready", phase, "serving" if phase == "Ready" else "not serving"))
-    conds += [kv_transfer_condition(obs), goodput_condition(spec, goodput), children_condition(obs)]
-    current = obs.pod_current and pod is not None
+    conds += [kv, goodput_condition(spec, goodput), children_condition(obs)]
+    current = all(f.status.current for f in per)
+    pod = first.obs.pod
+    ready_replicas = sum(f.ready for f in per)
     return obs.previous.model_copy(
         update={
             "phase": phase,
             "message": message[:MESSAGE_LIMIT],
-            "ready": f"{sum(r.ready for r in roles)}/{len(roles)}",
+            "ready": f"{ready_replicas}/{len(per)}",
+            "containers_ready": f"{sum(r.ready for f in per for r in f.roles)}/{sum(len(f.roles) for f in per)}",
+            "replicas": sum(f.obs.pod is not None for f in per) + obs.surplus,
+            "ready_replicas": ready_replicas,
+            "updated_replicas": sum(f.status.current for f in per),
+            "available_replicas": sum(f.status.available for f in per),
+            "selector": selector_string(layout.owner),
+            "replica_statuses": [f.status for f in per],
             "transfer": spec.transfer_in_effect,
             "pod_name": pod.name if pod else None,
             "pod_uid": pod.uid if pod else None,
             "pod_ip": pod.ip if pod else None,
             "node_name": pod.node if pod else None,
-            "roles": roles,
+            "roles": first.roles,
             "gpu_assignment": gpu_assignment(layout),
             "conditions": _with_transition_times(conds, obs.previous.conditions, obs.now, obs.generation),
             "goodput": goodput,

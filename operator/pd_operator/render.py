@@ -5,7 +5,9 @@ so no surge is possible and a rollout must be delete-then-create anyway; the ope
 pod (one name, its containerStatuses) to report per-role readiness and GPU assignment, and it already
 watches it, so a ReplicaSet controller in between would add a second owner of the same decision and
 one more RBAC grant (apps/deployments) without adding behaviour. The operator recreates a deleted pod
-and rolls it when the rendered spec changes (``pd.serving.dev/spec-hash``).
+and rolls it when the rendered spec changes (``pd.serving.dev/spec-hash``). Replicas are more such pods
+with stable names (``NAME``, ``NAME-1``, ...), for the same reasons not a StatefulSet: the rollout waits
+for each replacement's KVTransferVerified, which only the operator reads (decide.rollout).
 
 No ConfigMap is rendered: every setting travels in the containers' command lines and env, so
 ``kubectl get pod -o yaml`` shows exactly what runs.
@@ -40,8 +42,9 @@ BENCH_CONTAINER = "bench"
 # ---- names and metadata --------------------------------------------------------------------------
 
 
-def pod_name(owner: Owner) -> str:
-    return owner.name
+def pod_name(owner: Owner, index: int = 0) -> str:
+    """Replica 0 keeps the name a single-replica deployment always had; the others get their index."""
+    return owner.name if index == 0 else f"{owner.name}-{index}"
 
 
 def service_name(owner: Owner) -> str:
@@ -65,6 +68,11 @@ def labels(owner: Owner, component: str) -> dict[str, str]:
 
 def serving_selector(owner: Owner) -> dict[str, str]:
     return {LABEL_DEPLOYMENT: owner.name, LABEL_COMPONENT: COMPONENT_SERVING}
+
+
+def selector_string(owner: Owner) -> str:
+    """The serving selector as the scale subresource reports it (``status.selector``)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(serving_selector(owner).items()))
 
 
 def _metadata(owner: Owner, name: str, component: str) -> Obj:
@@ -252,10 +260,11 @@ def spec_hash(pod_spec: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(pod_spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def pod(lay: Layout) -> Obj:
+def pod(lay: Layout, index: int = 0) -> Obj:
+    """The serving pod of one replica; every replica has the same spec (and spec hash), only the name differs."""
     pod_spec = _pod_spec(lay)
     owner = lay.owner
-    meta = _metadata(owner, pod_name(owner), COMPONENT_SERVING)
+    meta = _metadata(owner, pod_name(owner, index), COMPONENT_SERVING)
     meta["annotations"] = {ANNOTATION_SPEC_HASH: spec_hash(pod_spec), ANNOTATION_GENERATION: str(owner.generation)}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
@@ -295,6 +304,24 @@ def network_policy(lay: Layout) -> Obj:
                 {"from": [operator_peer], "ports": [{"port": proxy.admin_port, "protocol": "TCP"}]},
                 {"from": [{"podSelector": {"matchLabels": serving_selector(owner)}}]},
             ],
+        },
+    }
+
+
+def disruption_budget_name(owner: Owner) -> str:
+    return owner.name
+
+
+def disruption_budget(lay: Layout) -> Obj:
+    """Node drains (the eviction API) keep replicas - maxUnavailable pods serving; 0 with one replica."""
+    owner = lay.owner
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(owner, disruption_budget_name(owner), COMPONENT_SERVING),
+        "spec": {
+            "minAvailable": max(lay.replicas - lay.max_unavailable, 0),
+            "selector": {"matchLabels": serving_selector(owner)},
         },
     }
 
@@ -341,21 +368,27 @@ def probe_job(lay: Layout, job_name: str) -> Obj:
 class Children:
     """Everything the operator keeps in place for a PDDeployment.
 
-    ``applied`` objects are kept by server-side apply (drift repair); the pod is created and, when its
-    spec hash changes, deleted and created again, because most of a pod's spec cannot change in place.
+    ``applied`` objects are kept by server-side apply (drift repair); the pods (one per replica) are
+    created and, when their spec hash changes, deleted and created again, because most of a pod's spec
+    cannot change in place.
     """
 
     applied: tuple[Obj, ...]
-    pod: Obj
+    pods: tuple[Obj, ...]
+
+    @property
+    def pod(self) -> Obj:
+        """The first replica's pod (the only one with replicas 1)."""
+        return self.pods[0]
 
     @property
     def all(self) -> list[Obj]:
-        """In creation order: the claim template before the pod that refers to it, the pod last."""
-        return [*self.applied, self.pod]
+        """In creation order: the claim template before the pods that refer to it, the pods last."""
+        return [*self.applied, *self.pods]
 
 
 def children(lay: Layout) -> Children:
-    applied = [service(lay), network_policy(lay)]
+    applied = [service(lay), network_policy(lay), disruption_budget(lay)]
     if lay.dra_device_class is not None:
         applied.insert(0, claim_template(lay))
-    return Children(applied=tuple(applied), pod=pod(lay))
+    return Children(applied=tuple(applied), pods=tuple(pod(lay, i) for i in range(lay.replicas)))

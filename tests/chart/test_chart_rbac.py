@@ -19,6 +19,7 @@ NAMESPACED_NEEDS: dict[tuple[str, str], str] = {
     ("events.k8s.io", "events"): "create patch",
     ("networking.k8s.io", "networkpolicies"): "get list watch create patch delete",
     ("batch", "jobs"): "get list watch create delete",
+    ("policy", "poddisruptionbudgets"): "create patch",  # server-side apply only
 }
 CLUSTER_NEEDS: dict[tuple[str, str], str] = {
     ("", "namespaces"): "list watch",

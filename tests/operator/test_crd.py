@@ -89,9 +89,23 @@ def test_names_subresource_and_printer_columns() -> None:
     assert spec["group"] == "pd.serving.dev" and spec["names"]["plural"] == "pddeployments"
     assert spec["names"]["shortNames"] == ["pdd"] and spec["names"]["kind"] == "PDDeployment"
     version = spec["versions"][0]
-    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
-    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert version["name"] == "v1alpha1" and version["subresources"]["status"] == {}
+    columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
     assert columns == ["Mode", "Transfer", "Ready", "Phase", "Prefill GPUs", "Decode GPUs", "Goodput", "Age"]
+    wide = [c["jsonPath"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1]
+    assert wide == [".status.containersReady", ".status.availableReplicas"]
+
+
+def test_scale_subresource_points_at_fields_of_the_schema(schema: dict[str, Any]) -> None:
+    """`kubectl scale` and HPAs read and write these paths; each must be a field the server keeps."""
+    scale = crd.crd()["spec"]["versions"][0]["subresources"]["scale"]
+    props = schema["properties"]
+    assert (
+        scale["specReplicasPath"] == ".spec.replicas" and props["spec"]["properties"]["replicas"]["type"] == "integer"
+    )
+    status = props["status"]["properties"]
+    assert status[scale["statusReplicasPath"].split(".")[-1]]["type"] == "integer"
+    assert status[scale["labelSelectorPath"].split(".")[-1]]["type"] == "string"
 
 
 def test_cel_rules_have_messages_and_valid_field_paths(schema: dict[str, Any]) -> None:

@@ -58,6 +58,11 @@ def serving(spec: dict[str, Any] = SPEC, **kw: Any) -> dict[str, Any]:
     return running_pod(render.pod(layout.build(OWNER, validate_spec(spec))), **kw)
 
 
+def one_proxy(**report: Any) -> dict[str, ProxyReport]:
+    """The report of the one replica's proxy, as the handlers pass it."""
+    return {NAME: ProxyReport(**report)}
+
+
 def kinds(decision: Decision, action: type) -> list[str]:
     found = [a for a in decision.actions if isinstance(a, action)]
     return [a.kind if isinstance(a, Delete) else a.obj["kind"] for a in found]  # type: ignore[attr-defined]
@@ -65,7 +70,7 @@ def kinds(decision: Decision, action: type) -> list[str]:
 
 def test_first_pass_applies_children_creates_the_pod_and_reports_pending() -> None:
     decision = decide.decide(snapshot())
-    assert kinds(decision, Apply) == ["Service", "NetworkPolicy"]
+    assert kinds(decision, Apply) == ["Service", "NetworkPolicy", "PodDisruptionBudget"]
     assert kinds(decision, Create) == ["Pod"]
     assert decision.patch["phase"] == "Pending"
     assert [e.reason for e in decision.events][:2] == ["CreatedPod", "Pending"]
@@ -142,14 +147,14 @@ def test_a_refused_network_policy_shows_although_the_pod_was_created() -> None:
 
 def test_proxy_is_read_until_the_transfer_is_verified_for_this_pod() -> None:
     pod = serving()
-    assert decide.proxy_url(snapshot(pods=[pod])) == "http://10.1.2.3:8001/status"
-    ready = decide.decide(snapshot(pods=[pod], proxy=ProxyReport(status=proxy_status())))
+    assert decide.proxy_urls(snapshot(pods=[pod])) == {NAME: "http://10.1.2.3:8001/status"}
+    ready = decide.decide(snapshot(pods=[pod], proxies=one_proxy(status=proxy_status())))
     assert cond(ready.patch, "KVTransferVerified")["status"] == "True"
-    assert decide.proxy_url(snapshot(status=stored({}, ready), pods=[pod])) is None
+    assert not decide.proxy_urls(snapshot(status=stored({}, ready), pods=[pod]))
 
 
 def test_ready_pod_starts_a_probe() -> None:
-    decision = decide.decide(snapshot(pods=[serving()], proxy=ProxyReport(status=proxy_status())))
+    decision = decide.decide(snapshot(pods=[serving()], proxies=one_proxy(status=proxy_status())))
     assert decision.status.phase == "Ready"
     job = next(a.obj for a in decision.actions if isinstance(a, Create))
     assert job["kind"] == "Job" and job["spec"]["template"]["spec"]["containers"][0]["command"][:2] == [
@@ -163,7 +168,7 @@ def test_ready_pod_starts_a_probe() -> None:
 
 def finish_probe(message: str | None) -> tuple[Decision, dict[str, Any], str]:
     pod = serving()
-    started = decide.decide(snapshot(pods=[pod], proxy=ProxyReport(status=proxy_status())))
+    started = decide.decide(snapshot(pods=[pod], proxies=one_proxy(status=proxy_status())))
     job = next(a.obj for a in started.actions if isinstance(a, Create) and a.obj["kind"] == "Job")
     done, job_pod = finished_job(job, message)
     status = stored({}, started)
@@ -221,17 +226,17 @@ def test_ended_pod_is_replaced_and_terminating_pod_awaited() -> None:
 def test_steady_state_writes_nothing_and_does_nothing() -> None:
     spec = {"model": "m", "engine": "simulated"}
     pod = serving(spec)
-    first = decide.decide(snapshot(spec, pods=[pod], proxy=ProxyReport(status=proxy_status())))
+    first = decide.decide(snapshot(spec, pods=[pod], proxies=one_proxy(status=proxy_status())))
     later = snapshot(spec, status=stored({}, first), pods=[pod], repair_children=False, now=T0 + timedelta(hours=1))
-    assert decide.proxy_url(later) is None
+    assert not decide.proxy_urls(later)
     second = decide.decide(later)
     assert second.patch == {} and second.actions == ()
 
 
 def test_a_new_pod_uid_reaches_the_status() -> None:
     spec = {"model": "m", "engine": "simulated"}
-    first = decide.decide(snapshot(spec, pods=[serving(spec)], proxy=ProxyReport(status=proxy_status())))
+    first = decide.decide(snapshot(spec, pods=[serving(spec)], proxies=one_proxy(status=proxy_status())))
     moved = snapshot(spec, status=stored({}, first), pods=[serving(spec, uid="pod-uid-2")], repair_children=False)
-    second = decide.decide(dataclasses.replace(moved, proxy=ProxyReport(error="timeout")))
+    second = decide.decide(dataclasses.replace(moved, proxies=one_proxy(error="timeout")))
     assert second.patch["podUid"] == "pod-uid-2"
     assert cond(second.patch, "KVTransferVerified")["reason"] == "ProxyUnreachable"

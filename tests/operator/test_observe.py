@@ -6,7 +6,7 @@ from typing import Any
 
 from pd_operator import layout, observe, render
 from pd_operator.api import PDDeploymentSpec
-from pd_operator.observe import Observation, ProxyReport
+from pd_operator.observe import Observation, ProxyReport, ReplicaObservation
 from pd_operator.validation import validate_spec
 from pd_operator.views import pod_view
 from tests.operator.podfacts import container_status, proxy_status, running_pod
@@ -25,11 +25,19 @@ def rendered(spec: PDDeploymentSpec) -> dict[str, Any]:
     return render.pod(lay(spec))
 
 
-def obs(spec: Any = SIM, pod: Any = None, previous: Any = None, now: str = NOW, **kw: Any) -> Observation:
-    """An observation of a pod document (as the API server returns it) and a stored status."""
+def obs(
+    spec: Any = SIM,
+    pod: Any = None,
+    previous: Any = None,
+    now: str = NOW,
+    pod_current: bool = True,
+    proxy: ProxyReport | None = None,
+) -> Observation:
+    """An observation of one replica's pod document (as the API server returns it) and a stored status."""
     prior = observe.parse(previous or {})
     view = pod_view(pod) if pod is not None else None
-    return Observation(generation=2, now=now, spec=spec, layout=lay(spec), pod=view, previous=prior, **kw)
+    replica = ReplicaObservation(0, view, pod_current, proxy=proxy)
+    return Observation(generation=2, now=now, spec=spec, layout=lay(spec), replicas=(replica,), previous=prior)
 
 
 def status(o: Observation) -> dict[str, Any]:
@@ -49,7 +57,7 @@ def test_invalid_spec_is_failed_with_spec_valid_false() -> None:
 
 def test_no_pod_is_pending() -> None:
     out = status(obs())
-    assert out["phase"] == "Pending" and out["ready"] == "0/3"
+    assert out["phase"] == "Pending" and out["ready"] == "0/1" and out["containersReady"] == "0/3"
     assert cond(out, "PrefillReady")["reason"] == "NoPod"
     assert "observedGeneration" not in out
 
@@ -57,7 +65,8 @@ def test_no_pod_is_pending() -> None:
 def test_all_ready_is_ready_with_per_role_details() -> None:
     pod = running_pod(rendered(SIM))
     out = status(obs(pod=pod, proxy=ProxyReport(status=proxy_status())))
-    assert out["phase"] == "Ready" and out["ready"] == "3/3" and out["observedGeneration"] == 2
+    assert out["phase"] == "Ready" and out["observedGeneration"] == 2
+    assert (out["ready"], out["containersReady"], out["replicas"], out["readyReplicas"]) == ("1/1", "3/3", 1, 1)
     assert (out["podName"], out["podIP"], out["nodeName"], out["podUid"]) == (
         "demo",
         "10.1.2.3",

@@ -6,7 +6,7 @@ from typing import Any
 
 from pd_operator import layout, observe, render
 from pd_operator.api import Condition, PDDeploymentSpec, PDDeploymentStatus
-from pd_operator.observe import Observation
+from pd_operator.observe import Observation, ReplicaObservation
 from pd_operator.validation import validate_spec
 from pd_operator.views import pod_view
 from pd_runtime import launcher
@@ -38,7 +38,8 @@ def observed(
     lay = layout.build(OWNER, spec)
     pod = pod_view(running_pod(render.pod(lay), statuses=statuses))
     prior = previous or PDDeploymentStatus()
-    return observe.status(Observation(generation=2, now=NOW, spec=spec, layout=lay, pod=pod, previous=prior))
+    replicas = (ReplicaObservation(0, pod),)
+    return observe.status(Observation(generation=2, now=NOW, spec=spec, layout=lay, replicas=replicas, previous=prior))
 
 
 def cond(status: PDDeploymentStatus, kind: str) -> Condition:

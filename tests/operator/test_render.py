@@ -439,7 +439,7 @@ def test_probe_job_runs_bench_against_the_service() -> None:
 def test_pdctl_render_prints_every_object(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert render_command.main([str(path)]) == 0
     kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
-    assert kinds[:3] == ["Service", "NetworkPolicy", "Pod"] and kinds[-1] == "Job"
+    assert kinds[:4] == ["Service", "NetworkPolicy", "PodDisruptionBudget", "Pod"] and kinds[-1] == "Job"
 
 
 def test_pdctl_render_refuses_an_invalid_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -77,6 +77,7 @@ MODELS = {
     "NetworkPolicy": client.V1NetworkPolicy,
     "Job": client.V1Job,
     "ResourceClaimTemplate": client.V1ResourceClaimTemplate,
+    "PodDisruptionBudget": client.V1PodDisruptionBudget,
 }
 _CONTAINER = re.compile(r"^(List|Dict)\[(?:str, )?(.+)\]$")
 
@@ -118,6 +119,7 @@ def variants(spec: Obj) -> Iterator[Obj]:
         {"node": {"tolerations": [{"key": "gpu", "operator": "Exists"}], "priorityClassName": "high"}},
         {"kvTransfer": {"rdma": {"resourceName": "rdma/hca", "hostNetwork": True}}},
         {"simulation": {"reserveGpus": True}},
+        {"replicas": 3, "rollout": {"maxUnavailable": 2}},
     ]
     for change in changes:
         doc = copy.deepcopy(spec)
@@ -153,10 +155,12 @@ def life(spec: Obj) -> Iterator[Decision]:
     enabled = {**spec, "goodputProbe": {**spec.get("goodputProbe", {}), "enabled": True}}
     first = decide.decide(snap(enabled, {}))
     yield first
-    pod = running_pod(next(a.obj for a in first.actions if isinstance(a, Create)))
+    pods = [running_pod(a.obj) for a in first.actions if isinstance(a, Create)]
+    pod = pods[0]
     starting = decide.decide(snap(enabled, wire(first.status), [running_pod(pod, ready=False)]))
     yield starting
-    ready = decide.decide(snap(enabled, wire(starting.status), [pod], proxy=ProxyReport(status=proxy_status())))
+    reports = {p["metadata"]["name"]: ProxyReport(status=proxy_status()) for p in pods}
+    ready = decide.decide(snap(enabled, wire(starting.status), pods, proxies=reports))
     yield ready
     job = next(a.obj for a in ready.actions if isinstance(a, Create) and a.obj["kind"] == "Job")
     for message in (json.dumps(summary(0.95) | {"goodput_rate": 9.0}), "not json", None):
@@ -225,4 +229,5 @@ def test_the_walks_catch_a_misspelt_key() -> None:
 
 def test_applied_children_are_the_rendered_ones() -> None:
     decision = decide.decide(snap(VARIANTS[0][1], {}))
-    assert [a.obj["kind"] for a in decision.actions if isinstance(a, Apply)] == ["Service", "NetworkPolicy"]
+    applied = [a.obj["kind"] for a in decision.actions if isinstance(a, Apply)]
+    assert applied == ["Service", "NetworkPolicy", "PodDisruptionBudget"]

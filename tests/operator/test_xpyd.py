@@ -10,7 +10,7 @@ import pytest
 from pd_operator import layout, observe, render
 from pd_operator.api import PDDeploymentSpec
 from pd_operator.engine_cmd import engine_containers
-from pd_operator.observe import Observation
+from pd_operator.observe import Observation, ReplicaObservation
 from pd_operator.validation import SpecError, validate_spec
 from pd_operator.views import pod_view
 from tests.operator.conftest import load_example
@@ -141,7 +141,8 @@ def observed(spec: PDDeploymentSpec, ready: set[str]) -> dict[str, Any]:
     pod = pod_of(spec)
     statuses = [container_status(c["name"], c["name"] in ready) for c in pod["spec"]["containers"]]
     view = pod_view(running_pod(pod, statuses=statuses))
-    obs = Observation(generation=1, now=NOW, spec=spec, layout=layout.build(OWNER, spec), pod=view)
+    replicas = (ReplicaObservation(0, view),)
+    obs = Observation(generation=1, now=NOW, spec=spec, layout=layout.build(OWNER, spec), replicas=replicas)
     return observe.wire(observe.status(obs))
 
 
@@ -154,7 +155,7 @@ def test_prefill_ready_needs_every_prefill_instance_and_counts_them() -> None:
     partly = observed(spec, {"prefill-0", "decode", "proxy"})
     prefill = condition(partly, "PrefillReady")
     assert prefill["status"] == "False" and prefill["message"] == "1/2 ready; not ready: prefill-1"
-    assert partly["ready"] == "3/4" and partly["phase"] != "Ready"
+    assert partly["containersReady"] == "3/4" and partly["phase"] != "Ready"
     assert [(r["name"], r["role"], r["ready"]) for r in partly["roles"]] == [
         ("prefill-0", "prefill", True),
         ("prefill-1", "prefill", False),
@@ -164,7 +165,7 @@ def test_prefill_ready_needs_every_prefill_instance_and_counts_them() -> None:
     full = observed(spec, set(ENGINE_NAMES) | {"proxy"})
     assert condition(full, "PrefillReady")["message"] == "2/2 ready; prefill-0, prefill-1 ready"
     assert condition(full, "DecodeReady")["message"] == "decode ready"
-    assert full["ready"] == "4/4"
+    assert (full["ready"], full["containersReady"]) == ("1/1", "4/4")
 
 
 def test_gpu_assignment_lists_every_instance() -> None:

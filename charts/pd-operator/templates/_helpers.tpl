@@ -82,6 +82,9 @@ clusters) setting it needs update on the owner's finalizers; without this every 
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [get, list, watch, create, delete]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [create, patch]
 {{- if .Values.rbac.dynamicResourceAllocation }}
 - apiGroups: [resource.k8s.io]
   resources: [resourceclaimtemplates]
