@@ -281,6 +281,7 @@ EXPECTED_RULES = {
     "events.events.k8s.io": {"create", "patch"},
     "networkpolicies.networking.k8s.io": {"get", "list", "watch", "create", "patch", "delete"},
     "jobs.batch": {"get", "list", "watch", "create", "delete"},
+    "poddisruptionbudgets.policy": {"create", "patch"},
     # cluster-wide install: peering through a ClusterKopfPeering only (namespaced KopfPeering rights
     # belong to the chart's watchNamespaces mode, where they replace this one)
     "clusterkopfpeerings.kopf.dev": {"get", "list", "watch", "patch"},
