@@ -48,7 +48,7 @@ from pd_runtime.bench.plan import PlannedRequest
 from pd_runtime.bench.slo import RequestTiming, request_itl_s
 from pd_runtime.bench.sse import DONE, SseDecoder, interpret
 from pd_runtime.bench.stats import percentile
-from pd_runtime.localports import free_port
+from pd_runtime.localports import PortReservation
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "benchmarks.md"
@@ -255,7 +255,8 @@ SIM_ARGS = ["-tp", "8", "--profile", "qwen3-235b-mi300x"]
 
 
 def simulated_engine(load: Load) -> tuple[list[str], str]:
-    port = free_port()
+    ports = PortReservation()
+    port = ports.port()
     url = f"http://127.0.0.1:{port}"
     engine = subprocess.Popen(
         [str(Path(PYTHON).parent / "pdctl"), "sim-engine", SIM_MODEL, "--host", "127.0.0.1", "--port", str(port),
@@ -264,6 +265,7 @@ def simulated_engine(load: Load) -> tuple[list[str], str]:
     command = bench_command(url, SIM_MODEL, load)
     try:
         _wait_healthy(url)
+        ports.release()
         before = _histogram_sums(url)
         result = run_bench(command)
         after = _histogram_sums(url)

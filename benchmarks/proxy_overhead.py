@@ -46,7 +46,7 @@ import zmq
 import zmq.asyncio
 
 from pd_runtime import eventloop
-from pd_runtime.localports import free_port
+from pd_runtime.localports import PortReservation
 from pd_runtime.protocol import Registration, g2_payload
 
 TOY_REGISTRATION = "tcp://127.0.0.1:36367"
@@ -376,10 +376,10 @@ async def _wait_ready(url: str, timeout: float = 30) -> None:
     raise RuntimeError(f"{url} never became ready")
 
 
-def _pdctl_proxy(name: str, command: list[str], loop: str, registration: str) -> Target:
+def _pdctl_proxy(name: str, command: list[str], loop: str, registration: str, ports: PortReservation) -> Target:
     """`pdctl proxy` (or a program taking its flags) with its defaults, in write mode."""
-    port = free_port()
-    argv = [*command, "--port", str(port), "--admin-port", str(free_port()),
+    port = ports.port()
+    argv = [*command, "--port", str(port), "--admin-port", str(ports.port()),
             "--registration-address", registration, "--transfer-mode", "write", "--loop", loop]  # fmt: skip
     return Target(f"{name} ({loop})", f"http://127.0.0.1:{port}/v1/completions", _spawn(argv, PROXY_CPU))
 
@@ -415,26 +415,27 @@ def profiling(args: argparse.Namespace, target: Target, scenario: Scenario) -> I
 
 
 async def main_async(args: argparse.Namespace) -> list[Window]:
-    prefill_port, decode_port = free_port(), free_port()
+    ports = PortReservation()  # held until every process listens
+    prefill_port, decode_port = ports.port(), ports.port()
     pdctl = [("pdctl proxy", [sys.executable, "-m", "pd_runtime.cli", "proxy"])]
     compare = (c.split("=", 1) for c in args.compare)
     pdctl += [(name, [python, "-m", "pd_runtime.cli", "proxy"]) for name, python in compare]
     if args.prototype:
         pdctl.append((Path(args.prototype).stem, [sys.executable, args.prototype]))
-    registrations = {(name, loop): f"tcp://127.0.0.1:{free_port()}" for name, _ in pdctl for loop in args.loops}
+    registrations = {(name, loop): f"tcp://127.0.0.1:{ports.port()}" for name, _ in pdctl for loop in args.loops}
     addresses = [*registrations.values()] + ([TOY_REGISTRATION] if args.toy_proxy else [])
     engines = _spawn([sys.executable, __file__, "engine", str(prefill_port), str(decode_port), *addresses], LOAD_CPU)
     targets = [Target("direct", f"http://127.0.0.1:{decode_port}/v1/completions")]
     for name, command in pdctl:
-        targets += [_pdctl_proxy(name, command, loop, registrations[name, loop]) for loop in args.loops]
+        targets += [_pdctl_proxy(name, command, loop, registrations[name, loop], ports) for loop in args.loops]
     if args.go_relay:
-        port = free_port()
+        port = ports.port()
         argv = [args.go_relay, "--port", str(port), "--prefill", f"127.0.0.1:{prefill_port}",
                 "--decode", f"127.0.0.1:{decode_port}"]  # fmt: skip
         relay = _spawn(argv, PROXY_CPU, env={**os.environ, "GOMAXPROCS": "1"})
         targets.append(Target("go-relay prototype", f"http://127.0.0.1:{port}/v1/completions", relay))
     if args.toy_proxy:
-        port = free_port()
+        port = ports.port()
         env = {**os.environ, "PYTHONPATH": str(Path(args.toy_proxy).parent)}
         toy = _spawn([args.toy_python, args.toy_proxy, "--port", str(port)], PROXY_CPU, env=env)
         targets.append(Target("vLLM toy proxy", f"http://127.0.0.1:{port}/v1/completions", toy))
@@ -442,6 +443,7 @@ async def main_async(args: argparse.Namespace) -> list[Window]:
     try:
         for target in targets:
             await _wait_ready(target.url)
+        ports.release()
         for scenario in scenarios(args):
             body: dict[str, Any] = {"model": "bench-model", "prompt": "hi", "max_tokens": args.chunks, "stream": True}
             if scenario.paced:

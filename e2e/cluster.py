@@ -28,7 +28,7 @@ import yaml
 from e2e import netns
 from e2e import pki as pki_mod
 from e2e.procs import ProcRef, spawn, stop
-from pd_runtime.localports import free_port
+from pd_runtime.localports import PortReservation
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,8 @@ class ControlPlane:
     procs: list[ProcRef] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
     audit_groups: list[str] = field(default_factory=list)  # audit requests of these groups (benchmarks)
+    ports: PortReservation = field(default_factory=PortReservation, repr=False, compare=False)
+    """The components' ports, held for as long as this process runs (the components join them)."""
 
     @property
     def server(self) -> str:
@@ -144,7 +146,7 @@ class ControlPlane:
         self.workdir.mkdir(parents=True, exist_ok=True)
         material = pki_mod.generate(self.workdir / "pki")
         self.admin_token = material.admin_token
-        self.api_port = free_port()
+        self.api_port = self.ports.port()
         self.cluster_cidr = str(netns.choose_subnet(CLUSTER_CIDR_PREFIX))
         self.save()
         etcd_url = self._start_etcd(detach)
@@ -160,7 +162,7 @@ class ControlPlane:
         self.register(ref)
 
     def _start_etcd(self, detach: bool) -> str:
-        client, peer = free_port(), free_port()
+        client, peer = self.ports.port(), self.ports.port()
         client_url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
         argv = [
             self.tool("etcd"),
@@ -243,7 +245,7 @@ class ControlPlane:
     def _start_controller_manager(self, material: pki_mod.Pki, detach: bool) -> None:
         argv = [
             self.tool("kube-controller-manager"),
-            *self._component_args(free_port()),
+            *self._component_args(self.ports.port()),
             f"--root-ca-file={material.ca_cert}",
             f"--service-account-private-key-file={material.sa_private}",
             "--use-service-account-credentials=true",
@@ -256,7 +258,7 @@ class ControlPlane:
         self._spawn("kube-controller-manager", argv, detach)
 
     def _start_scheduler(self, detach: bool) -> None:
-        self._spawn("kube-scheduler", [self.tool("kube-scheduler"), *self._component_args(free_port())], detach)
+        self._spawn("kube-scheduler", [self.tool("kube-scheduler"), *self._component_args(self.ports.port())], detach)
 
     def _wait_for_default_service_account(self) -> None:
         def ready() -> bool:

@@ -26,7 +26,6 @@ from e2e import netns
 from e2e.cluster import REPO_ROOT, ControlPlane
 from e2e.procs import ProcRef, is_running, spawn, stop
 from e2e.sandbox import unmount_leftovers
-from pd_runtime.localports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +167,7 @@ class Stack:
         container = deployments[0]["spec"]["template"]["spec"]["containers"][0]
         argv = [*container.get("command", []), *container.get("args", [])]
         argv[0] = str(Path(sys.executable).parent / argv[0])  # pdctl of this project's install
-        ports = {"--liveness-port": free_port(), "--metrics-port": free_port()}
+        ports = {"--liveness-port": self.cp.ports.port(), "--metrics-port": self.cp.ports.port()}
         self.cp.extras["operator_ports"] = {k.strip("-"): v for k, v in ports.items()}
         return [f"{a.split('=')[0]}={ports[a.split('=')[0]]}" if a.split("=")[0] in ports else a for a in argv]
 

@@ -18,9 +18,10 @@ import zmq.asyncio
 from aiohttp import web
 from multidict import CIMultiDict
 
-from pd_runtime.localports import free_port
+from pd_runtime.localports import bound_socket
 from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.server import ProxyServer
+from tests.ports import TEST_PORTS
 
 
 @dataclass
@@ -102,8 +103,9 @@ class FakeEngine:
         app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
-        self.port = free_port()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        sock = bound_socket()
+        self.port = sock.getsockname()[1]
+        await web.SockSite(self._runner, sock).start()
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -238,7 +240,7 @@ def proxy_config(**overrides: Any) -> ProxyConfig:
     settings: dict[str, Any] = {
         "port": 0,
         "admin_port": 0,
-        "registration_address": f"tcp://127.0.0.1:{free_port()}",
+        "registration_address": f"tcp://127.0.0.1:{TEST_PORTS.port()}",
         "health_interval_s": 0.2,
     }
     settings.update(overrides)

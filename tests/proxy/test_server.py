@@ -14,8 +14,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pd_runtime.localports import free_port
 from pd_runtime.proxy.cli import main
+from tests.ports import TEST_PORTS
 from tests.proxy.conftest import SetupFactory
 from tests.proxy.proxy_fakes import FakeEngine, proxy_config, start_proxy, wait_for
 
@@ -234,7 +234,7 @@ def test_cli_exits_1_when_a_port_is_taken(monkeypatch: pytest.MonkeyPatch) -> No
         taken.listen()
         port = taken.getsockname()[1]
         code = main(
-            ["--port", str(port), "--admin-port", "0", "--registration-address", f"tcp://127.0.0.1:{free_port()}"]
+            ["--port", str(port), "--admin-port", "0", "--registration-address", f"tcp://127.0.0.1:{TEST_PORTS.port()}"]
         )
     assert code == 1
 
@@ -250,10 +250,10 @@ def test_cli_rejects_inconsistent_flags(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_pdctl_proxy_runs_and_stops_on_sigterm() -> None:
-    port, admin = free_port(), free_port()
+    port, admin = TEST_PORTS.port(), TEST_PORTS.port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "pd_runtime.cli", "proxy", "--port", str(port), "--admin-port", str(admin),
-         "--registration-address", f"tcp://127.0.0.1:{free_port()}", "--transfer-mode", "read"],
+         "--registration-address", f"tcp://127.0.0.1:{TEST_PORTS.port()}", "--transfer-mode", "read"],
         stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip

@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from pd_runtime.localports import free_port
+from pd_runtime.localports import bound_socket
 from pd_runtime.proxy.upstream import UpstreamError, UpstreamPool
+from tests.ports import TEST_PORTS
 
 Serve = Callable[["RawServer"], Awaitable[int]]
 
@@ -54,8 +55,9 @@ async def serve() -> AsyncIterator[Serve]:
     servers: list[asyncio.Server] = []
 
     async def start(raw: RawServer) -> int:
-        raw.port = free_port()
-        servers.append(await asyncio.start_server(raw.handle, "127.0.0.1", raw.port))
+        sock = bound_socket()
+        raw.port = sock.getsockname()[1]
+        servers.append(await asyncio.start_server(raw.handle, sock=sock))
         return raw.port
 
     yield start
@@ -132,7 +134,7 @@ async def test_connection_closed_mid_answer_is_broken_and_before_answer_unreacha
         await _stream(pool, silent)
     assert not closed.value.answered
     with pytest.raises(UpstreamError) as refused:
-        await _stream(pool, free_port())
+        await _stream(pool, TEST_PORTS.port())  # held, never listening: refused
     assert not refused.value.answered
     garbage = await serve(RawServer([b"SSH-2.0-OpenSSH\r\n\r\n"]))
     with pytest.raises(UpstreamError):

@@ -13,8 +13,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from pd_runtime.localports import free_port, free_port_block
 from pd_runtime.sim.engine import SimEngine
+from tests.ports import TEST_PORTS
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Ports:
 
 
 def engine_ports(tp: int = 1) -> Ports:
-    return Ports(free_port(), free_port_block(tp), free_port_block(tp))
+    return Ports(TEST_PORTS.port(), TEST_PORTS.block(tp), TEST_PORTS.block(tp))
 
 
 def kv_config(role: str, ports: Ports, read: bool = False, proxy_port: int | None = None, **extra: Any) -> str:

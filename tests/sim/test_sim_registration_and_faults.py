@@ -16,7 +16,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from pd_runtime.localports import free_port
+from tests.ports import TEST_PORTS
 from tests.sim.sim_helpers import (
     EngineFactory,
     engine_ports,
@@ -126,7 +126,7 @@ async def test_no_register_knob(
 
 
 async def test_crash_after_n_requests(processes: list[subprocess.Popen[bytes]]) -> None:
-    port = free_port()
+    port = TEST_PORTS.port()
     proc = spawn(processes, "m", "--port", str(port), "--sim-crash-after", "2")
     async with aiohttp.ClientSession() as session:
         for _ in range(50):
@@ -148,14 +148,14 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 async def test_unresponsive_engine_never_answers(start_engine: EngineFactory, http: aiohttp.ClientSession) -> None:
-    eng = await start_engine(["m", "--port", str(free_port()), "--sim-unresponsive"])
+    eng = await start_engine(["m", "--port", str(TEST_PORTS.port()), "--sim-unresponsive"])
     with pytest.raises(TimeoutError):
         async with http.get(eng.url + "/health", timeout=aiohttp.ClientTimeout(total=0.5)):
             pass
 
 
 async def test_slow_first_byte(start_engine: EngineFactory, http: aiohttp.ClientSession) -> None:
-    eng = await start_engine(["m", "--port", str(free_port()), "--sim-first-byte-delay", "0.3"])
+    eng = await start_engine(["m", "--port", str(TEST_PORTS.port()), "--sim-first-byte-delay", "0.3"])
     started = time.monotonic()
     async with http.post(eng.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}) as resp:
         assert resp.status == 200
@@ -170,7 +170,7 @@ async def test_dropped_notifies_leave_the_transfer_to_the_defer_timeout(
             "--kv-transfer-config", kv_config("kv_producer", ports, defer_timeout="0.3")]  # fmt: skip
     p = await start_engine(argv)
     tid = transfer_id()
-    peer = zmq_address(free_port(), free_port())
+    peer = zmq_address(TEST_PORTS.port(), TEST_PORTS.port())
     body = {"prompt": [1] * 10, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True, "transfer_id": tid}}
     headers = {"X-Request-Id": g2_request_id(zmq_address(ports.handshake, ports.notify), peer)}
     async with http.post(p.url + "/v1/completions", json=body, headers=headers) as resp:

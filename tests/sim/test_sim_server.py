@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pd_runtime.localports import free_port
+from tests.ports import TEST_PORTS
 from tests.sim.sim_helpers import EngineFactory, engine_ports, kv_config, metric, scrape
 
 pytestmark = pytest.mark.timeout(30)
@@ -41,7 +41,7 @@ def sse_events(raw: str) -> list[Any]:
 
 
 async def test_health_models_metrics_and_version(start_engine: EngineFactory, http: aiohttp.ClientSession) -> None:
-    eng = await start_engine(["my/model", "--port", str(free_port()), "--served-model-name", "a", "b"])
+    eng = await start_engine(["my/model", "--port", str(TEST_PORTS.port()), "--served-model-name", "a", "b"])
     async with http.get(eng.url + "/health") as resp:
         assert resp.status == 200
     async with http.get(eng.url + "/v1/models") as resp:
@@ -58,7 +58,7 @@ async def test_health_models_metrics_and_version(start_engine: EngineFactory, ht
 
 
 async def test_streaming_with_usage_and_request_id(start_engine: EngineFactory, http: aiohttp.ClientSession) -> None:
-    eng = await start_engine(["m", "--port", str(free_port())])
+    eng = await start_engine(["m", "--port", str(TEST_PORTS.port())])
     body = {"prompt": [1, 2, 3], "max_tokens": 5, "stream": True, "stream_options": {"include_usage": True}}
     async with http.post(eng.url + "/v1/completions", json=body, headers={"X-Request-Id": "abc"}) as resp:
         assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
@@ -73,7 +73,7 @@ async def test_streaming_with_usage_and_request_id(start_engine: EngineFactory, 
 
 
 async def test_chat_streaming(start_engine: EngineFactory, http: aiohttp.ClientSession) -> None:
-    eng = await start_engine(["m", "--port", str(free_port()), "--no-sim-request-id-suffix"])
+    eng = await start_engine(["m", "--port", str(TEST_PORTS.port()), "--no-sim-request-id-suffix"])
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True}
     async with http.post(eng.url + "/v1/chat/completions", json=body, headers={"X-Request-Id": "q"}) as resp:
         events = sse_events(await resp.text())
@@ -83,7 +83,7 @@ async def test_chat_streaming(start_engine: EngineFactory, http: aiohttp.ClientS
 
 
 async def test_bad_input_gets_openai_errors(start_engine: EngineFactory, http: aiohttp.ClientSession) -> None:
-    eng = await start_engine(["m", "--port", str(free_port()), "-dp", "2", "--max-model-len", "100"])
+    eng = await start_engine(["m", "--port", str(TEST_PORTS.port()), "-dp", "2", "--max-model-len", "100"])
     async with http.post(eng.url + "/v1/completions", data=b"{not json") as resp:
         assert resp.status == 400 and "error" in await resp.json()
     status, body = await call(http, eng.url, {"prompt": "x", "model": "other"})

@@ -17,7 +17,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from pd_runtime.localports import free_port_block
+from tests.ports import TEST_PORTS
 from tests.sim.sim_helpers import (
     EngineFactory,
     Ports,
@@ -38,7 +38,7 @@ class FakePeer:
 
     def __init__(self) -> None:
         self.ctx = zmq.asyncio.Context()
-        self.ports = Ports(0, free_port_block(1), free_port_block(1))
+        self.ports = Ports(0, TEST_PORTS.block(1), TEST_PORTS.block(1))
         self.handshake = self.ctx.socket(zmq.ROUTER)
         self.handshake.bind(f"tcp://127.0.0.1:{self.ports.handshake}")
         self.notify = self.ctx.socket(zmq.ROUTER)

@@ -20,7 +20,7 @@ from typing import IO
 
 import aiohttp
 
-from pd_runtime.localports import free_port, free_port_block
+from pd_runtime.localports import PortReservation
 from pd_runtime.sim.system import EngineShape, Topology
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,8 @@ class LocalStack:
     engine_urls: dict[str, str]
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     _logs: list[IO[bytes]] = field(default_factory=list)
+    ports: PortReservation = field(default_factory=PortReservation)
+    """The stack's ports, held until ``stop``: its processes join them, and one killed keeps its port."""
 
     async def wait_ready(self, timeout_s: float = 30.0) -> None:
         """Until the proxy says ready (>= 1 live P and D, or an engine in colocated mode)."""
@@ -64,6 +66,7 @@ class LocalStack:
         proc.wait()
 
     def stop(self) -> None:
+        self.ports.release()
         for proc in self._procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -118,14 +121,15 @@ def launch(
 ) -> LocalStack:
     """Start the proxy and the engines of ``topology``; call ``wait_ready`` before sending traffic."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    api, admin, registration = free_port(), free_port(), free_port()
-    stack = LocalStack(f"http://127.0.0.1:{api}", f"http://127.0.0.1:{admin}", {})
+    ports = PortReservation()
+    api, admin, registration = ports.port(), ports.port(), ports.port()
+    stack = LocalStack(f"http://127.0.0.1:{api}", f"http://127.0.0.1:{admin}", {}, ports=ports)
     commands: dict[str, list[str]] = {}
     proxy = ["proxy", "--host", "127.0.0.1", "--port", str(api), "--admin-port", str(admin),
              "--registration-address", f"tcp://127.0.0.1:{registration}", "--log-level", "WARNING"]  # fmt: skip
     if topology.kind == "colocated":
         for index in range(topology.engines):
-            port = free_port()
+            port = ports.port()
             commands[f"engine-{index}"] = _pdctl(
                 "sim-engine", *_engine_args(topology.engine, port, profile, time_scale), *extra_engine_args
             )
@@ -145,7 +149,7 @@ def launch(
             ),
         )
         for name, role, shape in roles:
-            port, handshake, notify = free_port(), free_port_block(shape.tp), free_port_block(shape.tp)
+            port, handshake, notify = ports.port(), ports.block(shape.tp), ports.block(shape.tp)
             kv = _kv_config(role, port, handshake, notify, registration, read)
             commands[name] = _pdctl(
                 "sim-engine", *_engine_args(shape, port, profile, time_scale), "--kv-transfer-config", kv,
