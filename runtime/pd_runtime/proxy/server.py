@@ -1,7 +1,8 @@
 """The proxy process: API port (OpenAI routes, /health, /ready) and admin port (/status, /metrics).
 
 Handlers only gather inputs and call the core; ``ProxyServer`` wires the parts and owns start/stop,
-including the graceful drain on shutdown.
+including the graceful drain on shutdown. The API port is served by ``http1`` (the request path's
+server), the admin port by aiohttp.
 """
 
 from __future__ import annotations
@@ -23,17 +24,17 @@ from pd_runtime.proxy.canary import Canary
 from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.errors import ApiError, unavailable
 from pd_runtime.proxy.flows import ProxyCore
+from pd_runtime.proxy.http1 import ApiServer, Handler, HttpRequest, ResponseSink
 from pd_runtime.proxy.legs import Endpoint, parse_client_request
 from pd_runtime.proxy.listener import Housekeeping, RegistrationListener
 from pd_runtime.proxy.metrics import ProxyMetrics
 from pd_runtime.proxy.registry import Registry, static_engine
 from pd_runtime.proxy.routing import Router
-from pd_runtime.proxy.sinks import ClientSink
 from pd_runtime.proxy.status import build_status
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+AdminHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def json_response(document: Any, status: int = 200) -> web.Response:
@@ -45,8 +46,8 @@ def error_response(err: ApiError) -> web.Response:
 
 
 @web.middleware
-async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every failure, including aiohttp's own 404/405/413, leaves as an OpenAI-style JSON body."""
+async def openai_errors(request: web.Request, handler: AdminHandler) -> web.StreamResponse:
+    """Every failure, including aiohttp's own 404/405, leaves as an OpenAI-style JSON body."""
     try:
         return await handler(request)
     except ApiError as err:
@@ -85,6 +86,7 @@ class ProxyServer:
         self.listener = RegistrationListener(config.registration_address, self.registry, self.metrics)
         self.canary: Canary | None = None
         self.housekeeping: Housekeeping | None = None
+        self._api: ApiServer | None = None
         self._runners: list[web.AppRunner] = []
         self.api_port = 0
         self.admin_port: int | None = None
@@ -108,7 +110,10 @@ class ProxyServer:
         self.listener.on_added = self.housekeeping.probe_soon
         self.canary = Canary(self.core, self.config)
         self.canary.start()
-        self.api_port = await self._serve(self._api_app(), self.config.host, self.config.port)
+        sock = _listen(self.config.host, self.config.port, self.config.backlog)
+        self._api = ApiServer(self._api_routes(), self.config.max_body_bytes)
+        await self._api.start(sock, self.config.backlog)
+        self.api_port = sock.getsockname()[1]
         if self.config.admin_port is not None:
             admin_host = self.config.admin_host or self.config.host
             self.admin_port = await self._serve(self._admin_app(), admin_host, self.config.admin_port)
@@ -138,7 +143,9 @@ class ProxyServer:
         log.info("draining in_flight=%d timeout=%gs", self.core.in_flight, self.config.drain_timeout_s)
         if self.canary is not None:
             await self.canary.stop()
-        for runner in self._runners:  # the API port first: /status stays readable while streams drain
+        if self._api is not None:  # the API port first: /status stays readable while streams drain
+            await self._api.stop(self.config.drain_timeout_s)
+        for runner in self._runners:
             await runner.cleanup()
         if self.housekeeping is not None:
             await self.housekeeping.stop()
@@ -148,20 +155,20 @@ class ProxyServer:
 
     # -- API port ------------------------------------------------------------------------------
 
-    def _api_app(self) -> web.Application:
-        app = web.Application(middlewares=[openai_errors], client_max_size=self.config.max_body_bytes)
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/v1/chat/completions", self._chat_completions)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/ready", self._ready)
-        return app
+    def _api_routes(self) -> dict[str, dict[str, Handler]]:
+        return {
+            "/v1/completions": {"POST": self._completions},
+            "/v1/chat/completions": {"POST": self._chat_completions},
+            "/v1/models": {"GET": self._models},
+            "/health": {"GET": self._health},
+            "/ready": {"GET": self._ready},
+        }
 
-    def _authorize(self, request: web.Request) -> None:
+    def _authorize(self, request: HttpRequest) -> None:
         expected = self.config.api_key
         if not expected:
             return
-        supplied = request.headers.get("Authorization", "")
+        supplied = request.headers.get("authorization", "")
         if not hmac.compare_digest(supplied.encode(), f"Bearer {expected}".encode()):
             raise ApiError(401, "invalid or missing API key", type="authentication_error", code="invalid_api_key")
 
@@ -171,27 +178,25 @@ class ProxyServer:
         if limit and self.core.in_flight >= limit:
             raise unavailable(f"the proxy is at its limit of {limit} requests in flight", "overloaded")
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._relay(request, "completions")
+    async def _completions(self, request: HttpRequest, sink: ResponseSink) -> None:
+        await self._relay(request, sink, "completions")
 
-    async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._relay(request, "chat/completions")
+    async def _chat_completions(self, request: HttpRequest, sink: ResponseSink) -> None:
+        await self._relay(request, sink, "chat/completions")
 
-    async def _relay(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    async def _relay(self, request: HttpRequest, sink: ResponseSink, endpoint: Endpoint) -> None:
         try:
             self._authorize(request)
             self._admit()
-            raw = await request.read()
-            client_request = parse_client_request(raw, endpoint, self.config.mode, self.config.max_tokens_limit)
-        except (ApiError, web.HTTPRequestEntityTooLarge) as err:
+            client_request = parse_client_request(
+                request.read(), endpoint, self.config.mode, self.config.max_tokens_limit
+            )
+        except ApiError:
             self.metrics.request_done(endpoint, "rejected")
-            raise err
-        sink = ClientSink(request)
+            raise
         await self.core.handle(client_request, sink)
-        assert sink.response is not None
-        return sink.response
 
-    async def _models(self, request: web.Request) -> web.StreamResponse:
+    async def _models(self, request: HttpRequest, sink: ResponseSink) -> None:
         """The engines' own model list, from a live decode engine (or any engine when colocated)."""
         self._authorize(request)
         now = time.monotonic()
@@ -208,16 +213,15 @@ class ProxyServer:
             raise ApiError(
                 502, "engine did not answer /v1/models", type="upstream_error", code="upstream_error"
             ) from exc
-        return web.Response(status=status, body=body, content_type="application/json")
+        await sink.whole(status, "application/json", body)
 
-    async def _health(self, request: web.Request) -> web.StreamResponse:
-        return json_response({"status": "ok"})
+    async def _health(self, request: HttpRequest, sink: ResponseSink) -> None:
+        await sink.whole(200, "application/json", json.dumps({"status": "ok"}).encode())
 
-    async def _ready(self, request: web.Request) -> web.StreamResponse:
+    async def _ready(self, request: HttpRequest, sink: ResponseSink) -> None:
         reason = self.not_ready_reason()
-        if reason:
-            return json_response({"ready": False, "reason": reason}, status=503)
-        return json_response({"ready": True})
+        document = {"ready": False, "reason": reason} if reason else {"ready": True}
+        await sink.whole(503 if reason else 200, "application/json", json.dumps(document).encode())
 
     def not_ready_reason(self) -> str:
         if self.core.draining:

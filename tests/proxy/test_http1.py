@@ -1,0 +1,171 @@
+"""The API port's HTTP/1.1 server, spoken to over a real socket with hand-written bytes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from pd_runtime.localports import bound_socket
+from pd_runtime.proxy.http1 import ApiServer, HttpRequest, ResponseSink
+
+Connect = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+
+
+class Handlers:
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.cancelled = asyncio.Event()
+        self.entered = asyncio.Event()
+
+    async def echo(self, request: HttpRequest, sink: ResponseSink) -> None:
+        body = request.read()
+        self.bodies.append(body)
+        await sink.whole(200, "text/plain", body)
+
+    async def hello(self, request: HttpRequest, sink: ResponseSink) -> None:
+        await sink.whole(200, "text/plain", b"hello")
+
+    async def stream(self, request: HttpRequest, sink: ResponseSink) -> None:
+        await sink.begin_stream("text/event-stream")
+        for word in (b"one", b"two"):
+            await sink.write(b"data: " + word + b"\n\n")
+        await sink.end_stream()
+
+    async def hang(self, request: HttpRequest, sink: ResponseSink) -> None:
+        self.entered.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[Handlers, Connect]]:
+    handlers = Handlers()
+    routes = {"/echo": {"POST": handlers.echo}, "/stream": {"GET": handlers.stream}, "/hang": {"GET": handlers.hang}}
+    routes["/hello"] = {"GET": handlers.hello}
+    server = ApiServer(routes, max_body_bytes=64)  # type: ignore[dict-item]
+    sock = bound_socket()
+    port = sock.getsockname()[1]
+    await server.start(sock, 16)
+
+    async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.open_connection("127.0.0.1", port)
+
+    yield handlers, connect
+    await server.stop(1.0)
+
+
+async def _answer(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One Content-Length answer: its head and body."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
+    return head, await reader.readexactly(length)
+
+
+def _post(body: bytes, extra: bytes = b"") -> bytes:
+    return b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n%s\r\n%s" % (len(body), extra, body)
+
+
+async def test_pipelined_requests_are_answered_in_order_on_one_connection(served: tuple[Handlers, Connect]) -> None:
+    _, connect = served
+    reader, writer = await connect()
+    writer.write(_post(b"first") + _post(b"second"))
+    assert (await _answer(reader))[1] == b"first"
+    assert (await _answer(reader))[1] == b"second"
+    writer.close()
+
+
+async def test_a_chunked_body_split_anywhere_arrives_whole(served: tuple[Handlers, Connect]) -> None:
+    handlers, connect = served
+    reader, writer = await connect()
+    raw = b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n4;x=y\r\ndefg\r\n0\r\n\r\n"
+    for i in range(0, len(raw), 5):
+        writer.write(raw[i : i + 5])
+        await writer.drain()
+        await asyncio.sleep(0.001)
+    assert (await _answer(reader))[1] == b"abcdefg"
+    assert handlers.bodies == [b"abcdefg"]
+    writer.close()
+
+
+async def test_expect_100_continue_is_answered_before_the_body_is_sent(served: tuple[Handlers, Connect]) -> None:
+    _, connect = served
+    reader, writer = await connect()
+    writer.write(b"POST /echo HTTP/1.1\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
+    assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(b"ok")
+    head, body = await _answer(reader)
+    assert head.startswith(b"HTTP/1.1 200 ") and body == b"ok"
+    writer.close()
+
+
+async def test_a_body_over_the_limit_gets_413_and_the_connection_stays_usable(
+    served: tuple[Handlers, Connect],
+) -> None:
+    handlers, connect = served
+    reader, writer = await connect()
+    writer.write(_post(b"x" * 100)[:-60])  # the head and part of the body: refused before the rest
+    head, body = await _answer(reader)
+    assert head.startswith(b"HTTP/1.1 413 ") and b"body_too_large" in body
+    writer.write(b"x" * 60 + _post(b"next"))  # the rest of the refused body is dropped, then the next request
+    assert (await _answer(reader))[1] == b"next"
+    assert handlers.bodies == [b"next"]
+    writer.close()
+
+
+async def test_a_malformed_head_gets_400_and_a_closed_connection(served: tuple[Handlers, Connect]) -> None:
+    _, connect = served
+    reader, writer = await connect()
+    writer.write(b"NONSENSE\r\n\r\n")
+    head, body = await _answer(reader)
+    assert head.startswith(b"HTTP/1.1 400 ") and b"Connection: close" in head and b'"error"' in body
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+
+
+async def test_unknown_paths_wrong_methods_and_head(served: tuple[Handlers, Connect]) -> None:
+    _, connect = served
+    reader, writer = await connect()
+    writer.write(
+        b"GET /nope HTTP/1.1\r\n\r\nGET /echo HTTP/1.1\r\n\r\nHEAD /hello HTTP/1.1\r\n\r\nGET /hello HTTP/1.1\r\n\r\n"
+    )
+    head, body = await _answer(reader)
+    assert head.startswith(b"HTTP/1.1 404 ") and b"not_found" in body
+    head, body = await _answer(reader)
+    assert head.startswith(b"HTTP/1.1 405 ") and b"Allow: POST" in head and b"method_not_allowed" in body
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)  # HEAD: GET's head, no body
+    assert head.startswith(b"HTTP/1.1 200 ") and b"Content-Length: 5" in head
+    assert await _answer(reader) == (head, b"hello")
+    writer.close()
+
+
+async def test_a_stream_is_chunked_for_http_1_1_and_close_delimited_for_http_1_0(
+    served: tuple[Handlers, Connect],
+) -> None:
+    _, connect = served
+    reader, writer = await connect()
+    writer.write(b"GET /stream HTTP/1.0\r\n\r\n")
+    raw = await asyncio.wait_for(reader.read(), 5)  # the server closes after the answer
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert b"Transfer-Encoding" not in head and b"Connection: close" in head  # HTTP/1.0: close-delimited
+    assert body == b"data: one\n\ndata: two\n\n"
+    reader, writer = await connect()
+    writer.write(b"GET /stream HTTP/1.1\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert b"Transfer-Encoding: chunked" in head and b"Connection" not in head
+    assert await reader.readuntil(b"0\r\n\r\n") == b"b\r\ndata: one\n\n\r\nb\r\ndata: two\n\n\r\n0\r\n\r\n"
+    writer.close()
+
+
+async def test_a_client_that_leaves_cancels_its_handler(served: tuple[Handlers, Connect]) -> None:
+    handlers, connect = served
+    _, writer = await connect()
+    writer.write(b"GET /hang HTTP/1.1\r\n\r\n")
+    await asyncio.wait_for(handlers.entered.wait(), 5)
+    writer.close()
+    await asyncio.wait_for(handlers.cancelled.wait(), 5)
