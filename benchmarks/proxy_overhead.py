@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -52,6 +53,7 @@ from pd_runtime.protocol import Registration, g2_payload
 TOY_REGISTRATION = "tcp://127.0.0.1:36367"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PACE_MS = 20.0
+LOAD_SAMPLES: list[float] = []  # the 1-minute load average as each window starts
 LOAD_CPU, PROXY_CPU = 0, 1
 
 
@@ -67,7 +69,9 @@ _CHUNK = (
 _STAMP = b'"bench_sent_ns":'
 
 
-def _prefill_answer(transfer_id: Any) -> bytes:
+def _prefill_template() -> bytes:
+    """Prefill's answer with a placeholder for the transfer id: the fake prefill only fills it in, so the
+    proxy's second request costs the engines' CPU (shared with the load generator) next to nothing."""
     return json.dumps(
         {
             "id": "cmpl-x",
@@ -82,10 +86,14 @@ def _prefill_answer(transfer_id: Any) -> bytes:
                 "remote_notify_port": "6105",
                 "remote_dp_size": 1,
                 "tp_size": 1,
-                "transfer_id": transfer_id,
+                "transfer_id": "TRANSFER_ID",
             },
         }
     ).encode()
+
+
+_PREFILL = _prefill_template()
+_TRANSFER_ID = re.compile(rb'"transfer_id":\s*"([^"]*)"')
 
 
 class FakeEngine(asyncio.Protocol):
@@ -139,15 +147,15 @@ class FakeEngine(asyncio.Protocol):
         if method != b"POST":
             self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
             return
-        document = json.loads(body)
         if not self.decode:
-            params = document.get("kv_transfer_params") or {}
-            answer = _prefill_answer(params.get("transfer_id"))
+            found = _TRANSFER_ID.search(body)
+            answer = _PREFILL.replace(b"TRANSFER_ID", found.group(1) if found else b"")
             self.transport.write(
                 b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                 % (len(answer), answer)
             )
             return
+        document = json.loads(body)
         request_id = headers.get(b"x-request-id", b"direct")
         count = int(document.get("max_tokens", 16))
         interval = float(document.get("bench_interval_ms", 0)) / 1000
@@ -219,8 +227,11 @@ class Window:
     duration_s: list[float] = field(default_factory=list)
     streams: int = 0
     span: tuple[int, int] = (0, 0)  # monotonic ns; nothing counts outside it
+    round_ttft_p50_ms: list[float] = field(default_factory=list)  # each round's own p50 (the spread)
 
     def add(self, other: Window) -> None:
+        if other.ttft_ms:
+            self.round_ttft_p50_ms.append(statistics.median(other.ttft_ms))
         self.requests += other.requests
         self.errors += other.errors
         self.chunks += other.chunks
@@ -234,7 +245,8 @@ class Window:
         self.streams = other.streams
 
     def summary(self) -> dict[str, Any]:
-        data = {k: v for k, v in asdict(self).items() if not k.endswith("_ms") and k not in ("span", "duration_s")}
+        skip = ("span", "duration_s", "ttft_ms", "itl_ms", "delivery_ms")
+        data = {k: v for k, v in asdict(self).items() if k not in skip}
         for name in ("ttft_ms", "itl_ms", "delivery_ms"):
             samples = sorted(getattr(self, name))
             if samples:
@@ -453,6 +465,7 @@ async def main_async(args: argparse.Namespace) -> list[Window]:
                 for target in targets:
                     if not scenario.paced and target.pid is None:
                         continue  # saturated: the proxies' CPU per chunk only
+                    LOAD_SAMPLES.append(os.getloadavg()[0])
                     with profiling(args, target, scenario):
                         part = await run_window(
                             target.name, target.url, scenario, body, args.seconds / args.rounds, target.pid
@@ -482,11 +495,12 @@ def machine_line(load_before: float) -> str:
     from importlib.metadata import version
 
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    during = f"{min(LOAD_SAMPLES, default=0):.2f} to {max(LOAD_SAMPLES, default=0):.2f}"
     return (
         f"Measured on: {platform.machine()}, {os.cpu_count()} CPUs (proxy on CPU {PROXY_CPU}, load generator and "
-        f"fake engines on CPU {LOAD_CPU}), load average {load_before:.2f} at start and {os.getloadavg()[0]:.2f} "
-        f"at end, Python {platform.python_version()}, aiohttp {version('aiohttp')}, load generator on "
-        f"{eventloop.loop_name()}; {when}."
+        f"fake engines on CPU {LOAD_CPU}), load average {load_before:.2f} at start, {during} during the windows, "
+        f"{os.getloadavg()[0]:.2f} at end, Python {platform.python_version()}, aiohttp {version('aiohttp')}, "
+        f"load generator on {eventloop.loop_name()}, benchmark processes at nice {os.nice(0)}; {when}."
     )
 
 
@@ -494,8 +508,9 @@ def _paced_table(rows: list[dict[str, Any]]) -> list[str]:
     direct = next((r for r in rows if r["target"] == "direct"), None)
     lines = [
         "| target | requests | errors | TTFT p50 / p99 ms | added TTFT p50 / p99 ms | ITL p50 ms | added ITL p50 ms "
-        "| added delivery p50 / p99 ms | requests/s | vs direct | chunks per proxy CPU-s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| added delivery p50 / p99 ms | requests/s | vs direct | chunks per proxy CPU-s "
+        "| added TTFT p50 by round ms: median [min, max] |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if direct is None or r is direct or "ttft_p50_ms" not in r:
@@ -515,9 +530,19 @@ def _paced_table(rows: list[dict[str, Any]]) -> list[str]:
         ttft = f"{r['ttft_p50_ms']:.2f} / {r['ttft_p99_ms']:.2f}" if "ttft_p50_ms" in r else "-"
         lines.append(
             f"| {r['target']} | {r['requests']} | {r['errors']} | {ttft} {added} "
-            f"{r['requests_per_s']:.1f} | {ratio} | {cpu} |"
+            f"{r['requests_per_s']:.1f} | {ratio} | {cpu} | {_round_spread(r, direct)} |"
         )
     return lines
+
+
+def _round_spread(row: dict[str, Any], direct: dict[str, Any] | None) -> str:
+    """Each round's added TTFT p50 (against direct's in the same round): how much of a figure is noise."""
+    if direct is None or row is direct:
+        return ""
+    added = sorted(a - d for a, d in zip(row["round_ttft_p50_ms"], direct["round_ttft_p50_ms"], strict=False))
+    if not added:
+        return ""
+    return f"{statistics.median(added):+.2f} [{added[0]:+.2f}, {added[-1]:+.2f}]"
 
 
 def _saturated_table(rows: list[dict[str, Any]]) -> list[str]:
