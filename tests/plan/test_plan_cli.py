@@ -30,6 +30,8 @@ def test_seed_workload_prices_every_layout_and_ranks_disaggregated_first(
     for row in doc["layouts"]:
         low, high = row["attainmentInterval"]
         assert low <= row["attainment"] <= high
+        assert len(row["attainmentRuns"]) == 2
+        assert min(row["attainmentRuns"]) <= row["attainment"] <= max(row["attainmentRuns"])
         assert row["predicted"] == ("TP2" in row["layout"])
 
 

@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpus", type=positive_int, default=8, help="GPUs of the node, all used by a layout")
     parser.add_argument("--target", type=fraction, default=0.9, help="attainment that counts as meeting the SLO")
     parser.add_argument("--requests", type=positive_int, default=100, help="requests per simulated run")
-    parser.add_argument("--seeds", type=positive_int, default=2, help="arrival sequences per rate")
+    parser.add_argument("--seeds", type=positive_int, default=4, help="arrival sequences per rate")
     parser.add_argument("--backend", choices=["rdma", "xgmi"], default="rdma", help="KV transfer of P/D layouts")
     parser.add_argument(
         "--ignore-eos",

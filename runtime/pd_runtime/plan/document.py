@@ -84,6 +84,7 @@ def _layout_row(rank: int, p: Priced, model: ModelSpec, demand: Demand, fits: Se
         "predicted": p.layout.predicted(model),
         "attainment": round(p.at_rate.attainment, 4),
         "attainmentInterval": [round(low, 4), round(high, 4)],
+        "attainmentRuns": [round(r, 4) for r in p.runs],
         "requests": p.at_rate.total,
         "goodputRate": goodput,
         "goodputPerGpu": round(goodput / p.layout.gpus, 4),

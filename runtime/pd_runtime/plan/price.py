@@ -3,7 +3,7 @@ rate the user asked about. Pure: the discrete-event simulation has no clock but 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pd_runtime.bench.stats import Distribution, summarize, wilson_interval
@@ -24,7 +24,7 @@ class Demand:
     itl_slo_s: float
     target: float = 0.9
     requests: int = 100
-    seeds: int = 2
+    seeds: int = 4
     ignore_eos: bool = False
 
     def workload(self, rate: float, seed: int) -> Workload:
@@ -58,6 +58,8 @@ class Priced:
     itl_s: list[float] = field(default_factory=list)
     ttft_misses: int = 0
     itl_misses: int = 0
+    runs: list[float] = field(default_factory=list)
+    """Attainment of each arrival sequence at the requested rate."""
 
     @property
     def interval(self) -> tuple[float, float]:
@@ -88,31 +90,28 @@ class Sample:
     point: RatePoint
     ttft_s: tuple[float, ...]
     itl_s: tuple[float, ...]
+    runs: tuple[float, ...] = ()
+    """Attainment of each arrival sequence: how much one 100-request run swings with its arrivals alone."""
 
 
 def sample(profile: Profile, layout: Layout, demand: Demand, rate: float) -> Sample:
     """Simulate ``demand.seeds`` arrival sequences of ``demand.requests`` requests at ``rate``."""
     results: list[RequestResult] = []
+    runs: list[float] = []
     for seed in range(demand.seeds):
-        results += simulate(profile, layout.topology(), demand.workload(rate, seed))
+        run = simulate(profile, layout.topology(), demand.workload(rate, seed))
+        runs.append(sum(r.good(demand.ttft_slo_s, demand.itl_slo_s) for r in run) / len(run))
+        results += run
     good = sum(r.good(demand.ttft_slo_s, demand.itl_slo_s) for r in results)
-    return Sample(RatePoint(rate, good, len(results)), tuple(r.ttft for r in results), tuple(r.itl for r in results))
+    point = RatePoint(rate, good, len(results))
+    return Sample(point, tuple(r.ttft for r in results), tuple(r.itl for r in results), tuple(runs))
 
 
 def assemble(layout: Layout, demand: Demand, curve: Sequence[Sample], at_rate: Sample) -> Priced:
     """A layout's curve over the grid and its detail at the requested rate."""
-    priced = Priced(layout=layout, curve=[s.point for s in curve], at_rate=at_rate.point)
+    priced = Priced(layout=layout, curve=[s.point for s in curve], at_rate=at_rate.point, runs=list(at_rate.runs))
     priced.ttft_s = list(at_rate.ttft_s)
     priced.itl_s = list(at_rate.itl_s)
     priced.ttft_misses = sum(t >= demand.ttft_slo_s for t in at_rate.ttft_s)
     priced.itl_misses = sum(i >= demand.itl_slo_s for i in at_rate.itl_s)
     return priced
-
-
-def price(profile: Profile, layout: Layout, demand: Demand, tick: Callable[[], None] = lambda: None) -> Priced:
-    """Every grid rate, then the requested one, in this process; ``tick`` after each."""
-    samples = []
-    for rate in (*demand.rates, demand.rate):
-        samples.append(sample(profile, layout, demand, rate))
-        tick()
-    return assemble(layout, demand, samples[:-1], samples[-1])
