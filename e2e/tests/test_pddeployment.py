@@ -286,6 +286,7 @@ EXPECTED_RULES = {
     # belong to the chart's watchNamespaces mode, where they replace this one)
     "clusterkopfpeerings.kopf.dev": {"get", "list", "watch", "patch"},
     "namespaces": {"list", "watch"},
+    "nodes": {"list", "watch"},  # read-only: whether the serving pod's node is lost
     "customresourcedefinitions.apiextensions.k8s.io": {"list", "watch"},
 }
 # granted to every authenticated user by the default bootstrap roles, not by the chart

@@ -1172,7 +1172,7 @@ class Condition(ApiModel):
 
     type: Annotated[str, StringConstraints(min_length=1, max_length=64)] = Field(
         description="SpecValid, PrefillReady, DecodeReady, EngineReady, ProxyReady, Ready, KVTransferVerified, "
-        "GoodputMet, ChildrenAdmitted."
+        "GoodputMet, ChildrenAdmitted, NodeLost."
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: Annotated[str, StringConstraints(max_length=128)] = Field("", description="CamelCase reason.")
@@ -1365,7 +1365,8 @@ class PDDeploymentStatus(ApiModel):
         max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
         description="SpecValid, role readiness, Ready, KVTransferVerified, GoodputMet, ChildrenAdmitted (False "
-        "while the API server refuses a child: the object, the policy and the fields at fault).",
+        "while the API server refuses a child: the object, the policy and the fields at fault), NodeLost (once the "
+        "pod's node was not Ready).",
     )
     goodput: GoodputStatus | None = Field(None, description="Latest goodput probe result.")
     probe: ProbeState = Field(default_factory=ProbeState, description="Probe Job bookkeeping.")

@@ -279,13 +279,21 @@ Phases: **Pending** (no pod yet, or not scheduled: the message quotes the schedu
 (containers starting, or the pod rolling after a spec change), **Ready** (every container of every
 replica ready),
 **Degraded** (a container crashed or cannot start; the message carries its last termination message,
-e.g. a failed launcher preflight), **Failed** (invalid spec, or the pod ended).
+e.g. a failed launcher preflight; or the pod's node is NotReady or unreachable), **Failed** (invalid
+spec, or the pod ended).
 
 Conditions: `SpecValid`; `PrefillReady` and `DecodeReady` (disaggregated) or `EngineReady` (colocated);
 `ProxyReady`; `Ready`; `KVTransferVerified` (True once the proxy's admin `/status` reports a transfer
 whose prefill and decode legs both succeeded, from user traffic, the proxy canary or a probe; it stays
 True for the life of the pod; `Unknown`/`NotApplicable` in colocated mode); `GoodputMet` (attainment of
-the last probe >= `spec.goodputProbe.slo.target` at the configured rate; `Unknown` until a probe ran).
+the last probe >= `spec.goodputProbe.slo.target` at the configured rate; `Unknown` until a probe ran);
+`NodeLost`, shown from the first time the serving pod's node is NotReady or unreachable: False
+(`NodeNotReady`) within the grace, True (`NodeLost`) once the grace has passed and the pod is
+force-deleted (zero grace, as its kubelet will never confirm) and recreated on a node with free GPUs,
+until the new pod is Ready, then False (`Recovered`, or `NodeReady` if the node came back in time). The
+grace is the operator's `--node-lost-grace-seconds` (default 300, the cluster's default toleration),
+shortened by the pod's own `tolerationSeconds` for `node.kubernetes.io/not-ready`/`unreachable`
+(set them in `spec.node.tolerations`); a pod that tolerates them forever is never replaced.
 
 Replicas: each replica is one serving pod (`NAME`, `NAME-1`, ...) observed on its own; its phase,
 readiness (`ready`, containers) and `available` (Ready and KV transfer verified) are in
@@ -299,7 +307,7 @@ A PodDisruptionBudget (`minAvailable: replicas - maxUnavailable`) guards node dr
 
 Events: one per phase change (`Pending`, `Progressing`, `Ready`, `Degraded`, `Failed`), `CreatedPod`,
 `RollingPod`, `ReplacingPod`, `ScalingDown`, `InvalidSpec`, `KVTransferVerified`, `GoodputProbeStarted`,
-`GoodputMeasured`, `GoodputProbeFailed`, `GoodputMet`, `GoodputMissed`.
+`GoodputMeasured`, `GoodputProbeFailed`, `GoodputMet`, `GoodputMissed`, `NodeNotReady`, `NodeLost`.
 
 Goodput probes: with `spec.goodputProbe.enabled`, a Job `<name>-goodput-<time>` runs `pdctl bench` against
 the Service once the deployment is Ready, then every `intervalSeconds`, never two at a time and never

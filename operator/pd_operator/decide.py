@@ -4,13 +4,14 @@ The handlers gather a :class:`Snapshot` (the PDDeployment, its pods and probe Jo
 the proxy's report, the time), call :func:`decide`, execute the :data:`Action` list in order and write
 the status patch. When an action fails they decide once more with the failures in the snapshot, so
 that what the user sees (a status message, no "created" Event) follows from the same pure function.
-The serving pods (one per replica, rolled at most ``rollout.maxUnavailable`` at a time), the probe
-Job lifecycle (collect, record, delete, start) and drift repair of the other children are all
-decided here.
+The serving pods (one per replica, rolled at most ``rollout.maxUnavailable`` at a time, replaced when
+their node is lost), the probe Job lifecycle (collect, record, delete, start) and drift repair of the
+other children are all decided here.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,10 +20,11 @@ from typing import Any, ClassVar, Literal
 from pd_operator import goodput, layout, observe, render
 from pd_operator.api import RUN_PROBE_ANNOTATION, GoodputStatus, PDDeploymentSpec, PDDeploymentStatus, ProbeState
 from pd_operator.layout import Layout
-from pd_operator.observe import Event, Observation, ProxyReport, ReplicaObservation
+from pd_operator.observe import Event, NodeTrouble, Observation, ProxyReport, ReplicaObservation
 from pd_operator.refusals import ApiFailure, Refusal, refusal
+from pd_operator.settings import Settings
 from pd_operator.validation import SpecError, validate_spec
-from pd_operator.views import JobView, PodView, pod_view
+from pd_operator.views import JobView, NodeView, PodView, pod_view
 
 Obj = dict[str, Any]
 ERROR_LIMIT = 1024
@@ -52,6 +54,8 @@ class Snapshot:
     proxies: Mapping[str, ProxyReport] = field(default_factory=dict)  # pod name -> report, from proxy_urls()
     repair_children: bool = True  # apply the Service, NetworkPolicy (and claim template) this time
     failed: Mapping[str, ApiFailure] = field(default_factory=dict)  # Action.key -> error, from executing once
+    nodes: Mapping[str, NodeView] = field(default_factory=dict)  # the serving pods' nodes, by name (kopf index)
+    node_lost_grace_s: float = Settings.node_lost_grace_seconds
 
 
 # ---- actions ---------------------------------------------------------------------------------------------
@@ -85,6 +89,7 @@ class Create(_ObjectAction):
 class Delete:
     kind: str
     name: str
+    grace_seconds: int | None = None  # 0: force, for a pod whose kubelet will never confirm its end
 
     @property
     def key(self) -> str:
@@ -136,6 +141,28 @@ def pod_action(live: PodView | None, desired: Obj) -> PodAction:
     return "keep" if live.annotations.get(render.ANNOTATION_SPEC_HASH) == wanted else "roll"
 
 
+def _node_grace(setting_s: float, tolerated_s: float | None) -> float:
+    """The operator's grace, shortened by the pod's own tolerationSeconds for the taint; a pod that
+    tolerates the taint forever is never given up (math.inf), as the taint eviction controller keeps it."""
+    if tolerated_s is None:
+        return setting_s
+    return tolerated_s if math.isinf(tolerated_s) else min(setting_s, tolerated_s)
+
+
+def node_trouble(snap: Snapshot, live: PodView | None) -> NodeTrouble | None:
+    """Whether a serving pod's node is NotReady or unreachable, and whether past the grace by now (then the
+    pod is force-deleted: deleting, even evicted, it would wait forever for a kubelet that is gone)."""
+    node = snap.nodes.get(live.node) if live is not None and live.node else None
+    if live is None or node is None or node.loss_taint is None:
+        return None
+    since = goodput.parse_time(node.ready_since)
+    if since is None:
+        return None
+    grace = _node_grace(snap.node_lost_grace_s, live.node_loss_tolerations.get(node.loss_taint))
+    lost = (snap.now - since).total_seconds() >= grace
+    return NodeTrouble(node.name, live.name, node.loss_taint, node.ready_since, grace, lost)
+
+
 def rollout(verbs: Sequence[PodAction], available: Sequence[bool], max_unavailable: int) -> list[PodAction]:
     """Which outdated replicas roll now; the others ``hold`` (keep serving the previous spec).
 
@@ -165,6 +192,14 @@ class PodStep:
     current: bool
     actions: tuple[Action, ...] = ()
     error: str | None = None
+
+
+def _force_step(snap: Snapshot, live: PodView, trouble: NodeTrouble) -> PodStep:
+    force = Delete("Pod", live.name, grace_seconds=0)
+    if (failure := snap.failed.get(force.key)) is not None:
+        why = _refusal(force.key, failure).describe()
+        return PodStep(live, False, error=f"cannot force-delete the serving pod on lost node {trouble.node}: {why}")
+    return PodStep(live, False, (force, Emit(Event("Warning", "NodeLost", trouble.message))))
 
 
 def _pod_step(snap: Snapshot, desired: Obj, live: PodView | None, verb: PodAction) -> PodStep:
@@ -208,11 +243,20 @@ def _serving_step(
     replicas: list[ReplicaObservation] = []
     actions: list[Action] = []
     for i, (name, obj, verb) in enumerate(zip(names, desired, verbs, strict=True)):
-        step = _pod_step(snap, obj, live.get(name), verb)
-        replicas.append(ReplicaObservation(i, step.pod, step.current, step.error, snap.proxies.get(name)))
+        pod = live.get(name)
+        trouble = node_trouble(snap, pod)
+        if pod is not None and trouble is not None and trouble.lost:
+            step = _force_step(snap, pod, trouble)
+        else:
+            step = _pod_step(snap, obj, pod, verb)
+        replicas.append(ReplicaObservation(i, step.pod, step.current, step.error, snap.proxies.get(name), trouble))
         actions += step.actions
     surplus = [p for n, p in sorted(live.items()) if n not in names]
     for pod in surplus:
+        trouble = node_trouble(snap, pod)
+        if trouble is not None and trouble.lost:
+            actions += _force_step(snap, pod, trouble).actions
+            continue
         delete = Delete("Pod", pod.name)
         if not pod.deleting and delete.key not in snap.failed:
             message = f"spec.replicas is {spec.replicas}: deleting the serving pod {pod.name}"

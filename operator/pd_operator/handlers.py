@@ -3,9 +3,9 @@
 One idempotent :func:`reconcile` serves every trigger (create, update of the spec, resume after an
 operator restart, and a periodic timer that also notices deleted pods, proxy progress and probe Jobs).
 It never raises for a bad spec or a failed API call: a bad spec becomes SpecValid=False, an API error a
-log line, a metric and (where the user should know) a status message. Pods and probe Jobs come from
-kopf indexes fed by watches, as typed views, so a steady-state tick costs no API request; the other
-children are re-applied every ``drift_repair_seconds``. Settings and connections live in kopf's memo.
+log line, a metric and (where the user should know) a status message. Pods, probe Jobs and Nodes come
+from kopf indexes fed by watches, as typed views, so a steady-state tick costs no API request; the
+other children are re-applied every ``drift_repair_seconds``. Settings and connections live in kopf's memo.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pd_operator.kube import Kube, KubeError
 from pd_operator.observe import ProxyReport
 from pd_operator.refusals import ApiFailure
 from pd_operator.settings import Settings
-from pd_operator.views import JobView, PodView, job_view, pod_view
+from pd_operator.views import JobView, NodeView, PodView, job_view, node_view, pod_view
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -41,7 +41,7 @@ _PROBE_METRICS = {"GoodputProbeStarted": "started", "GoodputMeasured": "succeede
 class KubeLike(Protocol):
     async def apply(self, obj: Obj) -> Obj: ...
     async def create(self, obj: Obj) -> Obj | None: ...
-    async def delete(self, kind: str, namespace: str, name: str) -> bool: ...
+    async def delete(self, kind: str, namespace: str, name: str, grace_seconds: int | None = None) -> bool: ...
 
 
 async def fetch_proxy_status(url: str, timeout_s: float = Settings.proxy_timeout_seconds) -> ProxyReport:
@@ -91,7 +91,7 @@ async def _execute(kube: KubeLike, namespace: str, action: Action) -> None:
     elif isinstance(action, Create):
         await kube.create(action.obj)
     elif isinstance(action, Delete):
-        await kube.delete(action.kind, namespace, action.name)
+        await kube.delete(action.kind, namespace, action.name, action.grace_seconds)
 
 
 async def execute(kube: KubeLike, snap: Snapshot, actions: tuple[Action, ...]) -> dict[str, ApiFailure]:
@@ -170,7 +170,12 @@ def pd_jobs(**kwargs: Any) -> dict[Any, JobView] | None:
     return _index_entry(job_view, kwargs)
 
 
-def _snapshot(kwargs: Mapping[str, Any], now: datetime, repair: bool) -> Snapshot:
+def pd_nodes(**kwargs: Any) -> dict[str, NodeView]:
+    """Every Node's Ready condition by name: where the serving pods run, and whether those nodes live."""
+    return {str(kwargs["name"]): node_view(kwargs["body"])}
+
+
+def _snapshot(kwargs: Mapping[str, Any], now: datetime, repair: bool, settings: Settings) -> Snapshot:
     body: kopf.Body = kwargs["body"]
     meta = body.metadata
     key = (str(meta.namespace), str(meta.name))
@@ -184,7 +189,17 @@ def _snapshot(kwargs: Mapping[str, Any], now: datetime, repair: bool) -> Snapsho
         annotations=dict(meta.annotations),
     )
     pods, jobs = list(kwargs["pd_pods"].get(key, [])), list(kwargs["pd_jobs"].get(key, []))
-    return Snapshot(deployment, now, pods=pods, jobs=jobs, repair_children=repair)
+    index = kwargs["pd_nodes"]
+    nodes = {p.node: next(iter(index[p.node])) for p in pods if p.node and index.get(p.node)}
+    return Snapshot(
+        deployment,
+        now,
+        pods=pods,
+        jobs=jobs,
+        repair_children=repair,
+        nodes=nodes,
+        node_lost_grace_s=settings.node_lost_grace_seconds,
+    )
 
 
 async def _handle(trigger: str, kwargs: Mapping[str, Any]) -> None:
@@ -199,7 +214,7 @@ async def _handle(trigger: str, kwargs: Mapping[str, Any]) -> None:
         )
         if repair:
             state.children_applied = time.monotonic()
-        snap = _snapshot(kwargs, operator.deps.now(), repair)
+        snap = _snapshot(kwargs, operator.deps.now(), repair, operator.settings)
         with metrics.RECONCILE_SECONDS.labels(trigger).time():
             decision = await reconcile(snap, operator.deps)
     kwargs["patch"].status.update(decision.patch)
@@ -233,6 +248,7 @@ def registry(settings: Settings) -> kopf.OperatorRegistry:
     kopf.on.startup(registry=reg)(configure)
     kopf.index("pods", labels=MANAGED_BY, registry=reg)(pd_pods)
     kopf.index("batch", "v1", "jobs", labels=MANAGED_BY, registry=reg)(pd_jobs)
+    kopf.index("", "v1", "nodes", registry=reg)(pd_nodes)
     kopf.on.resume(*resource, registry=reg)(on_change)
     kopf.on.create(*resource, registry=reg)(on_change)
     kopf.on.update(*resource, field="spec", registry=reg)(on_change)

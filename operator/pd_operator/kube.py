@@ -149,9 +149,12 @@ class Kube:
         applied: Obj = await self.call("PATCH", path, body=obj, query=query, content_type=APPLY_PATCH)
         return applied
 
-    async def delete(self, kind: str, namespace: str, name: str) -> bool:
-        """Delete with background propagation (a Job takes its pods along); False if it was gone."""
-        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+    async def delete(self, kind: str, namespace: str, name: str, grace_seconds: int | None = None) -> bool:
+        """Delete with background propagation (a Job takes its pods along); False if it was gone.
+        `grace_seconds=0` removes a pod at once, without waiting for its kubelet (a lost node's pod)."""
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
         try:
             await self.call("DELETE", f"{collection_path(kind, namespace)}/{name}", body=body)
         except KubeError as exc:

@@ -10,6 +10,7 @@ conditions are those of its one replica, or with several replicas their summary.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -50,6 +51,8 @@ CHILD_REFUSED = "ChildRefused"
 # reason is the container's termination message (pd_runtime.launcher.EXIT_PREFLIGHT_FAILED).
 PREFLIGHT_EXIT_CODE = 78
 PREFLIGHT_FAILED = "PreflightFailed"
+NODE_LOST = "NodeLost"
+NODE_NOT_READY = "NodeNotReady"
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,34 @@ class ProxyReport:
 
 
 @dataclass(frozen=True)
+class NodeTrouble:
+    """A serving pod's node is not Ready (`taint` names how), and when the pod is given up on it."""
+
+    node: str
+    pod: str
+    taint: str  # node.kubernetes.io/not-ready or node.kubernetes.io/unreachable
+    since: str  # RFC 3339: when the node's Ready condition left True
+    grace_s: float  # math.inf: the pod tolerates the taint forever
+    lost: bool  # past the grace now: the pod is force-deleted
+
+    @property
+    def state(self) -> str:
+        return "NotReady" if self.taint.endswith("not-ready") else "unreachable"
+
+    @property
+    def message(self) -> str:
+        where = f"node {self.node} is {self.state} since {self.since}"
+        if self.lost:
+            return (
+                f"{where}, past the {self.grace_s:g}s grace: the serving pod {self.pod} is force-deleted "
+                "(zero grace) and recreated on a node with free GPUs"
+            )
+        if math.isinf(self.grace_s):
+            return f"{where}; the pod {self.pod} tolerates {self.taint} forever, so it is not replaced"
+        return f"{where}; the serving pod {self.pod} is replaced {self.grace_s:g}s after that"
+
+
+@dataclass(frozen=True)
 class ReplicaObservation:
     """One replica: its serving pod as decided this tick (None: none yet) and its proxy's report."""
 
@@ -69,6 +100,7 @@ class ReplicaObservation:
     current: bool = True  # the pod runs the current spec
     error: str | None = None  # why the pod could not be created or deleted
     proxy: ProxyReport | None = None
+    node: NodeTrouble | None = None  # the pod's node is not Ready
 
 
 @dataclass(frozen=True)
@@ -214,6 +246,8 @@ def phase_of(rep: ReplicaObservation, roles: Sequence[RoleStatus], ready: bool) 
     pod = rep.pod
     if rep.error:
         return ("Pending" if pod is None else "Progressing"), rep.error
+    if rep.node is not None:
+        return ("Progressing" if rep.node.lost else "Degraded"), rep.node.message
     if pod is None:
         return "Pending", "creating the serving pod"
     if pod.deleting:
@@ -333,6 +367,23 @@ def children_condition(obs: Observation) -> Condition:
     if kept is not None and not obs.children_written:
         return kept.model_copy()
     return condition(CHILDREN_ADMITTED, True, "Admitted", "the API server accepted every child")
+
+
+def node_lost_condition(obs: Observation, phase: Phase) -> Condition | None:
+    """Shown from the first time a serving pod's node is not Ready: True from the force-deletion until
+    the replacements are Ready, then False (Recovered) until the next time; absent while nodes were fine."""
+    troubles = [r.node for r in obs.replicas if r.node is not None]
+    prior = find(obs.previous.conditions, NODE_LOST)
+    if troubles:
+        lost = [t for t in troubles if t.lost]
+        message = "; ".join(t.message for t in lost or troubles)
+        return condition(NODE_LOST, bool(lost), NODE_LOST if lost else NODE_NOT_READY, message)
+    if prior is not None and prior.reason == NODE_NOT_READY:
+        return condition(NODE_LOST, False, "NodeReady", "the nodes of the serving pods are Ready again")
+    if prior is not None and prior.status == "True" and phase == "Ready":
+        ready = "; ".join(f"the serving pod {r.pod.name} is Ready on node {r.pod.node}" for r in obs.replicas if r.pod)
+        return condition(NODE_LOST, False, "Recovered", ready)
+    return prior
 
 
 def goodput_condition(spec: PDDeploymentSpec, goodput: GoodputStatus | None) -> Condition:
@@ -482,6 +533,8 @@ def status(obs: Observation) -> PDDeploymentStatus:
     phase, message = _summary_phase(per, obs.surplus)
     conds.append(condition("Ready", phase == "Ready", phase, "serving" if phase == "Ready" else "not serving"))
     conds += [kv, goodput_condition(spec, goodput), children_condition(obs)]
+    if (node_lost := node_lost_condition(obs, phase)) is not None:
+        conds.append(node_lost)
     current = all(f.status.current for f in per)
     pod = first.obs.pod
     ready_replicas = sum(f.ready for f in per)
@@ -530,8 +583,9 @@ def events(old: PDDeploymentStatus, new: PDDeploymentStatus) -> list[Event]:
     messages_before = {c.type: c.message for c in old.conditions}
     for cond in new.conditions:
         kind, value = cond.type, cond.status
-        if cond.reason == PREFLIGHT_FAILED and reasons_before.get(kind) != PREFLIGHT_FAILED:
-            found.append(Event("Warning", PREFLIGHT_FAILED, cond.message))
+        for reason in (PREFLIGHT_FAILED, NODE_NOT_READY):
+            if cond.reason == reason and reasons_before.get(kind) != reason:
+                found.append(Event("Warning", reason, cond.message))
         if kind == CHILDREN_ADMITTED and value == "False" and messages_before.get(kind) != cond.message:
             found.append(Event("Warning", CHILD_REFUSED, cond.message))
         if before.get(kind) == value or value == "Unknown":

@@ -14,4 +14,8 @@ class Settings:
         300.0  # how often the Service/NetworkPolicy are re-applied; spec changes apply at once
     )
     proxy_timeout_seconds: float = 2.0  # GET of the proxy's admin /status
+    # how long the serving pod's node may be NotReady or unreachable before the pod is force-deleted and
+    # recreated elsewhere: the cluster's default not-ready/unreachable toleration (DefaultTolerationSeconds);
+    # a pod's own shorter tolerationSeconds for those taints wins, one that tolerates them forever opts out
+    node_lost_grace_seconds: float = 300.0
     field_manager: str = FIELD_MANAGER  # server-side apply owner of the children's fields

@@ -1,4 +1,4 @@
-"""Pure: the few facts the operator reads from pods and Jobs, as small typed views built once, at the edge.
+"""Pure: the few facts the operator reads from pods, Jobs and Nodes, as small typed views built once, at the edge.
 
 kopf's indexes store these views instead of whole objects, so the core never digs through nested
 dicts and the operator's memory grows with what it uses, not with what the kubelet writes.
@@ -6,7 +6,8 @@ dicts and the operator's memory grows with what it uses, not with what the kubel
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -14,6 +15,10 @@ MESSAGE_LIMIT = 1024
 ContainerState = Literal["waiting", "running", "terminated", "unknown"]
 ENDED_PHASES = ("Failed", "Succeeded")
 NO_SUMMARY = "the probe Job ended without a summary"
+# The taints the node lifecycle controller puts on a node whose Ready condition is False or Unknown.
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
+NODE_LOSS_TAINTS = (NOT_READY_TAINT, UNREACHABLE_TAINT)
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,9 @@ class PodView:
     scheduled: bool = False
     scheduling_message: str | None = None
     containers: tuple[ContainerView, ...] = ()
+    # taint key -> how long the pod tolerates that NoExecute taint (math.inf: forever); a key that is
+    # missing is not tolerated at all. DefaultTolerationSeconds admission adds 300 s for both keys.
+    node_loss_tolerations: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def ended(self) -> bool:
@@ -56,6 +64,23 @@ class PodView:
 
     def container(self, name: str) -> ContainerView | None:
         return next((c for c in self.containers if c.name == name), None)
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A Node's Ready condition: its status ("True", "False", "Unknown") and since when."""
+
+    name: str
+    ready: str = "Unknown"
+    ready_since: str = ""  # the condition's lastTransitionTime (RFC 3339)
+    ready_reason: str = ""
+
+    @property
+    def loss_taint(self) -> str | None:
+        """The taint the node lifecycle controller gives this node, if it is not Ready."""
+        if self.ready == "True" or not self.ready_since:
+            return None
+        return NOT_READY_TAINT if self.ready == "False" else UNREACHABLE_TAINT
 
 
 @dataclass(frozen=True)
@@ -102,6 +127,27 @@ def _container(cs: Mapping[str, Any]) -> ContainerView:
     )
 
 
+def _tolerates(toleration: Mapping[str, Any], key: str) -> bool:
+    """Whether a toleration matches a value-less NoExecute taint `key` (core/v1 Toleration semantics)."""
+    if toleration.get("effect") not in (None, "", "NoExecute"):
+        return False
+    if toleration.get("key") not in (None, "", key):
+        return False
+    return toleration.get("operator") == "Exists" or not toleration.get("value")  # Equal: the taint has no value
+
+
+def node_loss_tolerations(tolerations: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Per node-loss taint, the pod's toleration time as the taint eviction controller reads it: the least
+    tolerationSeconds of the matching tolerations, forever if none of them sets one."""
+    found = {}
+    for key in NODE_LOSS_TAINTS:
+        matching = [t for t in tolerations if _tolerates(t, key)]
+        if matching:
+            seconds = [float(t["tolerationSeconds"]) for t in matching if t.get("tolerationSeconds") is not None]
+            found[key] = max(min(seconds), 0.0) if seconds else math.inf
+    return found
+
+
 def pod_view(obj: Mapping[str, Any]) -> PodView:
     meta, status = obj.get("metadata") or {}, obj.get("status") or {}
     conditions: list[Mapping[str, Any]] = status.get("conditions") or []
@@ -120,6 +166,18 @@ def pod_view(obj: Mapping[str, Any]) -> PodView:
         scheduled=scheduled.get("status") == "True",
         scheduling_message=scheduled.get("message"),
         containers=tuple(_container(cs) for cs in status.get("containerStatuses") or []),
+        node_loss_tolerations=node_loss_tolerations((obj.get("spec") or {}).get("tolerations") or []),
+    )
+
+
+def node_view(obj: Mapping[str, Any]) -> NodeView:
+    conditions: list[Mapping[str, Any]] = (obj.get("status") or {}).get("conditions") or []
+    ready: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
+    return NodeView(
+        name=str((obj.get("metadata") or {}).get("name", "")),
+        ready=str(ready.get("status") or "Unknown"),
+        ready_since=str(ready.get("lastTransitionTime") or ""),
+        ready_reason=str(ready.get("reason") or ""),
     )
 
 

@@ -23,6 +23,7 @@ NAMESPACED_NEEDS: dict[tuple[str, str], str] = {
 }
 CLUSTER_NEEDS: dict[tuple[str, str], str] = {
     ("", "namespaces"): "list watch",
+    ("", "nodes"): "list watch",
     ("apiextensions.k8s.io", "customresourcedefinitions"): "list watch",
 }
 PEERING_VERBS = "get list watch patch"

@@ -97,6 +97,10 @@ clusters) setting it needs update on the owner's finalizers; without this every 
 - apiGroups: [""]
   resources: [namespaces]
   verbs: [list, watch]
+{{- /* Nodes: read-only, through a watch (kopf index), to replace a serving pod whose node is lost. */}}
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [list, watch]
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [list, watch]

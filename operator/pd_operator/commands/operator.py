@@ -58,6 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="how often each PDDeployment's Service and NetworkPolicy are re-applied "
         f"(default {Settings.drift_repair_seconds:g}; spec changes apply at once)",
     )
+    parser.add_argument(
+        "--node-lost-grace-seconds",
+        type=float,
+        default=Settings.node_lost_grace_seconds,
+        help="how long the serving pod's node may be NotReady or unreachable before the pod is force-deleted "
+        f"and recreated where GPUs are free (default {Settings.node_lost_grace_seconds:g}, the cluster's "
+        "default toleration; a shorter tolerationSeconds of the pod for those taints wins, one that "
+        "tolerates them forever keeps the pod)",
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     return parser
 
@@ -69,7 +78,11 @@ def main(argv: Sequence[str]) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    settings = Settings(resync_seconds=args.resync_seconds, drift_repair_seconds=args.drift_repair_seconds)
+    settings = Settings(
+        resync_seconds=args.resync_seconds,
+        drift_repair_seconds=args.drift_repair_seconds,
+        node_lost_grace_seconds=args.node_lost_grace_seconds,
+    )
     import kopf  # imported late: `pdctl crd` and `pdctl render` never pay for it
     from prometheus_client import start_http_server
 

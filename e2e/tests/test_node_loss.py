@@ -1,0 +1,94 @@
+"""Node loss end to end: the serving pod's node dies (stops heartbeating, its pods die with it), the real node
+lifecycle controller marks it unreachable, and past the grace the operator force-deletes the pod, which is
+recreated on the other node of the pool and serves again; an Event and the NodeLost condition say so."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import httpx
+import pytest
+import yaml
+
+from e2e.cluster import REPO_ROOT, ControlPlane
+from e2e.stack import Stack, pool_placement
+from e2e.tests.kube import Obj, apply, condition, get, pdd, pod, stream_completion, wait_for, wait_pdd_ready
+
+POOL = "loss"
+NAME = "lost"
+UNREACHABLE = "node.kubernetes.io/unreachable"
+TOLERATION_S = 5  # the pod's own tolerationSeconds for the unreachable taint: shorter than the operator's 300 s
+
+
+def deployment() -> Obj:
+    """The simulated write example, requesting its 8 GPUs (so one per node), on the pool's nodes."""
+    obj: Obj = yaml.safe_load((REPO_ROOT / "examples" / "simulated-write.yaml").read_text())
+    obj["metadata"]["name"] = NAME
+    obj["spec"]["goodputProbe"] = {"enabled": False}
+    obj["spec"]["simulation"]["reserveGpus"] = True
+    placement = pool_placement(POOL)
+    placement["tolerations"].append(
+        {"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": TOLERATION_S}
+    )
+    obj["spec"]["node"] = placement
+    return obj
+
+
+def node_state(cp: ControlPlane, name: str) -> tuple[str, list[str]]:
+    node = get(cp, f"/api/v1/nodes/{name}") or {}
+    ready = next((c["status"] for c in node.get("status", {}).get("conditions", []) if c["type"] == "Ready"), "")
+    return ready, [t["key"] for t in node.get("spec", {}).get("taints") or []]
+
+
+def events(cp: ControlPlane, namespace: str, reason: str) -> list[Obj]:
+    selector = f"involvedObject.kind=PDDeployment,involvedObject.name={NAME},reason={reason}"
+    listing = get(cp, f"/api/v1/namespaces/{namespace}/events?fieldSelector={selector}") or {}
+    found: list[Obj] = listing.get("items", [])
+    return found
+
+
+def test_serving_pod_of_a_lost_node_is_recreated_on_a_node_with_free_gpus(
+    operator: Stack, cp: ControlPlane, namespace: str, node_pool: Callable[[str, int], list[str]]
+) -> None:
+    nodes = node_pool(POOL, 2)
+    apply(cp, json.dumps(deployment()), namespace)
+    first = wait_pdd_ready(cp, namespace, NAME, timeout_s=120)["status"]
+    lost_node, lost_pod = first["nodeName"], pod(cp, namespace, first["podName"])
+    assert lost_node in nodes and lost_pod is not None
+    assert stream_completion(first["podIP"])
+    assert condition(pdd(cp, namespace, NAME), "NodeLost") is None, "no condition while nodes are fine"
+
+    operator.fail_node(lost_node)
+    with pytest.raises(httpx.TransportError):  # the machine is gone: its pods no longer answer
+        httpx.get(f"http://{first['podIP']}:8000/v1/models", timeout=5, trust_env=False)
+    wait_for(
+        lambda: node_state(cp, lost_node)[0] == "Unknown" and UNREACHABLE in node_state(cp, lost_node)[1],
+        90,
+        f"node lifecycle controller to mark {lost_node} Unknown and taint it unreachable",
+    )
+
+    def replaced() -> Obj | None:
+        obj = pdd(cp, namespace, NAME)
+        status = (obj or {}).get("status", {})
+        moved = status.get("podUid") not in (None, lost_pod["metadata"]["uid"])
+        return obj if moved and status.get("phase") == "Ready" else None
+
+    now = wait_for(replaced, 120, "the serving pod recreated on another node and Ready")["status"]
+    other = next(n for n in nodes if n != lost_node)
+    assert now["nodeName"] == other and now["podName"] == lost_pod["metadata"]["name"]
+    assert stream_completion(now["podIP"])
+
+    lost = events(cp, namespace, "NodeLost")
+    assert len(lost) == 1 and lost[0]["type"] == "Warning", lost
+    message = lost[0]["message"]
+    assert f"node {lost_node} is unreachable since" in message and f"past the {TOLERATION_S:g}s grace" in message
+    assert "force-deleted (zero grace)" in message
+    found = wait_for(
+        lambda: (c := condition(pdd(cp, namespace, NAME), "NodeLost")) and c["reason"] == "Recovered" and c,
+        30,
+        "NodeLost False (Recovered)",
+    )
+    assert found["status"] == "False" and found["message"] == f"the serving pod {NAME} is Ready on node {other}"
+    cp.kubectl("delete", "pdd", NAME, "-n", namespace, "--wait=false")
+    cp.kubectl("delete", "node", lost_node, "--wait=false")
