@@ -346,6 +346,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
     stack = Stack(ControlPlane(workdir=state_dir, bin_dir=binaries_dir()), detach=True)
     try:
         stack.up(operator=not args.no_operator, agent=not args.no_agent)
+        for name, count in args.pool:
+            stack.start_pool(name, count)
     except BaseException:
         stack.down()
         raise
@@ -387,6 +389,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pool(text: str) -> tuple[str, int]:
+    name, _, count = text.partition("=")
+    if not name or not count.isdigit() or int(count) < 1:
+        raise argparse.ArgumentTypeError(f"bad pool {text!r}: expected NAME=COUNT")
+    return name, int(count)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.cluster", description=__doc__)
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
@@ -394,6 +403,14 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("up", help="start control plane, node agent and operator; leave them running")
     up.add_argument("--no-operator", action="store_true", help="do not install the chart or run the operator")
     up.add_argument("--no-agent", action="store_true", help="do not start the node agent")
+    up.add_argument(
+        "--pool",
+        action="append",
+        default=[],
+        type=_pool,
+        metavar="NAME=COUNT",
+        help="also start COUNT GPU nodes NAME-0.. labelled and tainted pd.serving.dev/e2e-pool=NAME (repeatable)",
+    )
     sub.add_parser("down", help="stop everything `up` started and remove its files")
     sub.add_parser("status", help="show the recorded processes")
     args = parser.parse_args(argv)
