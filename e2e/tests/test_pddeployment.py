@@ -106,6 +106,7 @@ def test_example_becomes_ready_and_serves(cp: ControlPlane, modes_namespace: str
         assert (condition(obj, kind) or {}).get("status") == "True", (kind, obj["status"])
     serving = serving_pod(cp, modes_namespace, name)
     assert serving["spec"]["nodeName"] == "mi300x-0"
+    assert serving["status"]["qosClass"] == "Burstable", "CPU and memory requests: never BestEffort"
     statuses = serving["status"]["containerStatuses"]
     assert statuses and all(s["ready"] and "running" in s["state"] for s in statuses)
     assert stream_completion(serving["status"]["podIP"])

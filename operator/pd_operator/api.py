@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
+from pd_operator import quantity
 from pd_operator.rules import (
     GPU_RANGE_MAX_LENGTH,
     Rule,
@@ -154,12 +155,18 @@ class Resources(ApiModel):
     requests: dict[str, Quantity] = Field(
         default_factory=dict,
         max_length=16,
-        description="Minimum resources, e.g. cpu: 16, memory: 256Gi.",
+        description=(
+            "Minimum resources, e.g. cpu: 16, memory: 256Gi; each key given replaces the operator's default "
+            "(engines: 4 CPUs and 16Gi plus /dev/shm per GPU; proxy: cpu 500m, memory 256Mi)."
+        ),
     )
     limits: dict[str, Quantity] = Field(
         default_factory=dict,
         max_length=16,
-        description="Maximum resources. Memory-backed /dev/shm counts against the memory limit.",
+        description=(
+            "Maximum resources. Memory-backed /dev/shm counts against the memory limit. The proxy defaults to "
+            "cpu 2, memory 1Gi; engines have no CPU or memory limit unless qosClass is Guaranteed."
+        ),
     )
 
 
@@ -196,6 +203,18 @@ _ARGS_AND_ENV_RULES = (
         check=lambda s: all(e.name not in MANAGED_ENV for e in s.env),
         field_path=".env",
     ),
+)
+
+_MEMORY_COVERS_SHM = Rule(
+    cel="!has(self.resources) || !has(self.resources.requests) || !('memory' in self.resources.requests) || "
+    "quantity(self.resources.requests.memory).compareTo(quantity(self.shmSize)) >= 0",
+    message="resources.requests.memory must be at least shmSize: the memory-backed /dev/shm is the "
+    "container's memory, and a smaller request lets the scheduler overcommit the node",
+    check=lambda s: (
+        "memory" not in s.resources.requests
+        or quantity.parse(s.resources.requests["memory"]) >= quantity.parse(s.shm_size)
+    ),
+    field_path=".resources.requests",
 )
 
 
@@ -260,7 +279,12 @@ class EngineSettings(ApiModel):
         "32Gi", description="Size of the memory-backed /dev/shm emptyDir (tensor-parallel workers share memory)."
     )
 
-    _rules: ClassVar[tuple[Rule, ...]] = (_GPUS_WELL_FORMED, _GPUS_MATCH_PARALLELISM, *_ARGS_AND_ENV_RULES)
+    _rules: ClassVar[tuple[Rule, ...]] = (
+        _GPUS_WELL_FORMED,
+        _GPUS_MATCH_PARALLELISM,
+        *_ARGS_AND_ENV_RULES,
+        _MEMORY_COVERS_SHM,
+    )
 
     @property
     def rank_port_span(self) -> int:
@@ -369,6 +393,7 @@ class DisaggregatedRoleSpec(EngineSettings):
             field_path=".instances",
         ),
         *_ARGS_AND_ENV_RULES,
+        _MEMORY_COVERS_SHM,
     )
 
     def engine_instances(self) -> list[tuple[str, RolePorts]]:
@@ -910,6 +935,17 @@ def _divides_attention_heads_rule() -> Rule:
     )
 
 
+_CEL_RESOURCES = ("self.prefill.resources", "self.decode.resources", "self.proxy.resources")
+
+
+def _cel_no_compute_limits(res: str) -> str:
+    return f"(!has({res}.limits) || (!('cpu' in {res}.limits) && !('memory' in {res}.limits)))"
+
+
+def _all_resources(s: PDDeploymentSpec) -> list[Resources]:
+    return [s.prefill.resources, s.decode.resources, s.proxy.resources, *(e.resources for e in s.colocated.engines)]
+
+
 class PDDeploymentSpec(ApiModel):
     """Desired state: per replica one pod on one GPU node running prefill, decode and proxy (or colocated engines)."""
 
@@ -972,6 +1008,15 @@ class PDDeploymentSpec(ApiModel):
     )
     termination_grace_period_seconds: int = Field(
         300, ge=0, le=86400, description="Time for in-flight requests and KV transfers to drain on deletion."
+    )
+    qos_class: Literal["Burstable", "Guaranteed"] = Field(
+        "Burstable",
+        description=(
+            "QoS class of the serving pod. Burstable: CPU and memory requests (defaults or resources.requests), "
+            "no CPU or memory limit on engines. Guaranteed: every container's CPU and memory limits equal its "
+            "requests (last to be evicted; CPU-manager pinning with integer CPUs); then resources.limits must "
+            "not set cpu or memory."
+        ),
     )
 
     def proxy_kv_wait_limit(self) -> float:
@@ -1076,6 +1121,20 @@ class PDDeploymentSpec(ApiModel):
                 not s.disaggregated or s.kv_transfer.backend != "xgmi" or s.gpu_allocation.strategy == "hostDevices"
             ),
             field_path=".kvTransfer.backend",
+        ),
+        Rule(
+            cel="self.qosClass != 'Guaranteed' || ("
+            + " && ".join(_cel_no_compute_limits(r) for r in _CEL_RESOURCES)
+            + " && self.colocated.engines.all(e, "
+            + _cel_no_compute_limits("e.resources")
+            + "))",
+            message="qosClass Guaranteed sets the CPU and memory limits to the requests: resources.limits of "
+            "prefill, decode, colocated.engines and proxy must not set cpu or memory (set requests instead)",
+            check=lambda s: (
+                s.qos_class != "Guaranteed"
+                or not any(k in r.limits for r in _all_resources(s) for k in ("cpu", "memory"))
+            ),
+            field_path=".qosClass",
         ),
         Rule(
             cel="!has(self.gpuAllocation.dra.pciAddresses) || size(self.gpuAllocation.dra.pciAddresses) == 0 || "

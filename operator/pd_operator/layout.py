@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pd_operator import qos
 from pd_operator.api import PDDeploymentSpec
 from pd_operator.engine_cmd import (
     EngineContainer,
@@ -62,7 +63,7 @@ class EngineInstance:
     argv: tuple[str, ...]
     env: tuple[EnvEntry, ...]
     requests: Mapping[str, str]
-    limits: Mapping[str, str]  # the user's limits plus GPU and NIC extended resources
+    limits: Mapping[str, str]  # CPU and memory (qos.py) plus GPU and NIC extended resources
     shm_size: str
     device_selector: str | None  # DRA: the CEL expression pinning this engine's GPUs
 
@@ -159,7 +160,7 @@ def _device_selector(spec: PDDeploymentSpec, eng: EngineContainer) -> str | None
 
 def _engine(spec: PDDeploymentSpec, eng: EngineContainer, gpu_count: int | None) -> EngineInstance:
     settings = eng.settings
-    limits = dict(settings.resources.limits)
+    requests, limits = qos.engine(spec, settings, len(eng.gpus))
     if gpu_count is not None:
         limits[spec.gpu_allocation.resource_name] = str(gpu_count)
     if spec.uses_nic_resource:
@@ -176,7 +177,7 @@ def _engine(spec: PDDeploymentSpec, eng: EngineContainer, gpu_count: int | None)
         ports=tuple((f"{prefix}-{n}", p) for n, p in eng.named_ports),  # every rank's listener
         argv=tuple(engine_command(spec, eng)),
         env=tuple(engine_env(spec, eng)),
-        requests=dict(settings.resources.requests),
+        requests=requests,
         limits=limits,
         shm_size=settings.shm_size,
         device_selector=_device_selector(spec, eng),
@@ -203,6 +204,7 @@ def build(owner: Owner, spec: PDDeploymentSpec) -> Layout:
     containers = engine_containers(spec)
     counts = _gpu_counts(spec, containers)
     p, probe = spec.proxy, spec.goodput_probe
+    proxy_requests, proxy_limits = qos.proxy(spec)
     return Layout(
         owner=owner,
         image=spec.image,
@@ -213,8 +215,8 @@ def build(owner: Owner, spec: PDDeploymentSpec) -> Layout:
             env=tuple(proxy_env(spec)),
             port=p.port,
             admin_port=p.admin_port,
-            requests=dict(p.resources.requests),
-            limits=dict(p.resources.limits),
+            requests=proxy_requests,
+            limits=proxy_limits,
             service_type=p.service_type,
         ),
         probe=ProbeInstance(
