@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic.alias_generators import to_camel, to_snake
 from pydantic_core import PydanticCustomError
 
 from pd_operator import quantity
@@ -546,6 +546,221 @@ class GpuAllocationSpec(ApiModel):
     dra: DraSpec = Field(default_factory=DraSpec, description="Settings of strategy dra.")
 
 
+# ---- pod template: what the API does not model -------------------------------------------------------
+
+# Labels and annotations of the serving pod that the operator writes itself (render.labels, the spec hash).
+OWNED_LABELS = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/part-of",
+)
+OWNED_PREFIX = f"{GROUP}/"
+# Volume names the operator renders (dshm-<engine>, models, tmp) and the prefix it keeps for new ones.
+OWNED_VOLUMES = ("models", "tmp")
+OWNED_VOLUME_PREFIXES = ("dshm-", "pd-")
+OWNED_MOUNT_PATHS = ("/dev/shm", "/tmp")
+MAX_TEMPLATE_ENTRIES = 16
+LabelMap = dict[str, Text]  # keys are checked by the API server when the pod is created
+# Pod fields that the API models elsewhere (or the operator owns), refused in podTemplate: field -> why.
+TEMPLATE_REFUSED = {
+    "nodeSelector": "use spec.node.nodeSelector",
+    "tolerations": "use spec.node.tolerations",
+    "affinity": "use spec.node.affinity",
+    "priorityClassName": "use spec.node.priorityClassName",
+    "hostNetwork": "use spec.kvTransfer.rdma.hostNetwork",
+    "terminationGracePeriodSeconds": "use spec.terminationGracePeriodSeconds",
+    "securityContext": "the operator sets every security context (docs/gpu-allocation.md)",
+    "containers": "the operator renders every container; use the roles' env, extraArgs and resources",
+}
+
+
+class PodTemplateMetadata(ApiModel):
+    """Labels and annotations added to the serving pod (e.g. k8s.v1.cni.cncf.io/networks for a Multus NIC)."""
+
+    labels: LabelMap = Field(
+        default_factory=dict,
+        max_length=MAX_TEMPLATE_ENTRIES,
+        description="Extra pod labels; the app.kubernetes.io/* labels the operator sets and pd.serving.dev/* are "
+        "refused.",
+    )
+    annotations: LabelMap = Field(
+        default_factory=dict,
+        max_length=MAX_TEMPLATE_ENTRIES,
+        description="Extra pod annotations, e.g. k8s.v1.cni.cncf.io/networks; pd.serving.dev/* are refused. A "
+        "change rolls the pod (CNI plugins read annotations when the pod starts).",
+    )
+
+    _rules = (
+        Rule(
+            cel=f"!has(self.labels) || self.labels.all(k, !(k in {_cel_list(OWNED_LABELS)}) && "
+            f"!k.startsWith('{OWNED_PREFIX}'))",
+            message="podTemplate.metadata.labels must not set the labels the operator owns "
+            f"({', '.join(OWNED_LABELS)}, {OWNED_PREFIX}*)",
+            check=lambda s: all(k not in OWNED_LABELS and not k.startswith(OWNED_PREFIX) for k in s.labels),
+            field_path=".labels",
+        ),
+        Rule(
+            cel=f"!has(self.annotations) || self.annotations.all(k, !k.startsWith('{OWNED_PREFIX}'))",
+            message=f"podTemplate.metadata.annotations must not set {OWNED_PREFIX}* (the operator's own)",
+            check=lambda s: not any(k.startswith(OWNED_PREFIX) for k in s.annotations),
+            field_path=".annotations",
+        ),
+    )
+
+
+class VolumeMount(ApiModel):
+    """A mount of one of podTemplate.volumes, as in a container."""
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=63)] = Field(
+        description="Name of a volume in podTemplate.volumes."
+    )
+    mount_path: Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=r"^/")] = Field(
+        description="Where it appears in the container; /dev/shm and /tmp are the operator's."
+    )
+    read_only: bool = Field(False, description="Mount read-only.")
+    sub_path: Annotated[str, StringConstraints(max_length=1024)] | None = Field(
+        None, description="Path inside the volume to mount instead of its root."
+    )
+
+
+def _cel_mounts_ok(mounts: str) -> str:
+    """CEL: the mounts at ``mounts`` name declared volumes and stay off the operator's mount paths."""
+    return (
+        f"(!has({mounts}) || {mounts}.all(m, has(self.volumes) && self.volumes.exists(v, v.name == m.name) && "
+        f"!(m.mountPath in {_cel_list(OWNED_MOUNT_PATHS)})))"
+    )
+
+
+class RoleVolumeMounts(ApiModel):
+    """Mounts of podTemplate.volumes per role: every engine of the role (all instances) or the proxy."""
+
+    prefill: list[VolumeMount] = Field(
+        default_factory=list, max_length=MAX_TEMPLATE_ENTRIES, description="Prefill engine containers."
+    )
+    decode: list[VolumeMount] = Field(
+        default_factory=list, max_length=MAX_TEMPLATE_ENTRIES, description="Decode engine containers."
+    )
+    engine: list[VolumeMount] = Field(
+        default_factory=list, max_length=MAX_TEMPLATE_ENTRIES, description="Colocated engine containers."
+    )
+    proxy: list[VolumeMount] = Field(
+        default_factory=list, max_length=MAX_TEMPLATE_ENTRIES, description="The proxy container."
+    )
+
+    def of(self, role: str) -> list[VolumeMount]:
+        mounts: list[VolumeMount] = getattr(self, role)
+        return mounts
+
+
+_MOUNT_ROLES = tuple(RoleVolumeMounts.model_fields)
+
+
+def _volume_names(s: PodTemplateSpec) -> list[str]:
+    return [str(v.get("name", "")) for v in s.volumes]
+
+
+def _mounts_ok(s: PodTemplateSpec) -> bool:
+    names = set(_volume_names(s))
+    mounts = [m for role in _MOUNT_ROLES for m in s.volume_mounts.of(role)]
+    return all(m.name in names and m.mount_path not in OWNED_MOUNT_PATHS for m in mounts)
+
+
+def _template_refuses(field: str, why: str) -> Rule:
+    attribute = to_snake(field)
+    return Rule(
+        cel=f"!has(self.{field})",
+        message=f"podTemplate.{field} is refused: {why}",
+        check=lambda s: getattr(s, attribute) is None,
+        field_path=f".{field}",
+    )
+
+
+def _volume_name_owned(name: str) -> bool:
+    return name in OWNED_VOLUMES or name.startswith(OWNED_VOLUME_PREFIXES)
+
+
+class PodTemplateSpec(ApiModel):
+    """What the serving pod gets that the API does not model otherwise (after KServe's template, Dynamo's
+    extraPodSpec). Fields the API models elsewhere, or that the operator owns, are refused here, saying where
+    they belong."""
+
+    metadata: PodTemplateMetadata = Field(
+        default_factory=PodTemplateMetadata, description="Labels and annotations of the serving pod."
+    )
+    image_pull_secrets: list[dict[str, Name]] = Field(
+        default_factory=list,
+        max_length=MAX_TEMPLATE_ENTRIES,
+        json_schema_extra={
+            "items": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {"name": {"type": "string", "maxLength": 253, "description": "Secret name."}},
+            }
+        },
+        description="Secrets for pulling the images ({name: ...}), for the serving pod and the probe Job.",
+    )
+    service_account_name: Name | None = Field(
+        None,
+        description="ServiceAccount of the serving pod (its token is not mounted unless a volume projects it).",
+    )
+    runtime_class_name: Name | None = Field(None, description="RuntimeClass of the serving pod.")
+    volumes: list[dict[str, Any]] = Field(
+        default_factory=list,
+        max_length=MAX_TEMPLATE_ENTRIES,
+        json_schema_extra={
+            "items": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {"name": {"type": "string", "maxLength": 63, "description": "Volume name."}},
+                "x-kubernetes-preserve-unknown-fields": True,
+            }
+        },
+        description="Extra pod volumes, as in a Pod spec (name plus one volume source); mount them with "
+        "volumeMounts. The names models, tmp, dshm-* and pd-* are the operator's.",
+    )
+    volume_mounts: RoleVolumeMounts = Field(
+        default_factory=RoleVolumeMounts, description="Where each role's containers mount the extra volumes."
+    )
+    node_selector: dict[str, Any] | None = Field(None, description=f"Refused: {TEMPLATE_REFUSED['nodeSelector']}.")
+    tolerations: list[Any] | None = Field(
+        None, max_length=64, description=f"Refused: {TEMPLATE_REFUSED['tolerations']}."
+    )
+    affinity: dict[str, Any] | None = Field(None, description=f"Refused: {TEMPLATE_REFUSED['affinity']}.")
+    priority_class_name: Name | None = Field(None, description=f"Refused: {TEMPLATE_REFUSED['priorityClassName']}.")
+    host_network: bool | None = Field(None, description=f"Refused: {TEMPLATE_REFUSED['hostNetwork']}.")
+    termination_grace_period_seconds: int | None = Field(
+        None, description=f"Refused: {TEMPLATE_REFUSED['terminationGracePeriodSeconds']}."
+    )
+    security_context: dict[str, Any] | None = Field(
+        None, description=f"Refused: {TEMPLATE_REFUSED['securityContext']}."
+    )
+    containers: list[Any] | None = Field(None, max_length=64, description=f"Refused: {TEMPLATE_REFUSED['containers']}.")
+
+    _rules = (
+        *(_template_refuses(field, why) for field, why in TEMPLATE_REFUSED.items()),
+        Rule(
+            cel="!has(self.volumes) || self.volumes.all(v, !(v.name in "
+            f"{_cel_list(OWNED_VOLUMES)}) && "
+            + " && ".join(f"!v.name.startsWith('{p}')" for p in OWNED_VOLUME_PREFIXES)
+            + ")",
+            message="podTemplate.volumes must not use the operator's volume names (models, tmp, dshm-*, pd-*)",
+            check=lambda s: not any(_volume_name_owned(n) for n in _volume_names(s)),
+            field_path=".volumes",
+        ),
+        Rule(
+            cel="!has(self.volumeMounts) || ("
+            + " && ".join(_cel_mounts_ok(f"self.volumeMounts.{role}") for role in _MOUNT_ROLES)
+            + ")",
+            message="podTemplate.volumeMounts must name volumes of podTemplate.volumes and must not mount at "
+            "/dev/shm or /tmp (the operator's)",
+            check=_mounts_ok,
+            field_path=".volumeMounts",
+        ),
+    )
+
+
 class NodeSpec(ApiModel):
     """The node the pod lands on: its size (for admission checks) and placement."""
 
@@ -1008,6 +1223,11 @@ class PDDeploymentSpec(ApiModel):
     )
     termination_grace_period_seconds: int = Field(
         300, ge=0, le=86400, description="Time for in-flight requests and KV transfers to drain on deletion."
+    )
+    pod_template: PodTemplateSpec = Field(
+        default_factory=PodTemplateSpec,
+        description="Labels, annotations, image pull secrets, ServiceAccount, RuntimeClass and extra volumes of "
+        "the serving pod: what the API does not model elsewhere (fields it does model are refused here).",
     )
     qos_class: Literal["Burstable", "Guaranteed"] = Field(
         "Burstable",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pd_operator import qos
-from pd_operator.api import PDDeploymentSpec
+from pd_operator.api import PDDeploymentSpec, PodTemplateSpec
 from pd_operator.engine_cmd import (
     EngineContainer,
     EngineRoleName,
@@ -118,6 +118,7 @@ class Layout:
     host_network: bool
     replicas: int
     max_unavailable: int
+    pod_template: PodTemplateSpec  # what the user adds to the serving pod (labels, volumes, ...)
 
     def engine(self, name: str) -> EngineInstance | None:
         return next((e for e in self.engines if e.name == name), None)
@@ -239,4 +240,5 @@ def build(owner: Owner, spec: PDDeploymentSpec) -> Layout:
         host_network=spec.host_network,
         replicas=spec.replicas,
         max_unavailable=spec.rollout.max_unavailable,
+        pod_template=spec.pod_template,
     )

@@ -165,6 +165,7 @@ def _engine_container(lay: Layout, eng: EngineInstance) -> Obj:
     mounts: list[Obj] = [{"name": f"dshm-{eng.name}", "mountPath": "/dev/shm"}]
     if lay.model is not None:
         mounts.append({"name": "models", "mountPath": lay.model.mount_path, "readOnly": lay.model.read_only})
+    mounts += _template_mounts(lay, eng.role)
     return {
         "name": eng.name,
         "image": lay.image,
@@ -212,7 +213,7 @@ def _proxy_container(lay: Layout) -> Obj:
         ],
         "resources": _resources(p.requests, p.limits),
         "securityContext": dict(_RESTRICTED),
-        "volumeMounts": [dict(_TMP_MOUNT)],
+        "volumeMounts": [dict(_TMP_MOUNT), *_template_mounts(lay, "proxy")],
         "readinessProbe": _http_probe("/ready", "http", 5, 3, 5),
         "livenessProbe": _http_probe("/health", "http", 15, 6, 10),
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -222,12 +223,22 @@ def _proxy_container(lay: Layout) -> Obj:
 # ---- pod --------------------------------------------------------------------------------------------
 
 
+def _template_mounts(lay: Layout, role: str) -> list[Obj]:
+    """spec.podTemplate.volumeMounts of one role (every engine of the role, or the proxy)."""
+    return [m.model_dump(by_alias=True, exclude_none=True) for m in lay.pod_template.volume_mounts.of(role)]
+
+
 def _volumes(lay: Layout) -> list[Obj]:
     volumes: list[Obj] = [
         {"name": f"dshm-{e.name}", "emptyDir": {"medium": "Memory", "sizeLimit": e.shm_size}} for e in lay.engines
     ]
     model = [dict(lay.model.volume)] if lay.model else []
-    return [*volumes, *model, dict(_TMP_VOLUME)]
+    return [*volumes, *model, dict(_TMP_VOLUME), *(dict(v) for v in lay.pod_template.volumes)]
+
+
+def _pull_secrets(lay: Layout) -> Obj:
+    secrets = lay.pod_template.image_pull_secrets
+    return {"imagePullSecrets": [dict(s) for s in secrets]} if secrets else {}
 
 
 def _pod_spec(lay: Layout) -> Obj:
@@ -238,7 +249,13 @@ def _pod_spec(lay: Layout) -> Obj:
         "enableServiceLinks": False,
         "containers": [*(_engine_container(lay, e) for e in lay.engines), _proxy_container(lay)],
         "volumes": _volumes(lay),
+        **_pull_secrets(lay),
     }
+    template = lay.pod_template
+    if template.service_account_name:
+        pod["serviceAccountName"] = template.service_account_name
+    if template.runtime_class_name:
+        pod["runtimeClassName"] = template.runtime_class_name
     if lay.node_selector:
         pod["nodeSelector"] = dict(lay.node_selector)
     if lay.tolerations:
@@ -261,11 +278,23 @@ def spec_hash(pod_spec: Mapping[str, Any]) -> str:
 
 
 def pod(lay: Layout, index: int = 0) -> Obj:
-    """The serving pod of one replica; every replica has the same spec (and spec hash), only the name differs."""
+    """The serving pod of one replica; every replica has the same spec (and spec hash), only the name differs.
+
+    spec.podTemplate's labels and annotations go under the operator's own. The user's metadata joins the
+    hash (CNI plugins such as Multus read annotations only when the pod starts, so a change needs a new
+    pod); without any, the hash is the pod spec's alone, as before.
+    """
     pod_spec = _pod_spec(lay)
     owner = lay.owner
     meta = _metadata(owner, pod_name(owner, index), COMPONENT_SERVING)
-    meta["annotations"] = {ANNOTATION_SPEC_HASH: spec_hash(pod_spec), ANNOTATION_GENERATION: str(owner.generation)}
+    extra = lay.pod_template.metadata
+    hashed = {**pod_spec, "podTemplateMetadata": extra.model_dump()} if extra.labels or extra.annotations else pod_spec
+    meta["labels"] = {**extra.labels, **meta["labels"]}
+    meta["annotations"] = {
+        **extra.annotations,
+        ANNOTATION_SPEC_HASH: spec_hash(hashed),
+        ANNOTATION_GENERATION: str(owner.generation),
+    }
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
 
@@ -358,6 +387,7 @@ def probe_job(lay: Layout, job_name: str) -> Obj:
                     "enableServiceLinks": False,
                     "containers": [container],
                     "volumes": [dict(_TMP_VOLUME)],
+                    **_pull_secrets(lay),
                 },
             },
         },
