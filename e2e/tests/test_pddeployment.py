@@ -107,6 +107,7 @@ def test_example_becomes_ready_and_serves(cp: ControlPlane, modes_namespace: str
     serving = serving_pod(cp, modes_namespace, name)
     assert serving["spec"]["nodeName"] == "mi300x-0"
     assert serving["status"]["qosClass"] == "Burstable", "CPU and memory requests: never BestEffort"
+    assert (condition(obj, "ChildrenAdmitted") or {}).get("status") == "True", obj["status"]
     statuses = serving["status"]["containerStatuses"]
     assert statuses and all(s["ready"] and "running" in s["state"] for s in statuses)
     assert stream_completion(serving["status"]["podIP"])

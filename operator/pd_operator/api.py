@@ -546,6 +546,34 @@ class GpuAllocationSpec(ApiModel):
     dra: DraSpec = Field(default_factory=DraSpec, description="Settings of strategy dra.")
 
 
+# Who may scrape the serving pods' metrics by default: Prometheus pods (kube-prometheus-stack labels them so)
+# in the namespace named monitoring (every namespace carries its kubernetes.io/metadata.name label).
+DEFAULT_METRICS_PEER = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+}
+
+
+def _default_metrics_peers() -> list[dict[str, Any]]:
+    return [dict(DEFAULT_METRICS_PEER)]
+
+
+class NetworkPolicySpec(ApiModel):
+    """What the serving pod's NetworkPolicy admits beyond the API port, the operator and the pod itself."""
+
+    metrics_from: list[dict[str, Any]] = Field(
+        default_factory=_default_metrics_peers,
+        max_length=8,
+        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+        description=(
+            "NetworkPolicy peers (namespaceSelector, podSelector, ipBlock, as in a NetworkPolicy's from) that "
+            "may scrape metrics: every engine's vLLM /metrics on its HTTP port and the proxy's /metrics on its "
+            "admin port. Default: pods labelled app.kubernetes.io/name=prometheus in the namespace monitoring; "
+            "[] admits no scraper."
+        ),
+    )
+
+
 # ---- pod template: what the API does not model -------------------------------------------------------
 
 # Labels and annotations of the serving pod that the operator writes itself (render.labels, the spec hash).
@@ -1223,6 +1251,9 @@ class PDDeploymentSpec(ApiModel):
     )
     termination_grace_period_seconds: int = Field(
         300, ge=0, le=86400, description="Time for in-flight requests and KV transfers to drain on deletion."
+    )
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=NetworkPolicySpec, description="Who else the serving pod's NetworkPolicy admits."
     )
     pod_template: PodTemplateSpec = Field(
         default_factory=PodTemplateSpec,

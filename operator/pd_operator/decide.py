@@ -56,6 +56,7 @@ class Snapshot:
     failed: Mapping[str, ApiFailure] = field(default_factory=dict)  # Action.key -> error, from executing once
     nodes: Mapping[str, NodeView] = field(default_factory=dict)  # the serving pods' nodes, by name (kopf index)
     node_lost_grace_s: float = Settings.node_lost_grace_seconds
+    probe_image: str | None = None  # the goodput probe Job's image (the operator's); None: the runtime image
 
 
 # ---- actions ---------------------------------------------------------------------------------------------
@@ -333,7 +334,7 @@ def _start(snap: Snapshot, spec: PDDeploymentSpec, lay: Layout, step: ProbeStep,
     if trigger is None:
         return step
     name = goodput.job_name(snap.deployment.name, snap.now)
-    create = Create(render.probe_job(lay, name))
+    create = Create(render.probe_job(lay, name, snap.probe_image))
     if create.key in snap.failed:
         return step
     update: Obj = {"job_name": name, "trigger": trigger, "started_at": goodput.rfc3339(snap.now)}

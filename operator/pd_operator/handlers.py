@@ -199,6 +199,7 @@ def _snapshot(kwargs: Mapping[str, Any], now: datetime, repair: bool, settings: 
         repair_children=repair,
         nodes=nodes,
         node_lost_grace_s=settings.node_lost_grace_seconds,
+        probe_image=settings.probe_image,
     )
 
 

@@ -119,6 +119,7 @@ class Layout:
     replicas: int
     max_unavailable: int
     pod_template: PodTemplateSpec  # what the user adds to the serving pod (labels, volumes, ...)
+    metrics_from: tuple[Mapping[str, Any], ...]  # NetworkPolicy peers allowed to scrape metrics
 
     def engine(self, name: str) -> EngineInstance | None:
         return next((e for e in self.engines if e.name == name), None)
@@ -241,4 +242,5 @@ def build(owner: Owner, spec: PDDeploymentSpec) -> Layout:
         replicas=spec.replicas,
         max_unavailable=spec.rollout.max_unavailable,
         pod_template=spec.pod_template,
+        metrics_from=tuple(spec.network_policy.metrics_from),
     )

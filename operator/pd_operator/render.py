@@ -313,14 +313,23 @@ def service(lay: Layout) -> Obj:
     }
 
 
+def _metrics_ports(lay: Layout) -> list[Obj]:
+    """Where metrics are served: each engine's vLLM /metrics on its HTTP port, the proxy's on its admin port."""
+    engines = [port for e in lay.engines for name, port in e.ports if name == f"{e.port_prefix}-http"]
+    return [{"port": port, "protocol": "TCP"} for port in [*engines, lay.proxy.admin_port]]
+
+
 def network_policy(lay: Layout) -> Obj:
-    """The API port from anywhere, the admin port from the operator, anything from the pod itself.
+    """The API port from anywhere, the admin port from the operator, metrics to the configured scrapers,
+    anything from the pod itself.
 
     vLLM's handshake and notify listeners bind all addresses and trust what they receive; the engines
-    and the proxy reach each other over the pod IP, hence the self rule.
+    and the proxy reach each other over the pod IP, hence the self rule. Scrapers get the metrics ports
+    only (spec.networkPolicy.metricsFrom), not the side channels.
     """
     owner, proxy = lay.owner, lay.proxy
     operator_peer = {"namespaceSelector": {}, "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}
+    scrapers = [{"from": [dict(p) for p in lay.metrics_from], "ports": _metrics_ports(lay)}] if lay.metrics_from else []
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -331,6 +340,7 @@ def network_policy(lay: Layout) -> Obj:
             "ingress": [
                 {"ports": [{"port": proxy.port, "protocol": "TCP"}]},
                 {"from": [operator_peer], "ports": [{"port": proxy.admin_port, "protocol": "TCP"}]},
+                *scrapers,
                 {"from": [{"podSelector": {"matchLabels": serving_selector(owner)}}]},
             ],
         },
@@ -355,12 +365,17 @@ def disruption_budget(lay: Layout) -> Obj:
     }
 
 
-def probe_job(lay: Layout, job_name: str) -> Obj:
-    """The goodput probe: `pdctl bench` against the Service; its summary becomes the termination message."""
+def probe_job(lay: Layout, job_name: str, image: str | None = None) -> Obj:
+    """The goodput probe: `pdctl bench` against the Service; its summary becomes the termination message.
+
+    ``image`` is the operator's own (``pdctl operator --probe-image``, set by the chart): the small image
+    has `pdctl bench`, so the probe need not pull the multi-GB ROCm runtime image; without it, the
+    spec's runtime image (which has it too).
+    """
     owner = lay.owner
     container = {
         "name": BENCH_CONTAINER,
-        "image": lay.image,
+        "image": image or lay.image,
         "imagePullPolicy": lay.image_pull_policy,
         "command": list(lay.probe.argv),
         "env": [dict(e) for e in lay.probe.env],

@@ -19,3 +19,4 @@ class Settings:
     # a pod's own shorter tolerationSeconds for those taints wins, one that tolerates them forever opts out
     node_lost_grace_seconds: float = 300.0
     field_manager: str = FIELD_MANAGER  # server-side apply owner of the children's fields
+    probe_image: str | None = None  # image of the goodput probe Jobs (the operator's); None: the runtime image

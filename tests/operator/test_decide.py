@@ -240,3 +240,10 @@ def test_a_new_pod_uid_reaches_the_status() -> None:
     second = decide.decide(dataclasses.replace(moved, proxies=one_proxy(error="timeout")))
     assert second.patch["podUid"] == "pod-uid-2"
     assert cond(second.patch, "KVTransferVerified")["reason"] == "ProxyUnreachable"
+
+
+def test_probe_jobs_run_the_operator_image_the_shell_names() -> None:
+    image = "ghcr.io/pd-serving/pd-operator:0.1.0"
+    snap = snapshot(pods=[serving()], proxy=ProxyReport(status=proxy_status()), probe_image=image)
+    job = next(a.obj for a in decide.decide(snap).actions if isinstance(a, Create))
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == image

@@ -11,6 +11,12 @@ def test_namespaces_repeat_and_defaults() -> None:
     args = build_parser().parse_args(["--namespace", "a", "--namespace", "b"])
     assert args.namespace == ["a", "b"] and not args.all_namespaces
     assert (args.liveness_port, args.metrics_port, args.peering, args.standalone) == (8080, 9090, None, False)
+    assert args.probe_image is None  # probes then run each PDDeployment's runtime image
+
+
+def test_probe_image_is_the_operators() -> None:
+    args = build_parser().parse_args(["-A", "--probe-image", "ghcr.io/pd-serving/pd-operator:0.1.0"])
+    assert args.probe_image == "ghcr.io/pd-serving/pd-operator:0.1.0"
 
 
 def test_cluster_wide_with_peering() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pd_operator import layout, render
+from pd_operator import api, layout, render
 from pd_operator.commands import render as render_command
 from pd_operator.engine_cmd import engine_command, engine_containers
 from pd_operator.validation import validate_spec
@@ -419,11 +419,33 @@ def test_service_exposes_only_the_proxy_api_port() -> None:
 
 def test_network_policy_admits_api_from_anywhere_and_admin_from_the_operator() -> None:
     policy = render.network_policy(lay(spec_of("qwen3-235b-write.yaml")))
-    api_rule, admin_rule, self_rule = policy["spec"]["ingress"]
+    api_rule, admin_rule, metrics_rule, self_rule = policy["spec"]["ingress"]
     assert api_rule == {"ports": [{"port": 8000, "protocol": "TCP"}]}
     assert admin_rule["ports"] == [{"port": 8001, "protocol": "TCP"}]
     assert admin_rule["from"][0]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "pd-operator"}}
     assert self_rule["from"][0]["podSelector"]["matchLabels"] == policy["spec"]["podSelector"]["matchLabels"]
+    # Prometheus in namespace monitoring by default: the engines' vLLM /metrics (HTTP ports) and the proxy's
+    assert metrics_rule["from"] == [api.DEFAULT_METRICS_PEER]
+    assert [p["port"] for p in metrics_rule["ports"]] == [20005, 40005, 8001]
+
+
+def test_metrics_scrapers_are_configurable_and_can_be_none() -> None:
+    peer = {"namespaceSelector": {"matchLabels": {"team": "observability"}}}
+    custom = render.network_policy(lay(spec_of("simulated-2p1d.yaml", networkPolicy={"metricsFrom": [peer]})))
+    rule = next(r for r in custom["spec"]["ingress"] if r.get("from") == [peer])
+    engine_ports = [
+        port for e in lay(spec_of("simulated-2p1d.yaml")).engines for n, port in e.ports if n.endswith("-http")
+    ]
+    assert [p["port"] for p in rule["ports"]] == [*engine_ports, 8001] and len(engine_ports) == 3
+    closed = render.network_policy(lay(spec_of("simulated-write.yaml", networkPolicy={"metricsFrom": []})))
+    assert len(closed["spec"]["ingress"]) == 3
+
+
+def test_probe_job_runs_the_operator_image_when_given() -> None:
+    job = render.probe_job(
+        lay(spec_of("simulated-write.yaml")), "qwen-goodput-1", "ghcr.io/pd-serving/pd-operator:0.1.0"
+    )
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == "ghcr.io/pd-serving/pd-operator:0.1.0"
 
 
 def test_probe_job_runs_bench_against_the_service() -> None:

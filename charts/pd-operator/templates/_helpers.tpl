@@ -127,6 +127,8 @@ clusters) setting it needs update on the owner's finalizers; without this every 
 - --standalone
 {{- end }}
 - --liveness-port={{ .Values.liveness.port }}
+{{- /* The goodput probe Jobs run `pdctl bench` from this (small) image, not the ROCm runtime image. */}}
+- --probe-image={{ include "pd-operator.image" . }}
 {{- if .Values.metrics.enabled }}
 - --metrics-port={{ .Values.metrics.port }}
 {{- end }}

@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
         "default toleration; a shorter tolerationSeconds of the pod for those taints wins, one that "
         "tolerates them forever keeps the pod)",
     )
+    parser.add_argument(
+        "--probe-image",
+        default=None,
+        help="image of the goodput probe Jobs: the operator's own, which has `pdctl bench` (the chart sets it); "
+        "default: each PDDeployment's runtime image",
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     return parser
 
@@ -82,6 +88,7 @@ def main(argv: Sequence[str]) -> int:
         resync_seconds=args.resync_seconds,
         drift_repair_seconds=args.drift_repair_seconds,
         node_lost_grace_seconds=args.node_lost_grace_seconds,
+        probe_image=args.probe_image,
     )
     import kopf  # imported late: `pdctl crd` and `pdctl render` never pay for it
     from prometheus_client import start_http_server
