@@ -53,9 +53,12 @@ def parse_time(text: str | None) -> datetime | None:
         return None
 
 
+JOB_PREFIX_LENGTH = 40  # of the deployment's name in a probe Job's: the Job name is a label value too
+
+
 def job_name(deployment: str, now: datetime) -> str:
     """Unique per second, short enough for the job-name label (63 characters)."""
-    return f"{deployment[:40]}-goodput-{now.astimezone(UTC):%Y%m%d%H%M%S}"
+    return f"{deployment[:JOB_PREFIX_LENGTH]}-goodput-{now.astimezone(UTC):%Y%m%d%H%M%S}"
 
 
 # ---- jobs -------------------------------------------------------------------------------------------------

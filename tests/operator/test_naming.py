@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from pd_operator import goodput, layout, naming, render
+from pd_operator.commands.render import objects_for
 from pd_operator.crd import spec_schema
 from pd_operator.validation import validate_spec
 from tests.operator.conftest import EXAMPLES, load_example
@@ -69,3 +70,11 @@ def test_name_problems_name_the_broken_rules(name: str, broken: list[int]) -> No
 def test_crd_puts_the_rules_on_metadata_name() -> None:
     name = spec_schema()["properties"]["metadata"]["properties"]["name"]
     assert [r["rule"] for r in name["x-kubernetes-validations"]] == [r.cel for r in naming.NAME_RULES]
+
+
+def test_pdctl_render_gives_the_longest_name_a_valid_probe_job() -> None:
+    doc = load_example("simulated-write.yaml")
+    doc["metadata"]["name"] = LONGEST
+    doc["spec"]["goodputProbe"] = {"enabled": True}
+    [job] = [o for o in objects_for(doc, "ns") if o["kind"] == "Job"]
+    _check_object(job)

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from pd_operator import api, layout, naming, render
+from pd_operator import api, goodput, layout, naming, render
 from pd_operator.validation import SpecError, validate_spec
 
 EXIT_INVALID = 2
@@ -40,7 +40,7 @@ def objects_for(doc: Any, namespace: str | None) -> list[dict[str, Any]]:
     lay = layout.build(owner, spec)
     objs = render.children(lay).all
     if spec.goodput_probe.enabled:
-        objs.append(render.probe_job(lay, f"{name}-goodput-probe"))
+        objs.append(render.probe_job(lay, f"{name[: goodput.JOB_PREFIX_LENGTH]}-goodput-probe"))
     return objs
 
 
