@@ -695,6 +695,12 @@ def _mounts_ok(s: PodTemplateSpec) -> bool:
     return all(m.name in names and m.mount_path not in OWNED_MOUNT_PATHS for m in mounts)
 
 
+def _named_items(description: str, max_length: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """CRD schema of a list of objects with a required name (the only key CEL rules can read)."""
+    name = {"type": "string", "maxLength": max_length, "description": description}
+    return {"items": {"type": "object", "required": ["name"], "properties": {"name": name}, **(extra or {})}}
+
+
 def _template_refuses(field: str, why: str) -> Rule:
     attribute = to_snake(field)
     return Rule(
@@ -720,13 +726,7 @@ class PodTemplateSpec(ApiModel):
     image_pull_secrets: list[dict[str, Name]] = Field(
         default_factory=list,
         max_length=MAX_TEMPLATE_ENTRIES,
-        json_schema_extra={
-            "items": {
-                "type": "object",
-                "required": ["name"],
-                "properties": {"name": {"type": "string", "maxLength": 253, "description": "Secret name."}},
-            }
-        },
+        json_schema_extra=_named_items("Secret name.", 253),
         description="Secrets for pulling the images ({name: ...}), for the serving pod and the probe Job.",
     )
     service_account_name: Name | None = Field(
@@ -737,14 +737,7 @@ class PodTemplateSpec(ApiModel):
     volumes: list[dict[str, Any]] = Field(
         default_factory=list,
         max_length=MAX_TEMPLATE_ENTRIES,
-        json_schema_extra={
-            "items": {
-                "type": "object",
-                "required": ["name"],
-                "properties": {"name": {"type": "string", "maxLength": 63, "description": "Volume name."}},
-                "x-kubernetes-preserve-unknown-fields": True,
-            }
-        },
+        json_schema_extra=_named_items("Volume name.", 63, {"x-kubernetes-preserve-unknown-fields": True}),
         description="Extra pod volumes, as in a Pod spec (name plus one volume source); mount them with "
         "volumeMounts. The names models, tmp, dshm-* and pd-* are the operator's.",
     )
