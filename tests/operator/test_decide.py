@@ -244,6 +244,6 @@ def test_a_new_pod_uid_reaches_the_status() -> None:
 
 def test_probe_jobs_run_the_operator_image_the_shell_names() -> None:
     image = "ghcr.io/pd-serving/pd-operator:0.1.0"
-    snap = snapshot(pods=[serving()], proxy=ProxyReport(status=proxy_status()), probe_image=image)
+    snap = snapshot(pods=[serving()], proxies=one_proxy(status=proxy_status()), probe_image=image)
     job = next(a.obj for a in decide.decide(snap).actions if isinstance(a, Create))
     assert job["spec"]["template"]["spec"]["containers"][0]["image"] == image
