@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from pydantic.alias_generators import to_camel, to_snake
 from pydantic_core import PydanticCustomError
 
-from pd_operator import quantity
 from pd_operator.rules import (
     GPU_RANGE_MAX_LENGTH,
     Rule,
@@ -205,18 +204,6 @@ _ARGS_AND_ENV_RULES = (
     ),
 )
 
-_MEMORY_COVERS_SHM = Rule(
-    cel="!has(self.resources) || !has(self.resources.requests) || !('memory' in self.resources.requests) || "
-    "quantity(self.resources.requests.memory).compareTo(quantity(self.shmSize)) >= 0",
-    message="resources.requests.memory must be at least shmSize: the memory-backed /dev/shm is the "
-    "container's memory, and a smaller request lets the scheduler overcommit the node",
-    check=lambda s: (
-        "memory" not in s.resources.requests
-        or quantity.parse(s.resources.requests["memory"]) >= quantity.parse(s.shm_size)
-    ),
-    field_path=".resources.requests",
-)
-
 
 class EngineSettings(ApiModel):
     """What every vLLM engine of the deployment shares: GPUs, parallelism, batching, extra args."""
@@ -279,12 +266,7 @@ class EngineSettings(ApiModel):
         "32Gi", description="Size of the memory-backed /dev/shm emptyDir (tensor-parallel workers share memory)."
     )
 
-    _rules: ClassVar[tuple[Rule, ...]] = (
-        _GPUS_WELL_FORMED,
-        _GPUS_MATCH_PARALLELISM,
-        *_ARGS_AND_ENV_RULES,
-        _MEMORY_COVERS_SHM,
-    )
+    _rules: ClassVar[tuple[Rule, ...]] = (_GPUS_WELL_FORMED, _GPUS_MATCH_PARALLELISM, *_ARGS_AND_ENV_RULES)
 
     @property
     def rank_port_span(self) -> int:
@@ -393,7 +375,6 @@ class DisaggregatedRoleSpec(EngineSettings):
             field_path=".instances",
         ),
         *_ARGS_AND_ENV_RULES,
-        _MEMORY_COVERS_SHM,
     )
 
     def engine_instances(self) -> list[tuple[str, RolePorts]]:

@@ -73,10 +73,6 @@ def test_guaranteed_sets_every_limit_to_its_request() -> None:
     ("spec", "message"),
     [
         (
-            {"prefill": {"shmSize": "32Gi", "resources": {"requests": {"memory": "16Gi"}}}},
-            "spec.prefill.resources.requests: resources.requests.memory must be at least shmSize",
-        ),
-        (
             {"qosClass": "Guaranteed", "proxy": {"resources": {"limits": {"memory": "1Gi"}}}},
             "spec.qosClass: qosClass Guaranteed sets the CPU and memory limits to the requests",
         ),
