@@ -969,6 +969,25 @@ class GoodputProbeSpec(ApiModel):
     seed: int | None = Field(None, ge=0, le=2**31 - 1, description="Random seed of the arrivals and prompts.")
 
 
+class AutotuneSpec(ApiModel):
+    """Live autotuning: the operator tries the planner's best layouts for the probe's workload and keeps the best.
+
+    Each trial serves with one layout (the pod rolls as on a spec change) and measures it with one goodput
+    probe; the result is in status.autotune. `pdctl autotune accept NAME` writes the tuned layout into the spec.
+    """
+
+    enabled: bool = Field(
+        False, description="Try layouts for the goodputProbe workload (needs goodputProbe.enabled and replicas 1)."
+    )
+    max_trials: int = Field(
+        3,
+        ge=1,
+        le=8,
+        description="Layouts to try: the planner's best, and with 2 or more the best of the other kind "
+        "(colocated or disaggregated) among them.",
+    )
+
+
 # ---- the spec ---------------------------------------------------------------------------------------
 
 
@@ -1223,6 +1242,9 @@ class PDDeploymentSpec(ApiModel):
     goodput_probe: GoodputProbeSpec = Field(
         default_factory=GoodputProbeSpec, description="Goodput probes written to status.goodput."
     )
+    autotune: AutotuneSpec = Field(
+        default_factory=AutotuneSpec, description="Live autotuning of the layout with the goodput probe."
+    )
     termination_grace_period_seconds: int = Field(
         300, ge=0, le=86400, description="Time for in-flight requests and KV transfers to drain on deletion."
     )
@@ -1378,6 +1400,18 @@ class PDDeploymentSpec(ApiModel):
             ),
             field_path=".goodputProbe",
         ),
+        Rule(
+            cel="!self.autotune.enabled || self.replicas == 1",
+            message="autotune.enabled needs replicas 1 (trials roll the one serving pod)",
+            check=lambda s: not s.autotune.enabled or s.replicas == 1,
+            field_path=".autotune.enabled",
+        ),
+        Rule(
+            cel="!self.autotune.enabled || self.goodputProbe.enabled",
+            message="autotune.enabled needs goodputProbe.enabled (each trial is measured by a goodput probe)",
+            check=lambda s: not s.autotune.enabled or s.goodput_probe.enabled,
+            field_path=".autotune.enabled",
+        ),
     )
 
     @property
@@ -1456,7 +1490,7 @@ class Condition(ApiModel):
 
     type: Annotated[str, StringConstraints(min_length=1, max_length=64)] = Field(
         description="SpecValid, PrefillReady, DecodeReady, EngineReady, ProxyReady, Ready, KVTransferVerified, "
-        "GoodputMet, ChildrenAdmitted, NodeLost."
+        "GoodputMet, ChildrenAdmitted, NodeLost, Tuned."
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: Annotated[str, StringConstraints(max_length=128)] = Field("", description="CamelCase reason.")
@@ -1566,7 +1600,7 @@ class ProbeState(ApiModel):
 
     job_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(None, description="Running probe Job.")
     trigger: Annotated[str, StringConstraints(max_length=32)] | None = Field(
-        None, description="Why it runs: ready, interval or annotation."
+        None, description="Why it runs: ready, interval, annotation or autotune."
     )
     started_at: Timestamp | None = Field(None, description="When the running Job was created.")
     last_finished_at: Timestamp | None = Field(None, description="When the last probe finished.")
@@ -1576,6 +1610,44 @@ class ProbeState(ApiModel):
     last_error: Annotated[str, StringConstraints(max_length=4096)] | None = Field(
         None, description="Why the last probe produced no result."
     )
+
+
+LayoutName = Annotated[str, StringConstraints(max_length=64)]
+
+
+class AutotuneTrial(ApiModel):
+    """One layout tried by autotuning: what the planner predicted and what the goodput probe measured."""
+
+    layout: LayoutName = Field(description='Layout, in `pdctl plan` names: "2xTP4", "1P TP4 + 1D TP4".')
+    kind: Literal["colocated", "disaggregated"] = Field(description="Colocated or disaggregated.")
+    gpus: int = Field(ge=0, le=64, description="GPUs the layout uses.")
+    predicted_attainment: float = Field(ge=0, le=1, description="The planner's attainment at the probe's rate.")
+    attainment: float | None = Field(None, ge=0, le=1, description="Measured attainment (None: not measured yet).")
+    goodput: float | None = Field(
+        None, ge=0, description="Measured good requests per second: attainment x the probe's rate."
+    )
+    met: bool | None = Field(None, description="Whether the measured attainment met the target.")
+    time: Timestamp | None = Field(None, description="When the probe finished.")
+    error: Annotated[str, StringConstraints(max_length=1024)] | None = Field(
+        None, description="Why the trial has no measurement (the probe failed); it counts as attainment 0."
+    )
+
+
+class AutotuneStatus(ApiModel):
+    """Autotuning's progress: the trials in order, the layout in force and the tuned result."""
+
+    workload: Annotated[str, StringConstraints(max_length=256)] = Field(
+        "", description="The workload the trials are for; a change of it (goodputProbe, maxTrials) starts over."
+    )
+    trials: list[AutotuneTrial] = Field(
+        default_factory=list, max_length=8, description="Every trial, planned and measured, in the order run."
+    )
+    layout_in_force: LayoutName | None = Field(
+        None, description="The layout the serving pod runs: the current trial's, then the tuned one."
+    )
+    probing: LayoutName | None = Field(None, description="The layout the running probe Job measures for a trial.")
+    tuned: LayoutName | None = Field(None, description="The best measured layout, once every trial ran.")
+    message: Annotated[str, StringConstraints(max_length=1024)] = Field("", description="What autotuning does now.")
 
 
 class ReplicaStatus(ApiModel):
@@ -1648,12 +1720,13 @@ class PDDeploymentStatus(ApiModel):
         default_factory=list,
         max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-        description="SpecValid, role readiness, Ready, KVTransferVerified, GoodputMet, ChildrenAdmitted (False "
+        description="SpecValid, role readiness, Ready, KVTransferVerified, GoodputMet, Tuned, ChildrenAdmitted (False "
         "while the API server refuses a child: the object, the policy and the fields at fault), NodeLost (once the "
         "pod's node was not Ready).",
     )
     goodput: GoodputStatus | None = Field(None, description="Latest goodput probe result.")
     probe: ProbeState = Field(default_factory=ProbeState, description="Probe Job bookkeeping.")
+    autotune: AutotuneStatus | None = Field(None, description="Autotuning's trials and result (spec.autotune).")
 
 
 class PDDeployment(ApiModel):

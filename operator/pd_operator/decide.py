@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Literal
 
-from pd_operator import goodput, layout, observe, render
+from pd_operator import autotune, goodput, layout, observe, render
 from pd_operator.api import RUN_PROBE_ANNOTATION, GoodputStatus, PDDeploymentSpec, PDDeploymentStatus, ProbeState
 from pd_operator.layout import Layout
 from pd_operator.observe import Event, NodeTrouble, Observation, ProxyReport, ReplicaObservation
@@ -316,6 +316,7 @@ class ProbeContext:
     phase: str | None
     has_result: bool
     running_jobs: int
+    autotune: bool = False  # an autotuning trial waits for its measurement
 
 
 def _start(snap: Snapshot, spec: PDDeploymentSpec, lay: Layout, step: ProbeStep, ctx: ProbeContext) -> ProbeStep:
@@ -329,6 +330,7 @@ def _start(snap: Snapshot, spec: PDDeploymentSpec, lay: Layout, step: ProbeStep,
         has_result=ctx.has_result,
         running_jobs=ctx.running_jobs,
         now=snap.now,
+        autotune=ctx.autotune,
     )
     trigger = goodput.due(inputs)
     if trigger is None:
@@ -368,9 +370,10 @@ def proxy_urls(snap: Snapshot) -> dict[str, str]:
         spec = validate_spec(snap.deployment.spec)
     except SpecError:
         return {}
+    previous, live, owner = observe.parse(snap.deployment.status), _serving_pods(snap), _owner(snap.deployment)
+    spec = autotune.spec_in_force(spec, previous.autotune)
     if not spec.disaggregated:
         return {}
-    previous, live, owner = observe.parse(snap.deployment.status), _serving_pods(snap), _owner(snap.deployment)
     urls = {}
     for index in range(spec.replicas):
         pod = live.get(render.pod_name(owner, index))
@@ -398,11 +401,15 @@ def decide(snap: Snapshot) -> Decision:
         obs = Observation(generation=d.generation, now=now, spec=None, spec_problems=exc.problems, previous=previous)
         new = observe.status(obs)
         return _decision(d.status, new, [Emit(e) for e in observe.events(previous, new)])
+    tuning = autotune.begin(spec, previous.autotune)
+    measured = autotune.spec_in_force(spec, tuning.state)  # what a probe finishing now has measured
+    collected, running = _collect(snap, measured, layout.build(_owner(d), measured), previous.probe)
+    tuning = _trial_result(tuning, previous.probe, collected, now, spec)
+    spec = autotune.spec_in_force(spec, tuning.state)
     lay = layout.build(_owner(d), spec)
     children = render.children(lay)
     repairs: list[Action] = [Apply(obj) for obj in children.applied] if snap.repair_children else []
     serving = _serving_step(snap, spec, lay, children.pods, previous)
-    collected, running = _collect(snap, spec, lay, previous.probe)
     obs = Observation(
         generation=d.generation,
         now=now,
@@ -414,10 +421,26 @@ def decide(snap: Snapshot) -> Decision:
         goodput=collected.goodput,
         refusals=tuple(_refusal(key, failure) for key, failure in snap.failed.items()),
         children_written=snap.repair_children,
+        autotune=tuning.state,
     )
     observed = observe.status(obs)
-    ctx = ProbeContext(observed.phase, observed.goodput is not None, running)
+    ctx = ProbeContext(observed.phase, observed.goodput is not None, running, autotune.probe_due(tuning.state))
     probe = _start(snap, spec, lay, collected, ctx)
-    new = observed.model_copy(update={"probe": probe.probe})
-    events = [Emit(e) for e in observe.events(previous, new)]
+    update: Obj = {"probe": probe.probe}
+    started = probe.probe.job_name != collected.probe.job_name
+    if tuning.state is not None and started and probe.probe.trigger == "autotune":
+        update["autotune"] = tuning.state.model_copy(update={"probing": tuning.state.layout_in_force})
+    new = observed.model_copy(update=update)
+    events = [Emit(e) for e in (*tuning.events, *observe.events(previous, new))]
     return _decision(d.status, new, [*repairs, *serving.actions, *probe.actions, *events])
+
+
+def _trial_result(
+    tuning: autotune.Step, before: ProbeState, collected: ProbeStep, now: str, spec: PDDeploymentSpec
+) -> autotune.Step:
+    """The probe Job of an autotuning trial finished: record its result (or its failure) in the trial."""
+    state = tuning.state
+    if state is None or state.probing is None or before.job_name is None or collected.probe.job_name is not None:
+        return tuning
+    step = autotune.record(state, collected.goodput, collected.probe.last_error, now, spec.goodput_probe.slo.target)
+    return autotune.Step(step.state, (*tuning.events, *step.events))

@@ -3,8 +3,9 @@
 A probe is a Job running ``pdctl bench ... --result-file /dev/termination-log``; the kubelet copies that
 file (at most 4 KiB) into the pod's termination message, which is where the operator reads the summary
 (schema ``pd.serving.dev/bench-summary/v1``). Probes never overlap (at most one Job per deployment) and
-start only while the deployment is Ready: first once it becomes Ready, then every interval, and on demand
-when the user sets or changes the ``pd.serving.dev/run-goodput-probe`` annotation.
+start only while the deployment is Ready: first once it becomes Ready, then every interval, on demand
+when the user sets or changes the ``pd.serving.dev/run-goodput-probe`` annotation, and for each
+autotuning trial (before any other reason: a trial's layout is in force only to be measured).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pd_operator.views import PodView
 
 SUMMARY_SCHEMA = "pd.serving.dev/bench-summary/v1"
 Obj = dict[str, Any]
-Trigger = Literal["ready", "interval", "annotation"]
+Trigger = Literal["ready", "interval", "annotation", "autotune"]
 
 
 class SummaryError(ValueError):
@@ -147,12 +148,15 @@ class ProbeInputs:
     has_result: bool
     running_jobs: int
     now: datetime
+    autotune: bool = False  # an autotuning trial waits for its measurement
 
 
 def due(inputs: ProbeInputs) -> Trigger | None:
     """Why a probe should start now, or None. Never while one runs or while not Ready."""
     if not inputs.spec.goodput_probe.enabled or inputs.running_jobs or inputs.phase != "Ready":
         return None
+    if inputs.autotune:
+        return "autotune"
     requested = inputs.annotations.get(RUN_PROBE_ANNOTATION)
     if requested is not None and requested != inputs.probe.last_annotation:
         return "annotation"

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pd_operator.api import (
+    AutotuneStatus,
     Condition,
     ConditionStatus,
     GoodputStatus,
@@ -118,6 +119,7 @@ class Observation:
     goodput: GoodputStatus | None = None  # a fresh probe result; None keeps the previous one
     refusals: Sequence[Refusal] = ()  # child writes the API server refused this time
     children_written: bool = True  # every applied child was written this time (drift repair)
+    autotune: AutotuneStatus | None = None  # autotuning's state (spec.autotune), as decided this time
 
 
 @dataclass(frozen=True)
@@ -400,6 +402,20 @@ def goodput_condition(spec: PDDeploymentSpec, goodput: GoodputStatus | None) -> 
     return condition(kind, goodput.met, "TargetMet" if goodput.met else "TargetMissed", message)
 
 
+def tuned_conditions(spec: PDDeploymentSpec, state: AutotuneStatus | None) -> list[Condition]:
+    """Tuned, only with spec.autotune.enabled (False while trials run, True once the best is in force)."""
+    return [_tuned(state)] if spec.autotune.enabled else []
+
+
+def _tuned(state: AutotuneStatus | None) -> Condition:
+    kind = "Tuned"
+    if state is None or not state.trials:
+        return condition(kind, False, "NoTrials", state.message if state else "planning the trials")
+    if state.tuned is None:
+        return condition(kind, False, "Trialing", state.message)
+    return condition(kind, True, "Tuned", state.message)
+
+
 def _with_transition_times(
     new: list[Condition], old: Sequence[Condition], now: str, generation: int
 ) -> list[Condition]:
@@ -532,7 +548,7 @@ def status(obs: Observation) -> PDDeploymentStatus:
     conds = [condition("SpecValid", True, "Valid", "the spec passed validation"), *role_conds]
     phase, message = _summary_phase(per, obs.surplus)
     conds.append(condition("Ready", phase == "Ready", phase, "serving" if phase == "Ready" else "not serving"))
-    conds += [kv, goodput_condition(spec, goodput), children_condition(obs)]
+    conds += [kv, goodput_condition(spec, goodput), children_condition(obs), *tuned_conditions(spec, obs.autotune)]
     if (node_lost := node_lost_condition(obs, phase)) is not None:
         conds.append(node_lost)
     current = all(f.status.current for f in per)
@@ -559,6 +575,7 @@ def status(obs: Observation) -> PDDeploymentStatus:
             "gpu_assignment": gpu_assignment(layout),
             "conditions": _with_transition_times(conds, obs.previous.conditions, obs.now, obs.generation),
             "goodput": goodput,
+            "autotune": obs.autotune,
             "observed_generation": obs.generation if current else obs.previous.observed_generation,
         }
     )

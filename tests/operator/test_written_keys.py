@@ -120,6 +120,7 @@ def variants(spec: Obj) -> Iterator[Obj]:
         {"kvTransfer": {"rdma": {"resourceName": "rdma/hca", "hostNetwork": True}}},
         {"simulation": {"reserveGpus": True}},
         {"replicas": 3, "rollout": {"maxUnavailable": 2}},
+        {"autotune": {"enabled": True, "maxTrials": 2}, "goodputProbe": {"enabled": True}},
     ]
     for change in changes:
         doc = copy.deepcopy(spec)
