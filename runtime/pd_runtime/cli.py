@@ -34,6 +34,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "render": Subcommand(
         "pd_operator.commands.render", "print every object the operator would create for a file", "api"
     ),
+    "autotune": Subcommand(
+        "pd_operator.commands.autotune", "pin a PDDeployment's tuned layout into its spec (accept NAME)", "operator"
+    ),
     "proxy": Subcommand("pd_runtime.proxy.cli", "run the MoRI-IO prefill/decode proxy", "proxy"),
     "sim-engine": Subcommand(
         "pd_runtime.sim.cli", "run a simulated vLLM engine (MoRI-IO protocol, timing model)", "sim"
