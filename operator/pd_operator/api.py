@@ -964,6 +964,11 @@ class GoodputProbeSpec(ApiModel):
     output_tokens: int = Field(1000, ge=1, le=1048576, description="Output length in tokens (seed: 1000).")
     slo: SloSpec = Field(default_factory=SloSpec, description="Latency SLO and attainment target.")
     search: bool = Field(False, description="Also search the highest rate meeting the target (goodput rate).")
+    ignore_eos: bool = Field(
+        True,
+        description="Every reply has exactly outputTokens tokens; false: replies end at the model's EOS (at most "
+        "outputTokens), as the seed's `vllm bench serve` without --ignore-eos (`pdctl bench --no-ignore-eos`).",
+    )
     interval_seconds: int = Field(3600, ge=60, le=604800, description="Seconds between periodic probes.")
     timeout_seconds: int = Field(1800, ge=30, le=86400, description="activeDeadlineSeconds of the probe Job.")
     seed: int | None = Field(None, ge=0, le=2**31 - 1, description="Random seed of the arrivals and prompts.")

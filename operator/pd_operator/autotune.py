@@ -54,6 +54,7 @@ def demand(spec: PDDeploymentSpec) -> Demand:
         target=g.slo.target,
         requests=PLAN_REQUESTS,
         seeds=PLAN_SEEDS,
+        ignore_eos=g.ignore_eos,
     )
 
 
@@ -62,7 +63,7 @@ def workload_key(spec: PDDeploymentSpec) -> str:
     g = spec.goodput_probe
     return (
         f"{spec.model} {g.rate:g} req/s {g.prompt_tokens}/{g.output_tokens} tokens "
-        f"TTFT {g.slo.ttft_ms:g} ms ITL {g.slo.itl_ms:g} ms target {g.slo.target:g} "
+        f"TTFT {g.slo.ttft_ms:g} ms ITL {g.slo.itl_ms:g} ms target {g.slo.target:g}{'' if g.ignore_eos else ' EOS'} "
         f"on {spec.node.gpus_per_node} GPUs, {spec.autotune.max_trials} trials"
     )[:256]
 

@@ -313,6 +313,8 @@ def bench_command(spec: PDDeploymentSpec, url: str) -> list[str]:
     ]
     if g.search:
         cmd.append("--search")
+    if not g.ignore_eos:
+        cmd.append("--no-ignore-eos")
     if g.seed is not None:
         cmd += ["--seed", str(g.seed)]
     return [*cmd, "--quiet", "--result-file", TERMINATION_LOG]

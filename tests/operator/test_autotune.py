@@ -11,6 +11,7 @@ import pytest
 from pd_operator import autotune, decide, layout, render
 from pd_operator.api import AutotuneStatus, AutotuneTrial, GoodputStatus, ProbeSlo
 from pd_operator.decide import Create, Delete
+from pd_operator.engine_cmd import bench_command
 from pd_operator.goodput import goodput_status
 from pd_operator.observe import wire
 from pd_operator.validation import SpecError, validate_spec
@@ -18,9 +19,10 @@ from tests.operator.podfacts import finished_job, proxy_status, running_pod, sum
 from tests.operator.test_decide import T0, cond, merged, one_proxy, snapshot
 
 MODEL = "Qwen/Qwen3-235B-A22B-FP8"
-SEED_PROBE = {"enabled": True, "rate": 8, "promptTokens": 2000, "outputTokens": 1000}
+# The seed's workload: `vllm bench serve` without --ignore-eos (replies end at the model's EOS).
+SEED_PROBE = {"enabled": True, "rate": 8, "promptTokens": 2000, "outputTokens": 1000, "ignoreEos": False}
 RDMA = {"resourceName": "rdma/hca_shared_devices_a"}
-SHORT_PROBE = {"enabled": True, "rate": 0.5, "promptTokens": 200, "outputTokens": 100}
+SHORT_PROBE = {"enabled": True, "rate": 0.5, "promptTokens": 200, "outputTokens": 100, "ignoreEos": False}
 
 
 def tuned_spec(probe: dict[str, Any] = SEED_PROBE, trials: int = 2, **more: Any) -> dict[str, Any]:
@@ -77,6 +79,17 @@ def test_plan_tries_colocated_first_at_half_a_request_per_second_with_short_outp
     trials = autotune.plan_trials(validate_spec(tuned_spec(SHORT_PROBE)))
     assert [t.kind for t in trials] == ["colocated", "disaggregated"]
     assert trials[0].predicted_attainment >= 0.9 and trials[1].predicted_attainment >= 0.9
+
+
+def test_the_probe_s_eos_setting_reaches_the_plan_and_the_bench() -> None:
+    """With every reply at 1000 tokens the decode batches stay in step and 2xTP4 meets the SLO at 8 req/s
+    (simulated); with EOS-ended replies it does not. The probe measures what the plan priced."""
+    fixed = validate_spec(tuned_spec({**SEED_PROBE, "ignoreEos": True}))
+    assert autotune.demand(fixed).ignore_eos and autotune.plan_trials(fixed)[0].kind == "colocated"
+    eos = validate_spec(tuned_spec())
+    assert not autotune.demand(eos).ignore_eos
+    assert "--no-ignore-eos" in bench_command(eos, "http://x") and "--no-ignore-eos" not in bench_command(fixed, "x")
+    assert autotune.workload_key(eos) != autotune.workload_key(fixed)
 
 
 def test_simulated_engines_plan_in_model_time() -> None:
