@@ -177,15 +177,22 @@ class _Engine:
 
 
 def simulate(
-    profile: Profile, topology: Topology, workload: Workload, lengths: list[int] | None = None
+    profile: Profile,
+    topology: Topology,
+    workload: Workload,
+    lengths: list[int] | None = None,
+    arrivals: list[float] | None = None,
 ) -> list[RequestResult]:
     """Run one open-loop stage and return each request's client-side token times.
 
     ``lengths`` overrides the output length of each request (e.g. the EOS positions a live engine
     drew for the same prompts), so a live run and the simulation can be compared request by request.
+    ``arrivals`` overrides the send times (e.g. one arrival pattern scaled to several rates, as
+    `vllm bench serve` draws it at every rate from the same ``--seed``).
     """
     rng = random.Random(f"{workload.seed}/{workload.rate!r}")
-    arrivals = poisson_arrivals(workload.rate, workload.requests, rng, workload.rescaled)
+    drawn_arrivals = poisson_arrivals(workload.rate, workload.requests, rng, workload.rescaled)
+    arrivals = drawn_arrivals if arrivals is None else arrivals
     eos_mean = 0.0 if workload.ignore_eos else profile.eos_mean_tokens
     drawn = [eos_length(eos_mean, workload.output_tokens, rng) for _ in arrivals]
     lengths = drawn if lengths is None else lengths
@@ -304,3 +311,25 @@ def seed_workload(rate: float = SEED_RATE, seed: int = 0) -> Workload:
 def good_count(profile: Profile, name: str, rate: float, seed: int) -> int:
     results = simulate(profile, SEED_TOPOLOGIES[name], seed_workload(rate, seed))
     return sum(r.good(SEED_TTFT_SLO_S, SEED_ITL_SLO_S) for r in results)
+
+
+# `vllm bench serve` seeds its generator once (--seed, default 0) and draws the gaps as gamma variates
+# scaled by 1/rate, then normalises them to end at requests/rate: a sweep that keeps the seed sends one
+# arrival pattern at every rate, stretched. The seed's Figure 4 is such a sweep (its figure 3 shows the
+# same TTFT bursts at the same request numbers in all four configurations). This is the pattern, among
+# patterns 0-799, whose per-request TTFTs at 8 req/s come closest to the seed's figure 3 (write and read;
+# `benchmarks/calibrate_sim.py pattern`, docs/simulator.md "Attainment vs rate").
+SEED_ARRIVAL_PATTERN = 591
+
+
+def pattern_run(profile: Profile, name: str, rate: float, pattern: int = SEED_ARRIVAL_PATTERN) -> list[RequestResult]:
+    """One stage of a sweep that replays arrival pattern ``pattern`` (and its EOS positions) at ``rate``."""
+    workload = seed_workload(rate, pattern)
+    unit = poisson_arrivals(1.0, workload.requests, random.Random(f"{pattern}/pattern"), rescaled=True)
+    rng = random.Random(f"{pattern}/lengths")
+    lengths = [eos_length(profile.eos_mean_tokens, workload.output_tokens, rng) for _ in unit]
+    return simulate(profile, SEED_TOPOLOGIES[name], workload, lengths, [t / rate for t in unit])
+
+
+def pattern_good_count(profile: Profile, name: str, rate: float, pattern: int = SEED_ARRIVAL_PATTERN) -> int:
+    return sum(r.good(SEED_TTFT_SLO_S, SEED_ITL_SLO_S) for r in pattern_run(profile, name, rate, pattern))
