@@ -35,7 +35,9 @@ class PageReport:
 
 
 async def open_page(path: Path, expression: str, timeout_s: float = 60.0) -> PageReport:
-    with tempfile.TemporaryDirectory() as profile:
+    # Chromium's helper processes can still write into the profile after the browser exits: a leftover
+    # file there must not turn a passing page check into an error
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         args = [
             chromium_binary(), "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
             "--disable-extensions", f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank",
