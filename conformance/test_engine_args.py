@@ -68,7 +68,8 @@ def test_vllm_serve_parses_the_rendered_command_as_meant(case: EngineCase) -> No
         return
     kv = parsed.kv_transfer
     assert kv is not None and connector_is_registered(kv.kv_connector), kv.kv_connector
-    role = "kv_producer" if case.name.endswith("prefill") else "kv_consumer"
+    container = case.name.rpartition("/")[2]  # prefill, or prefill-0, prefill-1 with several engines
+    role = "kv_producer" if container.partition("-")[0] == "prefill" else "kv_consumer"
     assert kv.kv_role == role and kv.is_kv_producer == (role == "kv_producer")
     assert kv.kv_connector_extra_config == rendered_extra_config(case)
     assert int(kv.kv_connector_extra_config["http_port"]) == parsed.args.port
