@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from e2e import devices, podspec
+from e2e import configmaps, devices, podspec
 from e2e.devices import Allocation, AllocationError, DeviceManager, NodeDevices
 from e2e.kubeapi import ApiError, KubeClient
 from e2e.netns import PodNetwork
@@ -135,6 +135,7 @@ class PodWorker:
         self._admission_error = ""
         self._main: asyncio.Task[None] | None = None
         self._writer: asyncio.Task[None] | None = None
+        self._refresher: asyncio.Task[None] | None = None
         root = ctx.pods_dir / f"{self.namespace}_{self.name}_{self.uid[:8]}"
         self.sandbox = PodSandbox(root, ctx.mount_points, ctx.node_devices.root)
 
@@ -219,10 +220,18 @@ class PodWorker:
                 plans = podspec.plan_volumes(self.pod, refs, self._facts())
                 await self.sandbox.create_volumes(plans, self._fetch_token)
                 self._refs = refs
+                self._start_volume_refresh()
                 return
             except (ConfigError, ApiError) as err:
                 self._config_error(str(err))
                 await asyncio.sleep(2)
+
+    def _start_volume_refresh(self) -> None:
+        """Mounted ConfigMaps and Secrets follow their objects, as the kubelet's periodic sync does."""
+        refresher = configmaps.VolumeRefresher(
+            self._fetch_refs, lambda refs: podspec.plan_volumes(self.pod, refs, self._facts()), self.sandbox.volumes
+        )
+        self._refresher = asyncio.create_task(refresher.run(), name=f"volumes {self.name}")
 
     def _config_error(self, message: str) -> None:
         for c in [*self.inits, *self.containers]:
@@ -470,7 +479,7 @@ class PodWorker:
         if grace > 0 and self.inits + self.containers:
             self._event("Killing", "Stopping containers")
         await asyncio.gather(*(self._terminate(c, grace) for c in [*self.inits, *self.containers]))
-        for task in [self._main, *self._tasks]:
+        for task in [self._main, *self._tasks, self._refresher]:
             if task is not None and not task.done():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from e2e import devices
+from e2e import configmaps, devices
 from e2e.devices import Allocation, ContainerView, NodeDevices
 from e2e.podspec import ConfigError, MountPlan, VolumePlan
 
@@ -86,6 +86,11 @@ class PodSandbox:
         self._tmpfs: list[Path] = []
 
     @property
+    def volumes(self) -> dict[str, Path]:
+        """Materialized volumes by name (their host directories)."""
+        return self._volumes
+
+    @property
     def hosts_file(self) -> Path:
         return self.root / "hosts"
 
@@ -116,11 +121,8 @@ class PodSandbox:
             size = f",size={plan.size_bytes}" if plan.size_bytes else ""
             await _run("mount", "-t", "tmpfs", "-o", f"mode=1777{size}", f"pd-e2e-{plan.name}", str(path))
             self._tmpfs.append(path)
-        for item in plan.files:
-            target = path / item.path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(item.content)
-            target.chmod(item.mode)
+        if plan.kind == "files":
+            configmaps.write_atomic(path, plan.files)  # the kubelet's layout, so updates can swap in
         for audience, expiration_s, rel in plan.token_requests:
             target = path / rel
             target.parent.mkdir(parents=True, exist_ok=True)
