@@ -40,7 +40,7 @@ async def test_health_ready_and_status_follow_contract_3(pd_setup: SetupFactory)
     assert (await _get_json(setup.client, setup.url + "/ready"))[0] == 200
 
     _, doc = await _get_json(setup.client, setup.admin_url + "/status")
-    assert set(doc) == {"mode", "transfer_mode", "policy", "instances", "counts", "last_transfer", "canary"}
+    assert set(doc) == {"mode", "transfer_mode", "policy", "instances", "counts", "last_transfer", "canary", "config"}
     assert doc["mode"] == "disaggregated" and doc["transfer_mode"] == "write"
     assert doc["last_transfer"] is None
     assert doc["canary"] == {"enabled": False, "ok": None, "at": None, "error": None}

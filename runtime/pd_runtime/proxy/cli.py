@@ -15,14 +15,12 @@ from typing import Any
 import zmq
 
 from pd_runtime import eventloop
-from pd_runtime.proxy.config import ProxyConfig, Timeouts
+from pd_runtime.proxy.config import TIMEOUT_SUFFIX, ProxyConfig, Timeouts, flag_fields, flag_name
 from pd_runtime.proxy.logs import configure
 from pd_runtime.proxy.registry import static_engine
 from pd_runtime.proxy.server import ProxyServer
 
 log = logging.getLogger(__name__)
-
-TIMEOUT_SUFFIX = "-timeout"  # Timeouts.connect is --connect-timeout
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,24 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _flag_fields(cls: type) -> list[dataclasses.Field[Any]]:
-    """The fields of a settings dataclass that are flags (secrets come from env vars, groups nest)."""
-    return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
-
-
-def _flag(item: dataclasses.Field[Any], suffix: str) -> str:
-    name: str = item.metadata["flag"] or "--" + item.name.removesuffix("_s").replace("_", "-") + suffix
-    return name
-
-
 def _dest(item: dataclasses.Field[Any], suffix: str) -> str:
-    return _flag(item, suffix)[2:].replace("-", "_")
+    return flag_name(item, suffix)[2:].replace("-", "_")
 
 
 def _add_fields(parser: argparse.ArgumentParser, cls: type, defaults: Any, suffix: str) -> None:
     """One flag per documented field of a settings dataclass, its default and help taken from the field."""
     hints = typing.get_type_hints(cls)
-    for item in _flag_fields(cls):
+    for item in flag_fields(cls):
         meta = item.metadata
         kind, choices = _flag_type(hints[item.name])
         default = getattr(defaults, item.name)
@@ -65,7 +53,7 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type, defaults: Any, suffi
         kwargs: dict[str, Any] = {"dest": _dest(item, suffix), "help": meta["help"] + shown}
         if choices is None:
             kwargs["metavar"] = meta["metavar"] or ("SECONDS" if suffix else item.name.removesuffix("_s").upper())
-        flag = _flag(item, suffix)
+        flag = flag_name(item, suffix)
         if kind is tuple:
             parser.add_argument(flag, action="append", default=list(default), **kwargs)
         else:
@@ -89,7 +77,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Proxy
     values = vars(args)
 
     def settings(cls: type, suffix: str) -> dict[str, Any]:
-        return {f.name: values[_dest(f, suffix)] for f in _flag_fields(cls)}
+        return {f.name: values[_dest(f, suffix)] for f in flag_fields(cls)}
 
     top = settings(ProxyConfig, "")
     top["engines"] = tuple(top["engines"])
@@ -111,6 +99,8 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             parser.error(str(exc))
     if not args.registration_address.startswith(("tcp://", "ipc://")):
         parser.error("--registration-address wants tcp://HOST:PORT (or ipc://PATH)")
+    if args.kv_wait_limit is not None and args.kv_wait_timeout > args.kv_wait_limit:
+        parser.error(f"--kv-wait-timeout {args.kv_wait_timeout:g} is above --kv-wait-limit {args.kv_wait_limit:g}")
 
 
 async def serve(config: ProxyConfig) -> None:

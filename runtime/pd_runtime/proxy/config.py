@@ -1,13 +1,15 @@
 """The proxy's settings: one frozen value built by the CLI (or by tests), read everywhere else.
 
 Each setting is declared once, here: its default and its help text. ``pdctl proxy`` generates its
-flags from these fields (``cli.build_parser``), so a default cannot drift between the two.
+flags from these fields (``cli.build_parser``), so a default cannot drift between the two. Fields marked
+``reload=True`` may also come from the settings file (``--config-file``, the operator's ConfigMap) and
+change while the proxy runs (``reload.py``); the others need a restart.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import Field, dataclass, field, fields
 from typing import Any, Literal
 
 from pd_runtime.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
@@ -28,12 +30,32 @@ NoKvFallback = Literal["prefill", "error"]
 DEFAULT_KV_WAIT_S = DEFAULT_DEFER_TIMEOUT_S + DEFAULT_TRANSFER_TIMEOUT_S + KV_WAIT_MARGIN_S
 
 
+TIMEOUT_SUFFIX = "-timeout"  # Timeouts.connect is --connect-timeout
+
+
 def flag(
-    help: str, *, name: str | None = None, parse: Callable[[str], Any] | None = None, metavar: str | None = None
+    help: str,
+    *,
+    name: str | None = None,
+    parse: Callable[[str], Any] | None = None,
+    metavar: str | None = None,
+    reload: bool = False,
 ) -> dict[str, Any]:
     """Field metadata for the setting's ``pdctl proxy`` flag: ``name`` defaults to ``--a-b`` for field
-    ``a_b`` (without a ``_s`` unit suffix), ``parse`` to the field's type."""
-    return {"help": help, "flag": name, "parse": parse, "metavar": metavar}
+    ``a_b`` (without a ``_s`` unit suffix), ``parse`` to the field's type; ``reload``: the settings file
+    may change it while the proxy runs."""
+    return {"help": help, "flag": name, "parse": parse, "metavar": metavar, "reload": reload}
+
+
+def flag_fields(cls: type) -> list[Field[Any]]:
+    """The fields of a settings dataclass that are flags (secrets come from env vars, groups nest)."""
+    return [f for f in fields(cls) if "help" in f.metadata]
+
+
+def flag_name(item: Field[Any], suffix: str = "") -> str:
+    """``--name`` of a field's flag; the settings file uses the same name without the dashes."""
+    name: str = item.metadata["flag"] or "--" + item.name.removesuffix("_s").replace("_", "-") + suffix
+    return name
 
 
 @dataclass(frozen=True)
@@ -42,31 +64,41 @@ class Timeouts:
     at a slow 200 ms per token is 200 s of streaming, but only the gap between chunks is bounded once it
     has started."""
 
-    connect: float = field(default=5.0, metadata=flag("connecting to an engine", parse=positive_float))
+    connect: float = field(default=5.0, metadata=flag("connecting to an engine", parse=positive_float, reload=True))
     prefill: float = field(
-        default=300.0, metadata=flag("whole prefill leg (queueing + a long prompt)", parse=positive_float)
+        default=300.0, metadata=flag("whole prefill leg (queueing + a long prompt)", parse=positive_float, reload=True)
     )
     first_byte: float = field(
         default=300.0,
-        metadata=flag("streaming decode: until the first body byte (write mode waits for P too)", parse=positive_float),
+        metadata=flag(
+            "streaming decode: until the first body byte (write mode waits for P too)",
+            parse=positive_float,
+            reload=True,
+        ),
     )
     kv_wait: float = field(
         default=DEFAULT_KV_WAIT_S,
         metadata=flag(
             "streaming decode: until the first body byte, counted from prefill's answer; past the engines' "
             f"defer_timeout + transfer_timeout (+ {KV_WAIT_MARGIN_S:g} s) the KV can no longer come (the operator "
-            "derives it)",
+            "derives it; at most --kv-wait-limit)",
             parse=positive_float,
+            reload=True,
         ),
     )
     idle: float = field(
-        default=60.0, metadata=flag("streaming decode: longest gap between two chunks", parse=positive_float)
+        default=60.0,
+        metadata=flag("streaming decode: longest gap between two chunks", parse=positive_float, reload=True),
     )
     response: float = field(
         default=1800.0,
-        metadata=flag("non-streaming decode: whole response (the engine answers only when done)", parse=positive_float),
+        metadata=flag(
+            "non-streaming decode: whole response (the engine answers only when done)",
+            parse=positive_float,
+            reload=True,
+        ),
     )
-    health: float = field(default=5.0, metadata=flag("one /health probe", parse=positive_float))
+    health: float = field(default=5.0, metadata=flag("one /health probe", parse=positive_float, reload=True))
 
 
 @dataclass(frozen=True)
@@ -91,7 +123,8 @@ class ProxyConfig:
         default="round_robin",
         metadata=flag(
             "how engines are picked: round_robin, least_outstanding (fewest in flight from this proxy), least_load "
-            "(the engines' own queue depth and KV-cache usage from their /metrics, see --load-interval)"
+            "(the engines' own queue depth and KV-cache usage from their /metrics, see --load-interval)",
+            reload=True,
         ),
     )
     heartbeat_ttl_s: float | None = field(
@@ -116,7 +149,9 @@ class ProxyConfig:
     )
     max_tokens_policy: MaxTokensPolicy = field(
         default="exact",
-        metadata=flag("decode-leg token limit: exact = the client's, decrement = minus 1 like vLLM's toy proxy"),
+        metadata=flag(
+            "decode-leg token limit: exact = the client's, decrement = minus 1 like vLLM's toy proxy", reload=True
+        ),
     )
     max_tokens_limit: int = field(
         default=1_000_000, metadata=flag("reject larger max_tokens with 400", parse=positive_int)
@@ -126,7 +161,8 @@ class ProxyConfig:
         metadata=flag(
             "when prefill answers without usable kv_transfer_params and did not finish the request itself: "
             "prefill = serve it on the prefill engine as a plain request, error = answer 502. Never decode: "
-            "vLLM < 0.32 (write) / 0.33 (read) treats every decode request as a remote prefill"
+            "vLLM < 0.32 (write) / 0.33 (read) treats every decode request as a remote prefill",
+            reload=True,
         ),
     )
     max_body_bytes: int = field(
@@ -159,3 +195,23 @@ class ProxyConfig:
         default=30.0, metadata=flag("seconds to let streams finish on SIGTERM", parse=non_negative_float)
     )
     backlog: int = field(default=4096, metadata=flag("listen backlog of the API and admin sockets", parse=positive_int))
+    config_file: str | None = field(
+        default=None,
+        metadata=flag(
+            'JSON file of reloadable settings (flag names without dashes, e.g. {"policy": ...}); read at start and '
+            "whenever its content changes; keys it lacks keep their flag values",
+            metavar="PATH",
+        ),
+    )
+    config_poll_interval_s: float = field(
+        default=2.0, metadata=flag("seconds between checks of --config-file for a change", parse=positive_float)
+    )
+    kv_wait_limit_s: float | None = field(
+        default=None,
+        metadata=flag(
+            "the engines' defer_timeout + transfer_timeout + margin: a --kv-wait-timeout above it is refused, at "
+            "start and on reload (the operator renders it from the engines' settings)",
+            parse=positive_float,
+            metavar="SECONDS",
+        ),
+    )

@@ -129,6 +129,17 @@ class ProxyMetrics:
         self.last_transfer = Gauge(
             "pd_proxy_last_transfer_timestamp_seconds", "Unix time of the last verified P->D transfer", registry=r
         )
+        self.config_reloads = Counter(
+            "pd_proxy_config_reloads",
+            "Contents of the settings file (--config-file) evaluated, by result: applied, refused",
+            ["result"],
+            registry=r,
+        )
+        self.config_refused = Gauge(
+            "pd_proxy_config_refused",
+            "1 while the settings file's content is refused (the previous settings stay)",
+            registry=r,
+        )
         r.register(_RegistryCollector(registry, clock))
         self._request_counts: dict[tuple[str, str], Any] = {}
 

@@ -29,8 +29,10 @@ from pd_runtime.proxy.legs import Endpoint, parse_client_request
 from pd_runtime.proxy.listener import Housekeeping, RegistrationListener
 from pd_runtime.proxy.metrics import ProxyMetrics
 from pd_runtime.proxy.registry import Registry, static_engine
+from pd_runtime.proxy.reload import ReloadState
 from pd_runtime.proxy.routing import Router
 from pd_runtime.proxy.status import build_status
+from pd_runtime.proxy.watcher import SettingsWatcher
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +78,14 @@ def _listen(host: str, port: int, backlog: int) -> socket.socket:
 
 class ProxyServer:
     def __init__(self, config: ProxyConfig) -> None:
-        self.config = config
         static = [static_engine(url) for url in config.engines]
         self.registry = Registry(
             config.mode, config.transfer_mode, config.heartbeat_ttl_s, static, config.load_interval_s
         )
         self.metrics = ProxyMetrics(self.registry)
+        self.watcher = SettingsWatcher(config, self.metrics) if config.config_file else None
+        config = self.watcher.initial() if self.watcher else config
+        self.config = config
         self.core = ProxyCore(config, self.registry, Router(config.policy), self.metrics)
         self.listener = RegistrationListener(config.registration_address, self.registry, self.metrics)
         self.canary: Canary | None = None
@@ -110,6 +114,8 @@ class ProxyServer:
         self.listener.on_added = self.housekeeping.probe_soon
         self.canary = Canary(self.core, self.config)
         self.canary.start()
+        if self.watcher is not None:
+            self.watcher.start(self.reconfigure)
         sock = _listen(self.config.host, self.config.port, self.config.backlog)
         self._api = ApiServer(self._api_routes(), self.config.max_body_bytes)
         await self._api.start(sock, self.config.backlog)
@@ -137,9 +143,21 @@ class ProxyServer:
         bound: int = sock.getsockname()[1]
         return bound
 
+    def reconfigure(self, config: ProxyConfig) -> None:
+        """Run with new reloadable settings (reload.py): requests already under way keep their deadlines."""
+        self.config = self.core.config = config
+        self.core.router.policy = config.policy
+        self.core.upstream.connect_timeout = config.timeouts.connect
+        if self.housekeeping is not None:
+            self.housekeeping.health_timeout_s = config.timeouts.health
+        if self.canary is not None:
+            self.canary.config = config
+
     async def stop(self) -> None:
         """Graceful: stop taking requests (503, /ready false), let in-flight streams finish, then close."""
         self.core.draining = True
+        if self.watcher is not None:
+            await self.watcher.stop()
         log.info("draining in_flight=%d timeout=%gs", self.core.in_flight, self.config.drain_timeout_s)
         if self.canary is not None:
             await self.canary.stop()
@@ -246,7 +264,7 @@ class ProxyServer:
 
     def status(self) -> dict[str, Any]:
         assert self.canary is not None
-        return build_status(
+        document = build_status(
             self.registry,
             self.core.router,
             time.monotonic(),
@@ -254,6 +272,9 @@ class ProxyServer:
             self.core.last_transfer,
             self.canary.state,
         )
+        reload_state = self.watcher.state if self.watcher else ReloadState(file=None)
+        document["config"] = reload_state.to_json(self.config)
+        return document
 
     async def _status(self, request: web.Request) -> web.StreamResponse:
         return json_response(self.status())
