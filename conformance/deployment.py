@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import socket
 import subprocess
@@ -24,6 +25,7 @@ import pytest
 from conformance.engines import Behaviour, EngineRole, Ledger, RecordingEngine
 from conformance.rendered import disaggregated_spec, engine_cases_of, example_spec, pod_of
 from conformance.vllm_code import parse_serve, registering_worker, vllm_config
+from pd_operator.engine_cmd import proxy_settings
 from pd_operator.validation import validate_spec
 
 
@@ -90,11 +92,12 @@ def _spec(mode: str) -> dict[str, Any]:
     return spec
 
 
-def _proxy_argv(pod: dict[str, Any]) -> list[str]:
+def _proxy_argv(pod: dict[str, Any], settings_file: Path) -> list[str]:
     command = next(c["command"] for c in pod["spec"]["containers"] if c["name"] == "proxy")
     assert command[:2] == ["pdctl", "proxy"]
     argv = list(command[2:])
     argv[argv.index("--host") + 1] = "127.0.0.1"  # loopback only on this machine
+    argv[argv.index("--config-file") + 1] = str(settings_file)  # the rendered ConfigMap's file, written here
     return [sys.executable, "-m", "pd_runtime.cli", "proxy", *argv]
 
 
@@ -126,7 +129,9 @@ async def deployment(
     log = tmp_path / "proxy.log"
     with contextlib.ExitStack() as stack:
         handle = stack.enter_context(log.open("wb"))
-        proc = subprocess.Popen(_proxy_argv(pod), stdout=handle, stderr=subprocess.STDOUT)
+        settings_file = tmp_path / "proxy.json"
+        settings_file.write_text(json.dumps(proxy_settings(spec)))
+        proc = subprocess.Popen(_proxy_argv(pod, settings_file), stdout=handle, stderr=subprocess.STDOUT)
         stack.callback(_stop, proc)
         peer_zmq: dict[EngineRole, str] = {}
         for name, case in cases.items():

@@ -279,6 +279,7 @@ EXPECTED_RULES = {
     "pddeployments.pd.serving.dev/finalizers": {"update"},
     "pods": {"get", "list", "watch", "create", "delete", "patch"},
     "services": {"get", "list", "watch", "create", "patch", "delete"},
+    "configmaps": {"create", "patch"},  # the proxy settings, kept by server-side apply
     "events": {"create", "patch"},
     "events.events.k8s.io": {"create", "patch"},
     "networkpolicies.networking.k8s.io": {"get", "list", "watch", "create", "patch", "delete"},

@@ -3,7 +3,8 @@
 The engine command follows the seed experiment's appendix flag for flag (and its spellings, e.g.
 ``--gpu_memory_utilization``), wrapped by the launcher: ``pdctl engine <preflight flags> -- vllm serve
 ...``. The simulated engine receives the very same arguments; only the executable after ``--``
-changes. Everything is visible in the pod spec: nothing is hidden in a file or a wrapper script.
+changes. Everything is visible in the pod spec, except the proxy's routing and timeouts: they live in a
+ConfigMap the proxy re-reads, so changing them restarts nothing (``proxy_settings``).
 
 The advertised address is the pod IP, passed as ``$(POD_IP)`` inside the kv-transfer config, which
 the kubelet expands from the container's ``POD_IP`` variable (a downward-API fieldRef).
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pd_operator.api import (
+    PROXY_SETTINGS_DIR,
     ColocatedEngineSpec,
     DisaggregatedRoleSpec,
     EngineSettings,
@@ -34,6 +36,10 @@ PROXY_IP = "127.0.0.1"  # the proxy's registration socket binds loopback; engine
 READ_MODE_COMPILATION_CONFIG = {"cudagraph_mode": "PIECEWISE"}
 POD_IP_REF = "$(POD_IP)"
 PROXY_API_KEY_ENV = "PD_PROXY_API_KEY"
+# The proxy's settings file: the operator's ConfigMap, mounted as a directory (PROXY_SETTINGS_DIR) so
+# updates reach it.
+PROXY_SETTINGS_KEY = "proxy.json"
+PROXY_SETTINGS_FILE = f"{PROXY_SETTINGS_DIR}/{PROXY_SETTINGS_KEY}"
 BENCH_API_KEY_ENV = "PDCTL_BENCH_API_KEY"
 TERMINATION_LOG = "/dev/termination-log"
 
@@ -238,7 +244,12 @@ def _merge_env(base: list[EnvEntry], overrides: list[EnvEntry]) -> list[EnvEntry
 
 
 def proxy_command(spec: PDDeploymentSpec) -> list[str]:
-    """``pdctl proxy``: API on all addresses, registration on loopback, admin on its own port."""
+    """``pdctl proxy``: API on all addresses, registration on loopback, admin on its own port.
+
+    Routing and timeouts are not here but in the settings file (``proxy_settings``), so a change of them
+    reaches the running proxy without a new pod; what stays here needs a restart or is fixed by the
+    engines' own settings, which roll the pod anyway.
+    """
     p = spec.proxy
     cmd = [
         "pdctl",
@@ -257,28 +268,40 @@ def proxy_command(spec: PDDeploymentSpec) -> list[str]:
     else:
         for eng in engine_containers(spec):
             cmd += ["--engine", f"http://127.0.0.1:{eng.http_port}"]
-    cmd += ["--policy", p.policy, "--admin-port", str(p.admin_port)]
+    cmd += ["--admin-port", str(p.admin_port), "--config-file", PROXY_SETTINGS_FILE]
     if spec.disaggregated and p.canary_interval_seconds:
         cmd += ["--canary-interval", _number(p.canary_interval_seconds)]
     if p.heartbeat_ttl_seconds is not None:
         cmd += ["--heartbeat-ttl", _number(p.heartbeat_ttl_seconds)]
-    timeouts = {
-        "--connect-timeout": p.timeouts.connect_seconds,
-        "--prefill-timeout": p.timeouts.prefill_seconds,
-        "--first-byte-timeout": p.timeouts.decode_first_byte_seconds,
-        "--idle-timeout": p.timeouts.idle_seconds,
-        "--response-timeout": p.timeouts.response_seconds,
-    }
-    for flag, value in timeouts.items():
-        if value is not None:
-            cmd += [flag, _number(value)]
     if spec.mode == "disaggregated":
-        # Derived from the engines' settings, so the proxy never waits for KV prefill dropped, and never sends
-        # decode more than it runs at once (vLLM's default max_num_seqs when unset).
+        # Fixed by the engines' settings: the longest wait for KV before prefill has dropped it (a settings
+        # file asking for more is refused), and no more requests per decode rank than it runs at once
+        # (vLLM's default max_num_seqs when unset).
+        limit = _number(spec.proxy_kv_wait_limit())
         max_num_seqs = spec.decode.max_num_seqs or DEFAULT_MAX_NUM_SEQS
-        cmd += ["--kv-wait-timeout", _number(spec.proxy_kv_wait_seconds()), "--decode-max-in-flight", str(max_num_seqs)]
-        cmd += ["--no-kv-fallback", p.no_kv_fallback]
+        cmd += ["--kv-wait-timeout", limit, "--kv-wait-limit", limit, "--decode-max-in-flight", str(max_num_seqs)]
     return cmd + list(p.extra_args)
+
+
+def proxy_settings(spec: PDDeploymentSpec) -> dict[str, Any]:
+    """The proxy's reloadable settings, keyed by flag name without dashes (``pd_runtime.proxy.reload``).
+
+    The operator renders them into the ConfigMap the proxy container mounts; the proxy applies a changed
+    file while it runs, so neither engine restarts. Unset timeouts are left out: the proxy's defaults apply.
+    """
+    p = spec.proxy
+    settings: dict[str, Any] = {"policy": p.policy}
+    timeouts = {
+        "connect-timeout": p.timeouts.connect_seconds,
+        "prefill-timeout": p.timeouts.prefill_seconds,
+        "first-byte-timeout": p.timeouts.decode_first_byte_seconds,
+        "idle-timeout": p.timeouts.idle_seconds,
+        "response-timeout": p.timeouts.response_seconds,
+    }
+    settings |= {key: value for key, value in timeouts.items() if value is not None}
+    if spec.disaggregated:
+        settings |= {"kv-wait-timeout": spec.proxy_kv_wait_seconds(), "no-kv-fallback": p.no_kv_fallback}
+    return settings
 
 
 def proxy_env(spec: PDDeploymentSpec) -> list[EnvEntry]:

@@ -27,6 +27,7 @@ from pd_operator.engine_cmd import (
     engine_env,
     proxy_command,
     proxy_env,
+    proxy_settings,
 )
 
 Obj = dict[str, Any]
@@ -72,6 +73,7 @@ class EngineInstance:
 class ProxyInstance:
     argv: tuple[str, ...]
     env: tuple[EnvEntry, ...]
+    settings: Mapping[str, Any]  # the reloadable ones, rendered into the proxy's ConfigMap
     port: int
     admin_port: int
     requests: Mapping[str, str]
@@ -215,6 +217,7 @@ def build(owner: Owner, spec: PDDeploymentSpec) -> Layout:
         proxy=ProxyInstance(
             argv=tuple(proxy_command(spec)),
             env=tuple(proxy_env(spec)),
+            settings=proxy_settings(spec),
             port=p.port,
             admin_port=p.admin_port,
             requests=proxy_requests,

@@ -9,8 +9,10 @@ and rolls it when the rendered spec changes (``pd.serving.dev/spec-hash``). Repl
 with stable names (``NAME``, ``NAME-1``, ...), for the same reasons not a StatefulSet: the rollout waits
 for each replacement's KVTransferVerified, which only the operator reads (decide.rollout).
 
-No ConfigMap is rendered: every setting travels in the containers' command lines and env, so
-``kubectl get pod -o yaml`` shows exactly what runs.
+Every setting travels in the containers' command lines and env, so ``kubectl get pod -o yaml`` shows
+what runs, except the proxy's routing and timeouts: they are in the ``<name>-proxy`` ConfigMap, which
+the proxy container mounts and re-reads. The spec hash covers the pod spec only, so changing them
+updates the ConfigMap and restarts nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pd_operator import api
-from pd_operator.engine_cmd import TERMINATION_LOG
+from pd_operator.api import PROXY_SETTINGS_DIR
+from pd_operator.engine_cmd import PROXY_SETTINGS_KEY, TERMINATION_LOG
 from pd_operator.layout import EngineInstance, Layout, Owner
 
 Obj = dict[str, Any]
@@ -53,6 +56,10 @@ def service_name(owner: Owner) -> str:
 
 def claim_template_name(owner: Owner) -> str:
     return f"{owner.name}-gpus"
+
+
+def proxy_settings_name(owner: Owner) -> str:
+    return f"{owner.name}-proxy"
 
 
 def labels(owner: Owner, component: str) -> dict[str, str]:
@@ -197,6 +204,9 @@ _RESTRICTED: Obj = {
 # Read-only root filesystems still need a scratch directory (Python and matplotlib caches).
 _TMP_VOLUME: Obj = {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}
 _TMP_MOUNT: Obj = {"name": "tmp", "mountPath": "/tmp"}
+PROXY_SETTINGS_VOLUME = "pd-proxy-settings"
+# The whole directory, never a subPath: only a directory mount sees the kubelet's updates.
+_PROXY_SETTINGS_MOUNT: Obj = {"name": PROXY_SETTINGS_VOLUME, "mountPath": PROXY_SETTINGS_DIR, "readOnly": True}
 
 
 def _proxy_container(lay: Layout) -> Obj:
@@ -213,7 +223,7 @@ def _proxy_container(lay: Layout) -> Obj:
         ],
         "resources": _resources(p.requests, p.limits),
         "securityContext": dict(_RESTRICTED),
-        "volumeMounts": [dict(_TMP_MOUNT), *_template_mounts(lay, "proxy")],
+        "volumeMounts": [dict(_TMP_MOUNT), dict(_PROXY_SETTINGS_MOUNT), *_template_mounts(lay, "proxy")],
         "readinessProbe": _http_probe("/ready", "http", 5, 3, 5),
         "livenessProbe": _http_probe("/health", "http", 15, 6, 10),
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -233,7 +243,8 @@ def _volumes(lay: Layout) -> list[Obj]:
         {"name": f"dshm-{e.name}", "emptyDir": {"medium": "Memory", "sizeLimit": e.shm_size}} for e in lay.engines
     ]
     model = [dict(lay.model.volume)] if lay.model else []
-    return [*volumes, *model, dict(_TMP_VOLUME), *(dict(v) for v in lay.pod_template.volumes)]
+    settings = {"name": PROXY_SETTINGS_VOLUME, "configMap": {"name": proxy_settings_name(lay.owner)}}
+    return [*volumes, *model, dict(_TMP_VOLUME), settings, *(dict(v) for v in lay.pod_template.volumes)]
 
 
 def _pull_secrets(lay: Layout) -> Obj:
@@ -317,6 +328,17 @@ def _metrics_ports(lay: Layout) -> list[Obj]:
     """Where metrics are served: each engine's vLLM /metrics on its HTTP port, the proxy's on its admin port."""
     engines = [port for e in lay.engines for name, port in e.ports if name == f"{e.port_prefix}-http"]
     return [{"port": port, "protocol": "TCP"} for port in [*engines, lay.proxy.admin_port]]
+
+
+def proxy_settings(lay: Layout) -> Obj:
+    """The proxy's reloadable settings (routing, timeouts) as the file it re-reads when it changes."""
+    text = json.dumps(dict(lay.proxy.settings), indent=2, sort_keys=True) + "\n"
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(lay.owner, proxy_settings_name(lay.owner), COMPONENT_SERVING),
+        "data": {PROXY_SETTINGS_KEY: text},
+    }
 
 
 def network_policy(lay: Layout) -> Obj:
@@ -433,7 +455,7 @@ class Children:
 
 
 def children(lay: Layout) -> Children:
-    applied = [service(lay), network_policy(lay), disruption_budget(lay)]
+    applied = [service(lay), network_policy(lay), disruption_budget(lay), proxy_settings(lay)]
     if lay.dra_device_class is not None:
         applied.insert(0, claim_template(lay))
     return Children(applied=tuple(applied), pods=tuple(pod(lay, i) for i in range(lay.replicas)))

@@ -15,6 +15,7 @@ NAMESPACED_NEEDS: dict[tuple[str, str], str] = {
     ("pd.serving.dev", "pddeployments/finalizers"): "update",  # blockOwnerDeletion on every child
     ("", "pods"): "get list watch create delete patch",
     ("", "services"): "get list watch create patch delete",
+    ("", "configmaps"): "create patch",  # the proxy's settings, kept by server-side apply only
     ("", "events"): "create patch",
     ("events.k8s.io", "events"): "create patch",
     ("networking.k8s.io", "networkpolicies"): "get list watch create patch delete",

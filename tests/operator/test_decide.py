@@ -70,7 +70,7 @@ def kinds(decision: Decision, action: type) -> list[str]:
 
 def test_first_pass_applies_children_creates_the_pod_and_reports_pending() -> None:
     decision = decide.decide(snapshot())
-    assert kinds(decision, Apply) == ["Service", "NetworkPolicy", "PodDisruptionBudget"]
+    assert kinds(decision, Apply) == ["Service", "NetworkPolicy", "PodDisruptionBudget", "ConfigMap"]
     assert kinds(decision, Create) == ["Pod"]
     assert decision.patch["phase"] == "Pending"
     assert [e.reason for e in decision.events][:2] == ["CreatedPod", "Pending"]

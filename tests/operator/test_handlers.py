@@ -54,7 +54,7 @@ async def test_first_pass_applies_children_and_creates_the_pod(world: Any, kube:
     deps, _ = world
     decision = await reconcile(snapshot(), deps)
     applied = [r for r in kmock if r.method == "PATCH"]
-    assert [r.headers["Content-Type"] for r in applied] == [APPLY_PATCH] * 3  # Service, NetworkPolicy, PDB
+    assert [r.headers["Content-Type"] for r in applied] == [APPLY_PATCH] * 4  # Service, NetworkPolicy, PDB, ConfigMap
     pod = await kube.get("Pod", NS, NAME)
     assert pod is not None and pod["metadata"]["ownerReferences"][0]["uid"] == UID
     assert decision.status.phase == "Pending"

@@ -1,12 +1,19 @@
-"""The proxy's settings derived from the engines' (pure): the wait for KV and the decode in-flight limit."""
+"""The proxy's settings (pure): the wait for KV and the decode in-flight limit derived from the engines',
+the reloadable ones in the settings file, and which changes roll the pod."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 
-from pd_operator.engine_cmd import proxy_command
+from pd_operator import layout, render
+from pd_operator.engine_cmd import proxy_command, proxy_settings
 from pd_operator.validation import SpecError, validate_spec
-from tests.operator.conftest import load_example
+from pd_runtime.proxy import reload
+from pd_runtime.proxy.config import ProxyConfig
+from tests.operator.conftest import EXAMPLES, load_example
 
 
 def _flag(cmd: list[str], name: str) -> str:
@@ -17,19 +24,21 @@ def test_kv_wait_follows_the_engines_defer_and_transfer_timeouts() -> None:
     spec = load_example("qwen3-235b-write.yaml")["spec"]
     spec["kvTransfer"] = {**spec.get("kvTransfer", {}), "deferTimeoutSeconds": 120, "transferTimeoutSeconds": 20}
     cmd = proxy_command(validate_spec(spec))
-    assert _flag(cmd, "--kv-wait-timeout") == "145"
+    assert _flag(cmd, "--kv-wait-timeout") == _flag(cmd, "--kv-wait-limit") == "145"
+    assert proxy_settings(validate_spec(spec))["kv-wait-timeout"] == 145
 
 
 def test_simulated_engines_count_their_timeouts_in_scaled_time() -> None:
     spec = load_example("simulated-write.yaml")["spec"]
     spec["simulation"] = {**spec.get("simulation", {}), "timeScale": 10}
-    assert _flag(proxy_command(validate_spec(spec)), "--kv-wait-timeout") == "14"  # 90 / 10 + 5 s of wall time
+    assert _flag(proxy_command(validate_spec(spec)), "--kv-wait-limit") == "14"  # 90 / 10 + 5 s of wall time
 
 
 def test_an_explicit_kv_wait_within_the_limit_is_kept_and_one_above_is_refused() -> None:
     spec = load_example("qwen3-235b-write.yaml")["spec"]
     spec["proxy"] = {**spec.get("proxy", {}), "timeouts": {"kvWaitSeconds": 45}}
-    assert _flag(proxy_command(validate_spec(spec)), "--kv-wait-timeout") == "45"
+    assert proxy_settings(validate_spec(spec))["kv-wait-timeout"] == 45
+    assert _flag(proxy_command(validate_spec(spec)), "--kv-wait-limit") == "95"
     spec["proxy"]["timeouts"]["kvWaitSeconds"] = 96
     with pytest.raises(SpecError, match=r"kvTransfer\.deferTimeoutSeconds"):
         validate_spec(spec)
@@ -46,4 +55,48 @@ def test_decode_in_flight_limit_is_decodes_max_num_seqs_or_vllms_default() -> No
 def test_no_kv_fallback_is_passed_through() -> None:
     spec = load_example("qwen3-235b-write.yaml")["spec"]
     spec["proxy"] = {**spec.get("proxy", {}), "noKvFallback": "error"}
-    assert _flag(proxy_command(validate_spec(spec)), "--no-kv-fallback") == "error"
+    assert proxy_settings(validate_spec(spec))["no-kv-fallback"] == "error"
+
+
+def _rendered(spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The pod's spec hash and the proxy's settings file."""
+    children = render.children(layout.build(layout.Owner("qwen"), validate_spec(spec)))
+    (settings,) = [c for c in children.applied if c["kind"] == "ConfigMap"]
+    text = settings["data"]["proxy.json"]
+    return children.pod["metadata"]["annotations"][render.ANNOTATION_SPEC_HASH], json.loads(text)
+
+
+@pytest.mark.parametrize(
+    "proxy",
+    [
+        {"policy": "least_outstanding"},
+        {"noKvFallback": "error"},
+        {"timeouts": {"kvWaitSeconds": 30, "idleSeconds": 20, "connectSeconds": 2, "prefillSeconds": 100}},
+        {"timeouts": {"decodeFirstByteSeconds": 50, "responseSeconds": 600}},
+    ],
+)
+def test_routing_and_timeouts_change_the_settings_file_not_the_pod(proxy: dict[str, Any]) -> None:
+    spec = load_example("qwen3-235b-write.yaml")["spec"]
+    before_hash, before = _rendered(spec)
+    after_hash, after = _rendered({**spec, "proxy": {**spec.get("proxy", {}), **proxy}})
+    assert after_hash == before_hash and after != before
+
+
+def test_what_needs_a_restart_rolls_the_pod() -> None:
+    spec = load_example("qwen3-235b-write.yaml")["spec"]
+    before_hash, _ = _rendered(spec)
+    for changed in (
+        {**spec, "proxy": {**spec.get("proxy", {}), "heartbeatTtlSeconds": 60}},
+        {**spec, "kvTransfer": {**spec.get("kvTransfer", {}), "deferTimeoutSeconds": 120}},
+    ):
+        assert _rendered(changed)[0] != before_hash
+
+
+def test_the_proxy_accepts_every_rendered_settings_file() -> None:
+    """The operator's half of the file format, checked by the proxy's own parser (the contract)."""
+    for path in EXAMPLES:
+        spec = validate_spec(load_example(path.name)["spec"])
+        values = reload.parse_settings(json.dumps(proxy_settings(spec)).encode())
+        base = ProxyConfig(kv_wait_limit_s=spec.proxy_kv_wait_limit() if spec.disaggregated else None)
+        assert reload.relation_problems(reload.merged(base, values)) == [], path.name
+        assert values["policy"] == spec.proxy.policy

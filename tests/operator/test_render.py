@@ -292,22 +292,22 @@ def test_proxy_command_follows_the_contract() -> None:
         "disaggregated",
         "--transfer-mode",
         "write",
-        "--policy",
-        "round_robin",
         "--admin-port",
         "8001",
+        "--config-file",
+        "/etc/pd-proxy/proxy.json",
         "--canary-interval",
         "300",
         # derived from the engines: kvTransfer defer (60) + transfer (30) timeouts + 5 s, decode's maxNumSeqs
         "--kv-wait-timeout",
         "95",
+        "--kv-wait-limit",
+        "95",
         "--decode-max-in-flight",
         "64",
-        "--no-kv-fallback",
-        "prefill",
     ]
     colocated = container(spec_of("qwen3-235b-colocated.yaml"), "proxy")["command"]
-    assert colocated[colocated.index("--mode") : colocated.index("--policy")] == [
+    assert colocated[colocated.index("--mode") : colocated.index("--admin-port")] == [
         "--mode",
         "colocated",
         "--engine",
@@ -461,7 +461,8 @@ def test_probe_job_runs_bench_against_the_service() -> None:
 def test_pdctl_render_prints_every_object(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert render_command.main([str(path)]) == 0
     kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
-    assert kinds[:4] == ["Service", "NetworkPolicy", "PodDisruptionBudget", "Pod"] and kinds[-1] == "Job"
+    kinds_applied = ["Service", "NetworkPolicy", "PodDisruptionBudget", "ConfigMap"]
+    assert kinds[:5] == [*kinds_applied, "Pod"] and kinds[-1] == "Job"
 
 
 def test_pdctl_render_refuses_an_invalid_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

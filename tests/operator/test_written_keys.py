@@ -74,6 +74,7 @@ def unknown_in_schema(value: Any, schema: Obj, path: str = "status", full: bool 
 MODELS = {
     "Pod": client.V1Pod,
     "Service": client.V1Service,
+    "ConfigMap": client.V1ConfigMap,
     "NetworkPolicy": client.V1NetworkPolicy,
     "Job": client.V1Job,
     "ResourceClaimTemplate": client.V1ResourceClaimTemplate,
@@ -231,4 +232,4 @@ def test_the_walks_catch_a_misspelt_key() -> None:
 def test_applied_children_are_the_rendered_ones() -> None:
     decision = decide.decide(snap(VARIANTS[0][1], {}))
     applied = [a.obj["kind"] for a in decision.actions if isinstance(a, Apply)]
-    assert applied == ["Service", "NetworkPolicy", "PodDisruptionBudget"]
+    assert applied == ["Service", "NetworkPolicy", "PodDisruptionBudget", "ConfigMap"]

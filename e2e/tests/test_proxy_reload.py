@@ -1,0 +1,115 @@
+"""A proxy-only change reaches the running proxy through its ConfigMap; no engine restarts.
+
+The operator renders routing and timeouts into the `<name>-proxy` ConfigMap, the node agent refreshes
+the mounted volume as the kubelet does (an atomic ..data swap), and the proxy re-reads the file. A file
+that would break what the engines rely on (a KV wait past their defer timeout) is refused in place.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from e2e.cluster import REPO_ROOT, ControlPlane
+from e2e.stack import Stack
+from e2e.tests.kube import (
+    apply,
+    container_status,
+    create_namespace,
+    pdd,
+    pod,
+    stream_completion,
+    wait_for,
+    wait_pdd_ready,
+)
+
+NAME = "reload"
+ENGINES = ("prefill", "decode")
+
+
+@pytest.fixture(scope="module")
+def deployed(operator: Stack) -> Iterator[str]:
+    cp = operator.cp
+    namespace = "pd-reload"
+    create_namespace(cp, namespace)  # Pod Security baseline, as the suite's other namespaces
+    obj = yaml.safe_load((REPO_ROOT / "examples" / "simulated-write.yaml").read_text())
+    obj["metadata"]["name"] = NAME
+    obj["spec"]["goodputProbe"] = {"enabled": False}
+    apply(cp, json.dumps(obj), namespace)
+    wait_pdd_ready(cp, namespace, NAME, timeout_s=180)
+    yield namespace
+    cp.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def _serving(cp: ControlPlane, namespace: str) -> dict[str, Any]:
+    obj = pdd(cp, namespace, NAME)
+    assert obj is not None
+    found = pod(cp, namespace, obj["status"]["podName"])
+    assert found is not None
+    return found
+
+
+def _pids(stack: Stack, serving: dict[str, Any]) -> dict[str, int]:
+    """The pid each container's process has now, as the node agent started it."""
+    meta = serving["metadata"]
+    containers = stack.agent_dir() / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}" / "containers"
+    return {name: int(Path(containers / name / "pid").read_text()) for name in (*ENGINES, "proxy")}
+
+
+def _proxy_config(serving: dict[str, Any]) -> dict[str, Any]:
+    url = f"http://{serving['status']['podIP']}:8001/status"
+    doc: dict[str, Any] = httpx.get(url, timeout=5, trust_env=False).json()["config"]
+    return doc
+
+
+def test_a_policy_change_reaches_the_proxy_without_restarting_the_engines(
+    stack: Stack, cp: ControlPlane, deployed: str
+) -> None:
+    before = _serving(cp, deployed)
+    pids = _pids(stack, before)
+    assert _proxy_config(before)["settings"]["policy"] == "round_robin"
+
+    patch = json.dumps({"spec": {"proxy": {"policy": "least_outstanding", "timeouts": {"idleSeconds": 30}}}})
+    cp.kubectl("patch", "pdd", NAME, "-n", deployed, "--type=merge", "-p", patch)
+
+    def reloaded() -> dict[str, Any] | None:
+        doc = _proxy_config(before)
+        return doc if doc["settings"]["policy"] == "least_outstanding" else None
+
+    doc = wait_for(reloaded, 60, "the proxy running the new policy")
+    assert doc["settings"]["idle-timeout"] == 30 and doc["refused"] is None
+    after = wait_pdd_ready(cp, deployed, NAME, timeout_s=60)
+    current = _serving(cp, deployed)
+    assert current["metadata"]["uid"] == before["metadata"]["uid"], "the pod was not rolled"
+    assert _pids(stack, current) == pids, "no container was restarted"
+    assert all(container_status(current, name)["restartCount"] == 0 for name in (*ENGINES, "proxy"))
+    assert after["status"]["observedGeneration"] == after["metadata"]["generation"]
+    assert stream_completion(current["status"]["podIP"])
+
+
+def test_a_settings_file_past_the_engines_limit_is_refused_in_place(
+    stack: Stack, cp: ControlPlane, deployed: str
+) -> None:
+    serving = _serving(cp, deployed)
+    pids = _pids(stack, serving)
+    running = _proxy_config(serving)
+    settings = {**running["settings"], "kv-wait-timeout": 500}  # a hand edit past defer + transfer timeout
+    patch = json.dumps({"data": {"proxy.json": json.dumps(settings)}})
+    cp.kubectl("patch", "configmap", f"{NAME}-proxy", "-n", deployed, "--type=merge", "-p", patch)
+
+    def refused() -> dict[str, Any] | None:
+        doc = _proxy_config(serving)
+        return doc if doc["refused"] is not None else None
+
+    doc = wait_for(refused, 60, "the proxy refusing the file")
+    assert doc["refused"]["reason"].startswith("kv-wait-timeout 500 is above the engines' limit")
+    assert doc["settings"] == running["settings"] and doc["digest"] == running["digest"]
+    metrics = httpx.get(f"http://{serving['status']['podIP']}:8001/metrics", timeout=5, trust_env=False).text
+    assert "pd_proxy_config_refused 1.0" in metrics
+    assert _pids(stack, _serving(cp, deployed)) == pids
