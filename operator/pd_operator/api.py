@@ -819,6 +819,14 @@ class SecretKeyRef(ApiModel):
     key: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field("token", description="Key.")
 
 
+# A volume from a claim or from a node directory, never both (model weights, engine caches).
+_ONE_VOLUME_SOURCE = Rule(
+    cel="!(has(self.persistentVolumeClaim) && has(self.hostPath))",
+    message="set at most one of persistentVolumeClaim and hostPath",
+    check=lambda s: not (s.persistent_volume_claim and s.host_path),
+)
+
+
 class ModelStorageSpec(ApiModel):
     """Where weights come from and how long loading may take."""
 
@@ -845,13 +853,32 @@ class ModelStorageSpec(ApiModel):
         ),
     )
 
-    _rules = (
-        Rule(
-            cel="!(has(self.persistentVolumeClaim) && has(self.hostPath))",
-            message="set at most one of persistentVolumeClaim and hostPath",
-            check=lambda s: not (s.persistent_volume_claim and s.host_path),
+    _rules = (_ONE_VOLUME_SOURCE,)
+
+
+class CacheStorageSpec(ApiModel):
+    """Where the engines' compile and JIT caches live, so a restarted engine does not rebuild them."""
+
+    persistent_volume_claim: Annotated[str, StringConstraints(max_length=253)] | None = Field(
+        None, description="PVC for the caches: they survive the pod too (a new pod, another node with the same PVC)."
+    )
+    host_path: Annotated[str, StringConstraints(max_length=1024, pattern=r"^/")] | None = Field(
+        None, description="Node directory for the caches: they survive the pod on that node."
+    )
+    size_limit: Quantity = Field(
+        "32Gi",
+        description="sizeLimit of the default emptyDir, which survives container restarts but not the pod.",
+    )
+    mount_path: Annotated[str, StringConstraints(max_length=1024, pattern=r"^/")] = Field(
+        "/var/cache/pd",
+        description=(
+            "Mount point in the engine containers; each engine uses <mountPath>/<container>/ for VLLM_CACHE_ROOT "
+            "(vllm/, torch.compile and its Inductor/Triton output), TRITON_CACHE_DIR (triton/), MORI_JIT_CACHE_DIR "
+            "(mori/) and AITER_JIT_DIR (aiter-<image digest>/, seeded with the image's prebuilt AITER modules)."
         ),
     )
+
+    _rules = (_ONE_VOLUME_SOURCE,)
 
 
 class ProxyTimeouts(ApiModel):
@@ -1219,6 +1246,10 @@ class PDDeploymentSpec(ApiModel):
     )
     model_storage: ModelStorageSpec = Field(
         default_factory=ModelStorageSpec, description="Model weights volume, hub token and load-time budget."
+    )
+    cache_storage: CacheStorageSpec = Field(
+        default_factory=CacheStorageSpec,
+        description="The engines' compile and JIT caches (vLLM, Triton, AITER, MoRI) on a volume of their own.",
     )
     prefill: PrefillSpec = Field(default_factory=PrefillSpec, description="The prefill engine (disaggregated mode).")
     decode: DecodeSpec = Field(default_factory=DecodeSpec, description="The decode engine (disaggregated mode).")

@@ -12,6 +12,7 @@ the kubelet expands from the container's ``POD_IP`` variable (a downward-API fie
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -231,7 +232,29 @@ def engine_env(spec: PDDeploymentSpec, eng: EngineContainer) -> list[EnvEntry]:
         env.append(_literal("HF_HOME", storage.mount_path))
     if storage.hub_token_secret:
         env.append(_secret_ref("HF_TOKEN", storage.hub_token_secret.name, storage.hub_token_secret.key))
+    env += [_literal(name, value) for name, value in cache_dirs(spec, eng).items()]
     return _merge_env(env, [_literal(e.name, e.value) for e in eng.settings.env])
+
+
+def cache_dirs(spec: PDDeploymentSpec, eng: EngineContainer) -> dict[str, str]:
+    """The compile and JIT caches of one engine, under its own directory of the cache volume.
+
+    Without them vLLM (``VLLM_CACHE_ROOT``, default ~/.cache/vllm: torch.compile output with its Inductor
+    and Triton caches), Triton (``TRITON_CACHE_DIR``, default ~/.triton/cache), MoRI (``MORI_JIT_CACHE_DIR``)
+    and AITER (``AITER_JIT_DIR``, default its package directory) write into the container's writable layer
+    and rebuild everything after each restart. One directory per engine: the two engines never write the
+    same files at once. AITER's modules are compiled against the image, so their directory is per image;
+    with ``AITER_JIT_DIR`` set AITER imports modules from there only, and the launcher links the image's
+    prebuilt ones in before the engine starts (``pd_runtime.aiter_cache``).
+    """
+    root = f"{spec.cache_storage.mount_path.rstrip('/')}/{eng.name}"
+    image = hashlib.sha256(spec.image.encode()).hexdigest()[:12]
+    return {
+        "VLLM_CACHE_ROOT": f"{root}/vllm",
+        "TRITON_CACHE_DIR": f"{root}/triton",
+        "MORI_JIT_CACHE_DIR": f"{root}/mori",
+        "AITER_JIT_DIR": f"{root}/aiter-{image}",
+    }
 
 
 def _merge_env(base: list[EnvEntry], overrides: list[EnvEntry]) -> list[EnvEntry]:

@@ -98,6 +98,12 @@ class ModelVolume:
 
 
 @dataclass(frozen=True)
+class CacheVolume:
+    volume: Obj  # the pod volume named "pd-engine-cache"
+    mount_path: str
+
+
+@dataclass(frozen=True)
 class Layout:
     owner: Owner
     image: str
@@ -111,6 +117,7 @@ class Layout:
     rdma_engines: bool  # real engines moving KV over RDMA: they pin memory (IPC_LOCK)
     simulated: bool
     model: ModelVolume | None
+    cache: CacheVolume
     startup_failure_threshold: int
     termination_grace_period_seconds: int
     node_selector: Mapping[str, str]
@@ -191,16 +198,25 @@ def _engine(spec: PDDeploymentSpec, eng: EngineContainer, gpu_count: int | None)
 # ---- the rest ----------------------------------------------------------------------------------------------
 
 
+def _claim_or_node_dir(name: str, claim: str | None, host_path: str | None, read_only: bool) -> Obj | None:
+    if claim:
+        return {"name": name, "persistentVolumeClaim": {"claimName": claim, "readOnly": read_only}}
+    if host_path:
+        return {"name": name, "hostPath": {"path": host_path, "type": "DirectoryOrCreate"}}
+    return None
+
+
 def _model_volume(spec: PDDeploymentSpec) -> ModelVolume | None:
     storage = spec.model_storage
-    if storage.persistent_volume_claim:
-        claim = {"claimName": storage.persistent_volume_claim, "readOnly": storage.read_only}
-        volume: Obj = {"name": "models", "persistentVolumeClaim": claim}
-    elif storage.host_path:
-        volume = {"name": "models", "hostPath": {"path": storage.host_path, "type": "DirectoryOrCreate"}}
-    else:
-        return None
-    return ModelVolume(volume, storage.mount_path, storage.read_only)
+    volume = _claim_or_node_dir("models", storage.persistent_volume_claim, storage.host_path, storage.read_only)
+    return None if volume is None else ModelVolume(volume, storage.mount_path, storage.read_only)
+
+
+def _cache_volume(spec: PDDeploymentSpec) -> CacheVolume:
+    """An emptyDir by default: it survives container restarts; a claim or node directory survives the pod."""
+    c = spec.cache_storage
+    volume = _claim_or_node_dir("pd-engine-cache", c.persistent_volume_claim, c.host_path, False)
+    return CacheVolume(volume or {"name": "pd-engine-cache", "emptyDir": {"sizeLimit": c.size_limit}}, c.mount_path)
 
 
 def build(owner: Owner, spec: PDDeploymentSpec) -> Layout:
@@ -235,6 +251,7 @@ def build(owner: Owner, spec: PDDeploymentSpec) -> Layout:
         rdma_engines=spec.engine == "vllm" and spec.disaggregated and spec.kv_transfer.backend == "rdma",
         simulated=spec.engine == "simulated",
         model=_model_volume(spec),
+        cache=_cache_volume(spec),
         startup_failure_threshold=math.ceil(spec.model_storage.load_timeout_seconds / STARTUP_PROBE_PERIOD_S),
         termination_grace_period_seconds=spec.termination_grace_period_seconds,
         node_selector=spec.effective_node_selector(),

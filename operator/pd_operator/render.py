@@ -169,7 +169,10 @@ def _engine_container(lay: Layout, eng: EngineInstance) -> Obj:
     if eng.device_selector is not None:
         resources["claims"] = [{"name": DRA_CLAIM, "request": eng.name}]
     http = f"{eng.port_prefix}-http"
-    mounts: list[Obj] = [{"name": f"dshm-{eng.name}", "mountPath": "/dev/shm"}]
+    mounts: list[Obj] = [
+        {"name": f"dshm-{eng.name}", "mountPath": "/dev/shm"},
+        {"name": lay.cache.volume["name"], "mountPath": lay.cache.mount_path},
+    ]
     if lay.model is not None:
         mounts.append({"name": "models", "mountPath": lay.model.mount_path, "readOnly": lay.model.read_only})
     mounts += _template_mounts(lay, eng.role)
@@ -243,6 +246,7 @@ def _volumes(lay: Layout) -> list[Obj]:
         {"name": f"dshm-{e.name}", "emptyDir": {"medium": "Memory", "sizeLimit": e.shm_size}} for e in lay.engines
     ]
     model = [dict(lay.model.volume)] if lay.model else []
+    volumes.append(dict(lay.cache.volume))
     settings = {"name": PROXY_SETTINGS_VOLUME, "configMap": {"name": proxy_settings_name(lay.owner)}}
     return [*volumes, *model, dict(_TMP_VOLUME), settings, *(dict(v) for v in lay.pod_template.volumes)]
 

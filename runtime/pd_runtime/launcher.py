@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import cast
 
-from pd_runtime import hostfacts
+from pd_runtime import aiter_cache, hostfacts
 from pd_runtime.argtypes import non_negative_int
 from pd_runtime.preflight import Backend, EngineNeeds, Role, effective_min_shm_mib, failure_message, preflight
 
@@ -118,6 +118,7 @@ def main(argv: Sequence[str]) -> int:
         return EXIT_PREFLIGHT_FAILED if problems else 0
     if problems:
         return fail(failure_message(needs, problems), EXIT_PREFLIGHT_FAILED)
+    aiter_cache.prepare(os.environ)
     logger.info(
         "preflight passed for the %s engine (%d GPU(s), backend %s); exec %s",
         needs.role,
