@@ -79,7 +79,7 @@ def test_xpyd_pod_has_a_container_per_engine_and_counts_prefill_readiness(cp: Co
     obj = pdd(cp, xpyd, NAME)
     assert obj is not None
     assert [r["name"] for r in obj["status"]["roles"]] == [*ENGINES, "proxy"]
-    assert obj["status"]["ready"] == "4/4"
+    assert (obj["status"]["ready"], obj["status"]["containersReady"]) == ("1/1", "4/4")
     prefill = condition(obj, "PrefillReady") or {}
     assert prefill.get("status") == "True" and prefill.get("message", "").startswith("2/2 ready")
     containers = serving(cp, xpyd)["spec"]["containers"]
