@@ -122,6 +122,7 @@ class _ApiConnection(asyncio.Protocol):
         self._task: asyncio.Task[None] | None = None
         self._writable: asyncio.Future[None] | None = None
         self.write_paused = False
+        self._reading_paused = False
         self.closed = False
         self.keep_alive = True
         self.http10 = False
@@ -156,6 +157,7 @@ class _ApiConnection(asyncio.Protocol):
         if self._task is None:
             self._next_request()
         elif len(self._buffer) > MAX_HEAD_BYTES + self._server.max_body_bytes and self._transport is not None:
+            self._reading_paused = True
             self._transport.pause_reading()  # a client pipelining far ahead waits for its answers
 
     # -- requests ------------------------------------------------------------------------------
@@ -269,7 +271,8 @@ class _ApiConnection(asyncio.Protocol):
         if not self.keep_alive or self._server.draining:
             self.close()
             return
-        if self._transport is not None:
+        if self._reading_paused and self._transport is not None:
+            self._reading_paused = False
             self._transport.resume_reading()
         if self._buffer:
             self._next_request()
