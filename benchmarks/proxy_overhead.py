@@ -500,8 +500,15 @@ def machine_line(load_before: float) -> str:
         f"Measured on: {platform.machine()}, {os.cpu_count()} CPUs (proxy on CPU {PROXY_CPU}, load generator and "
         f"fake engines on CPU {LOAD_CPU}), load average {load_before:.2f} at start, {during} during the windows, "
         f"{os.getloadavg()[0]:.2f} at end, Python {platform.python_version()}, aiohttp {version('aiohttp')}, "
-        f"load generator on {eventloop.loop_name()}, benchmark processes at nice {os.nice(0)}; {when}."
+        f"load generator on {eventloop.loop_name()}, benchmark processes {_scheduling()}; {when}."
     )
+
+
+def _scheduling() -> str:
+    """How the benchmark's processes (which inherit it) compete with the rest of a shared machine."""
+    if os.sched_getscheduler(0) == os.SCHED_FIFO:
+        return f"real-time (SCHED_FIFO priority {os.sched_getparam(0).sched_priority})"
+    return f"at nice {os.nice(0)}"
 
 
 def _paced_table(rows: list[dict[str, Any]]) -> list[str]:
@@ -583,7 +590,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--loops", nargs="+", default=["uvloop", "asyncio"], choices=("uvloop", "asyncio"))
     parser.add_argument("--compare", action="append", default=[], metavar="NAME=PYTHON",
                         help="also measure `pdctl proxy` of another installation (its python)")  # fmt: skip
-    parser.add_argument("--prototype", default=None, help="a script taking pdctl proxy's flags, e.g. the raw server")
+    parser.add_argument("--prototype", default=None, help="a script taking pdctl proxy's flags (a candidate stack)")
     parser.add_argument("--go-relay", default=None, help="binary of benchmarks/prototypes/go-relay (go build)")
     parser.add_argument("--toy-proxy", default=None, help="path to a local moriio_toy_proxy_server.py")
     parser.add_argument("--toy-python", default=sys.executable, help="python with quart and hypercorn")
