@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from pd_operator import render as render_module
 from pd_operator.commands.operator import build_parser
 from tests.chart.chart_helpers import VALUES_DIR, documents, find, render, run_helm, template_args
 
@@ -48,9 +49,12 @@ def test_liveness_probe_targets_the_operators_liveness_port(helm: Path) -> None:
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
 
 
-def test_operator_pods_carry_the_label_pddeployment_network_policies_admit(helm: Path) -> None:
-    (deployment,) = find(documents(render(helm)), "Deployment")
-    assert deployment["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "pd-operator"
+@pytest.mark.parametrize("sets", [[], ["nameOverride=inference-operator"], ["fullnameOverride=ops"]])
+def test_operator_pods_carry_the_label_pddeployment_network_policies_admit(helm: Path, sets: list[str]) -> None:
+    """Whatever the chart's names, the operator's pods match the serving pods' NetworkPolicy peer."""
+    (deployment,) = find(documents(render(helm, sets=sets)), "Deployment")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert render_module.OPERATOR_POD_LABELS.items() <= labels.items()
 
 
 def test_peering_names_the_rendered_peering_object(helm: Path) -> None:

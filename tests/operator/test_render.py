@@ -422,7 +422,7 @@ def test_network_policy_admits_api_from_anywhere_and_admin_from_the_operator() -
     api_rule, admin_rule, metrics_rule, self_rule = policy["spec"]["ingress"]
     assert api_rule == {"ports": [{"port": 8000, "protocol": "TCP"}]}
     assert admin_rule["ports"] == [{"port": 8001, "protocol": "TCP"}]
-    assert admin_rule["from"][0]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "pd-operator"}}
+    assert admin_rule["from"][0]["podSelector"] == {"matchLabels": {"pd.serving.dev/operator": "true"}}
     assert self_rule["from"][0]["podSelector"]["matchLabels"] == policy["spec"]["podSelector"]["matchLabels"]
     # Prometheus in namespace monitoring by default: the engines' vLLM /metrics (HTTP ports) and the proxy's
     assert metrics_rule["from"] == [api.DEFAULT_METRICS_PEER]
