@@ -128,6 +128,23 @@ async def test_a_malformed_head_gets_400_and_a_closed_connection(served: tuple[H
     assert await asyncio.wait_for(reader.read(), 5) == b""
 
 
+@pytest.mark.parametrize(
+    "framing",
+    [b"Transfer-Encoding: chunked\r\nContent-Length: 4\r\n", b"Transfer-Encoding: gzip\r\n"],
+    ids=["te-and-cl", "te-not-chunked"],
+)
+async def test_ambiguous_body_framing_gets_400_and_a_closed_connection(
+    served: tuple[Handlers, Connect], framing: bytes
+) -> None:
+    handlers, connect = served
+    reader, writer = await connect()
+    writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\n" + framing + b"\r\n4\r\nnext\r\n0\r\n\r\n")
+    head, body = await _answer(reader)
+    assert head.startswith(b"HTTP/1.1 400 ") and b"Connection: close" in head and b"Transfer-Encoding" in body
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    assert handlers.bodies == []
+
+
 async def test_unknown_paths_wrong_methods_and_head(served: tuple[Handlers, Connect]) -> None:
     _, connect = served
     reader, writer = await connect()

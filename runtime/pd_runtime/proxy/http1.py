@@ -214,7 +214,7 @@ class _ApiConnection(asyncio.Protocol):
     def _body(self, headers: dict[str, str], buffer: bytes, start: int) -> bytes | None:
         """The body once it is all here (the buffer then holds what follows), None while it is not."""
         limit = self._server.max_body_bytes
-        if "chunked" in headers.get("transfer-encoding", "").lower():
+        if _framed_by_chunks(headers):
             decoder = ChunkedDecoder()
             try:
                 body = decoder.feed(buffer[start:])
@@ -368,6 +368,22 @@ class ApiServer:
             conn.close()
         if self._server is not None:
             await self._server.wait_closed()
+
+
+def _framed_by_chunks(headers: dict[str, str]) -> bool:
+    """Whether the body is chunked; framing two readers could disagree on is refused (RFC 9112 6.1, 6.3).
+
+    A request with both Transfer-Encoding and Content-Length, or whose last coding is not chunked, is how
+    request smuggling starts when a proxy sits in front of us: answer 400 and close instead of guessing.
+    """
+    codings = headers.get("transfer-encoding")
+    if codings is None:
+        return False
+    if "content-length" in headers:
+        raise ApiError(400, "both Transfer-Encoding and Content-Length", code="bad_request")
+    if codings.rsplit(",", 1)[-1].strip().lower() != "chunked":
+        raise ApiError(400, f"unsupported Transfer-Encoding {codings!r}", code="bad_request")
+    return True
 
 
 class _TooLarge(Exception):
