@@ -1,0 +1,257 @@
+"""Replicas across nodes: `kubectl scale` 1 -> 3 -> 1, a rolling update under a live probe, a node drain that
+the PodDisruptionBudget holds back.
+
+Three 8-GPU nodes of their own (a node pool); each replica reserves every GPU of a node, so the scheduler
+puts one replica per node. The tests run in file order on one deployment, each leaving it as the next
+expects. The live probe is a client that spreads streamed completions over the Service's ready
+endpoints, read from its EndpointSlices as kube-proxy would; every failed request is attributed to the
+pod it went to, so the rolling update's errors can be told apart: those in flight on a replaced pod,
+and any others (which must be none).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+import yaml
+
+from e2e.cluster import REPO_ROOT, ControlPlane
+from e2e.stack import Stack, pool_placement
+from e2e.tests.kube import Obj, apply, create_namespace, get, is_true, pdd, pods, wait_for
+
+log = logging.getLogger(__name__)
+POOL, NODES = "replicas", 3
+NAME = "rep"
+SELECTOR = f"app.kubernetes.io/component=serving,pd.serving.dev/deployment={NAME}"
+
+
+@pytest.fixture(scope="module")
+def ns(operator: Stack, cp: ControlPlane) -> Iterator[str]:
+    name = create_namespace(cp, "t-replicas")
+    yield name
+    cp.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def nodes(node_pool: Callable[[str, int], list[str]]) -> list[str]:
+    return node_pool(POOL, NODES)
+
+
+def manifest(replicas: int, grace_s: int = 5) -> Obj:
+    obj: Obj = yaml.safe_load((REPO_ROOT / "examples" / "simulated-write.yaml").read_text())
+    spec = obj["spec"]
+    obj["metadata"]["name"] = NAME
+    spec["replicas"] = replicas
+    spec["node"] = pool_placement(POOL)
+    spec["simulation"]["reserveGpus"] = True  # a whole node per replica
+    spec["goodputProbe"]["enabled"] = False
+    spec["proxy"]["canaryIntervalSeconds"] = 2  # a verified KV transfer soon after each pod starts
+    spec["terminationGracePeriodSeconds"] = grace_s
+    return obj
+
+
+def serving(cp: ControlPlane, ns: str) -> list[Obj]:
+    return sorted(pods(cp, ns, SELECTOR), key=lambda p: p["metadata"]["name"])
+
+
+def wait_replicas(cp: ControlPlane, ns: str, replicas: int, timeout_s: float = 180) -> Obj:
+    """Ready with `replicas` ready, available and updated replicas, and no other serving pod left."""
+
+    def done() -> Obj | None:
+        obj = pdd(cp, ns, NAME) or {}
+        st = obj.get("status") or {}
+        counts = (st.get("replicas"), st.get("readyReplicas"), st.get("availableReplicas"), st.get("updatedReplicas"))
+        current = st.get("observedGeneration") == obj["metadata"]["generation"]
+        if st.get("phase") == "Ready" and current and counts == (replicas,) * 4 and len(serving(cp, ns)) == replicas:
+            return obj
+        return None
+
+    try:
+        return wait_for(done, timeout_s, f"{replicas} ready replicas")
+    except AssertionError as err:
+        pods_now = [
+            (p["metadata"]["name"], p["spec"].get("nodeName"), p["status"].get("phase")) for p in serving(cp, ns)
+        ]
+        raise AssertionError(f"{err}; status: {(pdd(cp, ns, NAME) or {}).get('status')}; pods: {pods_now}") from None
+
+
+def budget(cp: ControlPlane, ns: str) -> Obj:
+    return get(cp, f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/{NAME}") or {}
+
+
+def kubectl_get_wide(cp: ControlPlane, ns: str) -> dict[str, str]:
+    out = cp.kubectl("get", "pdd", NAME, "-n", ns, "-o", "wide").splitlines()
+    return dict(zip(out[0].split(), out[1].split(), strict=False))
+
+
+# ---- the live probe -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Probe:
+    """Streamed completions, two at a time, to the Service's ready endpoints (round robin)."""
+
+    cp: ControlPlane
+    ns: str
+    stop: threading.Event = field(default_factory=threading.Event)
+    ok: Counter[str] = field(default_factory=Counter)  # pod IP -> completed requests
+    failed: Counter[str] = field(default_factory=Counter)  # pod IP -> failed requests
+    endpoints: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    turn: int = 0
+
+    def ready_endpoints(self) -> list[str]:
+        query = f"labelSelector=kubernetes.io/service-name={NAME}"
+        listing = get(self.cp, f"/apis/discovery.k8s.io/v1/namespaces/{self.ns}/endpointslices?{query}") or {}
+        return sorted(
+            address
+            for eps in listing.get("items", [])
+            for ep in eps.get("endpoints") or []
+            if (ep.get("conditions") or {}).get("ready")
+            for address in ep.get("addresses", [])
+        )
+
+    def watch(self) -> None:
+        while not self.stop.is_set():
+            try:
+                found = self.ready_endpoints()
+            except httpx.HTTPError:
+                found = self.endpoints
+            with self.lock:
+                self.endpoints = found
+            time.sleep(0.3)
+
+    def pick(self) -> str | None:
+        with self.lock:
+            if not self.endpoints:
+                return None
+            self.turn += 1
+            return self.endpoints[self.turn % len(self.endpoints)]
+
+    def client(self) -> None:
+        body = {"model": "Qwen/Qwen3-235B-A22B-FP8", "prompt": "roll", "max_tokens": 8, "stream": True}
+        while not self.stop.is_set():
+            ip = self.pick()
+            if ip is None:
+                time.sleep(0.1)
+                continue
+            try:
+                url = f"http://{ip}:8000/v1/completions"
+                with httpx.stream("POST", url, json=body, timeout=30, trust_env=False) as resp:
+                    lines = [line for line in resp.iter_lines() if line.startswith("data: ")]
+                good = resp.status_code == 200 and lines and lines[-1] == "data: [DONE]"
+                good = good and not any('"error"' in line for line in lines)
+            except httpx.HTTPError:
+                good = False
+            (self.ok if good else self.failed)[ip] += 1
+
+    def __enter__(self) -> Probe:
+        self.endpoints = self.ready_endpoints()
+        self.threads = [threading.Thread(target=self.watch, daemon=True)]
+        self.threads += [threading.Thread(target=self.client, daemon=True) for _ in range(2)]
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=40)
+
+
+# ---- the tests, in order ----------------------------------------------------------------------------------
+
+
+def test_kubectl_scale_to_three_puts_one_replica_per_node(cp: ControlPlane, ns: str, nodes: list[str]) -> None:
+    apply(cp, json.dumps(manifest(1)), ns)
+    wait_replicas(cp, ns, 1)
+    cp.kubectl("scale", f"pdd/{NAME}", "-n", ns, "--replicas", "3")
+    obj = wait_replicas(cp, ns, 3)
+    placed = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in serving(cp, ns)}
+    assert sorted(placed) == [NAME, f"{NAME}-1", f"{NAME}-2"] and sorted(placed.values()) == sorted(nodes)
+    st = obj["status"]
+    assert st["ready"] == "3/3" and [r["phase"] for r in st["replicaStatuses"]] == ["Ready"] * 3
+    assert all(r["available"] and r["kvTransfer"]["status"] == "True" for r in st["replicaStatuses"])
+    scale = get(cp, f"/apis/pd.serving.dev/v1alpha1/namespaces/{ns}/pddeployments/{NAME}/scale") or {}
+    assert scale["spec"]["replicas"] == 3 and scale["status"] == {"replicas": 3, "selector": SELECTOR}
+    wide = kubectl_get_wide(cp, ns)
+    assert (wide["READY"], wide["CONTAINERS"], wide["AVAILABLE"]) == ("3/3", "9/9", "3")
+    assert budget(cp, ns)["spec"]["minAvailable"] == 2
+    wait_for(lambda: budget(cp, ns).get("status", {}).get("currentHealthy") == 3, 30, "the budget to count 3 healthy")
+
+
+def test_a_spec_change_rolls_one_replica_at_a_time_under_a_live_probe(cp: ControlPlane, ns: str) -> None:
+    before = {p["metadata"]["name"]: p["status"]["podIP"] for p in serving(cp, ns)}
+    fewest_ready, seen_deleting = 3, set()
+    with Probe(cp, ns) as probe:
+        time.sleep(2)
+        assert sum(probe.ok.values()) > 0 and not probe.failed, (probe.ok, probe.failed)
+        apply(cp, json.dumps(manifest(3, grace_s=6)), ns)  # the pod spec changes: every pod rolls
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            live = serving(cp, ns)
+            ready = [p for p in live if is_true(p, "Ready") and not p["metadata"].get("deletionTimestamp")]
+            seen_deleting |= {p["metadata"]["name"] for p in live if p["metadata"].get("deletionTimestamp")}
+            fewest_ready = min(fewest_ready, len(ready))
+            obj = pdd(cp, ns, NAME) or {}
+            st = obj.get("status") or {}
+            rolled = st.get("observedGeneration") == obj["metadata"]["generation"] and st.get("updatedReplicas") == 3
+            if rolled and st.get("availableReplicas") == 3 and st.get("phase") == "Ready":
+                break
+            time.sleep(0.2)
+        time.sleep(1)
+    after = {p["metadata"]["name"]: p["status"]["podIP"] for p in serving(cp, ns)}
+    replaced = set(before.values()) - set(after.values())
+    on_replaced = sum(n for ip, n in probe.failed.items() if ip in replaced)
+    elsewhere = {ip: n for ip, n in probe.failed.items() if ip not in replaced}
+    log.info(
+        "rolling update: %d requests ok, %d failed on the replaced pods (in flight when they went), "
+        "%d elsewhere; fewest ready pods %d",
+        sum(probe.ok.values()),
+        on_replaced,
+        sum(elsewhere.values()),
+        fewest_ready,
+    )
+    assert seen_deleting == set(before) and len(replaced) == 3, f"every replica was replaced: {before} -> {after}"
+    assert fewest_ready >= 2, "at most maxUnavailable (1) replica out of service at a time"
+    assert not elsewhere, f"errors on pods that were not being replaced: {elsewhere}"
+    assert on_replaced <= 2 * 3, "at most the requests in flight (2 clients) on each replaced pod"
+    wait_replicas(cp, ns, 3)
+
+
+def test_a_node_drain_evicts_one_replica_and_the_budget_blocks_the_next(
+    cp: ControlPlane, ns: str, nodes: list[str]
+) -> None:
+    first, second = nodes[0], nodes[1]
+    try:
+        cp.kubectl("drain", first, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=60s")
+        assert first not in {p["spec"].get("nodeName") for p in serving(cp, ns)}
+        # the replacement cannot land anywhere (every other node's GPUs are taken): 2 of 3 serve
+        wait_for(lambda: ((pdd(cp, ns, NAME) or {}).get("status") or {}).get("readyReplicas") == 2, 60, "2 ready")
+        blocked = cp.kubectl(
+            "drain", second, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=10s", check=False
+        )
+        on_second = [p for p in serving(cp, ns) if p["spec"].get("nodeName") == second]
+        assert on_second and not on_second[0]["metadata"].get("deletionTimestamp"), blocked
+        status = (pdd(cp, ns, NAME) or {})["status"]
+        assert status["ready"] == "2/3" and status["phase"] in ("Pending", "Progressing")
+    finally:
+        cp.kubectl("uncordon", first, check=False)
+        cp.kubectl("uncordon", second, check=False)
+    wait_replicas(cp, ns, 3)
+
+
+def test_kubectl_scale_back_to_one(cp: ControlPlane, ns: str) -> None:
+    cp.kubectl("scale", f"pdd/{NAME}", "-n", ns, "--replicas", "1")
+    obj = wait_replicas(cp, ns, 1)
+    assert [p["metadata"]["name"] for p in serving(cp, ns)] == [NAME]
+    assert obj["status"]["ready"] == "1/1" and len(obj["status"]["replicaStatuses"]) == 1
+    assert budget(cp, ns)["spec"]["minAvailable"] == 0
