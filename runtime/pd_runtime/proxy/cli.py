@@ -1,4 +1,8 @@
-"""`pdctl proxy`: parse flags into a ProxyConfig, run the server until SIGTERM/SIGINT, drain, exit."""
+"""`pdctl proxy`: parse flags into a ProxyConfig, run the server until SIGTERM/SIGINT, drain, exit.
+
+With ``--router`` it runs the router in front of a PDDeployment's replicas instead (proxy/router.py):
+``--host`` and ``--port`` are then the router's, ``--admin-port`` the replicas' admin port.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ from pd_runtime import eventloop
 from pd_runtime.proxy.config import TIMEOUT_SUFFIX, ProxyConfig, Timeouts, flag_fields, flag_name
 from pd_runtime.proxy.logs import configure
 from pd_runtime.proxy.registry import static_engine
+from pd_runtime.proxy.router import SERVICE_ACCOUNT, RouterConfig
+from pd_runtime.proxy.router import serve as serve_router
 from pd_runtime.proxy.server import ProxyServer
 
 log = logging.getLogger(__name__)
@@ -35,7 +41,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loop", choices=eventloop.LOOP_CHOICES, default="auto", help="auto: uvloop when installed")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-format", choices=("text", "json"), default="text")
+    router = p.add_argument_group("router mode (several replicas of a PDDeployment behind one address)")
+    router.add_argument("--router", action="store_true", help="balance across the replicas' proxies")
+    router.add_argument("--pddeployment", help="discover the ready replicas of this PDDeployment (EndpointSlices)")
+    router.add_argument("--namespace", help="its namespace (default: the pod's own)")
+    router.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        metavar="HOST:PORT[=ADMIN_HOST:ADMIN_PORT]",
+        help="a fixed replica proxy (repeat), with its admin address when it is not HOST:--admin-port",
+    )
+    router.add_argument("--backend-port", type=int, default=8000, help="the replicas' API port")
     return p
+
+
+def router_config(args: argparse.Namespace) -> RouterConfig:
+    namespace = args.namespace
+    if namespace is None and (SERVICE_ACCOUNT / "namespace").exists():
+        namespace = (SERVICE_ACCOUNT / "namespace").read_text().strip()
+    return RouterConfig(
+        port=args.port,
+        host=args.host,
+        backends=tuple(b.split("=", 1)[0] for b in args.backend),
+        admin_addresses=dict(b.split("=", 1) for b in args.backend if "=" in b),
+        pddeployment=args.pddeployment,
+        namespace=namespace,
+        backend_port=args.backend_port,
+        admin_port=args.admin_port or 8001,
+    )
 
 
 def _dest(item: dataclasses.Field[Any], suffix: str) -> str:
@@ -103,11 +137,20 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error(f"--kv-wait-timeout {args.kv_wait_timeout:g} is above --kv-wait-limit {args.kv_wait_limit:g}")
 
 
-async def serve(config: ProxyConfig) -> None:
+def _stop_on_signals() -> asyncio.Event:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def route(config: RouterConfig) -> None:
+    await serve_router(config, _stop_on_signals())
+
+
+async def serve(config: ProxyConfig) -> None:
+    stop = _stop_on_signals()
     server = ProxyServer(config)
     try:
         await server.start()
@@ -122,6 +165,16 @@ async def serve(config: ProxyConfig) -> None:
 def main(argv: Sequence[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(list(argv))
+    if args.router:
+        if not args.backend and not args.pddeployment:
+            parser.error("--router needs --pddeployment NAME (EndpointSlice discovery) or --backend HOST:PORT")
+        configure(args.log_level, args.log_format)
+        try:
+            eventloop.run(route(router_config(args)), args.loop)
+        except OSError as exc:
+            log.error("router could not start: %s", exc)
+            return 1
+        return 0
     _check(parser, args)
     configure(args.log_level, args.log_format)
     config = config_from_args(args, dict(os.environ))
