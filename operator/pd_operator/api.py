@@ -488,25 +488,30 @@ class KVTransferSpec(ApiModel):
     )
 
 
+PCI_BUS_ID = r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$"  # extended BDF, as sysfs and DRA write it
+
+
 class DraSpec(ApiModel):
     """Dynamic Resource Allocation settings (strategy dra): one ResourceClaimTemplate, one request per engine."""
 
     device_class_name: Name = Field("gpu.amd.com", description="DeviceClass of the AMD GPU DRA driver.")
-    index_attribute: Annotated[
-        str, StringConstraints(min_length=1, max_length=63, pattern=r"^[A-Za-z][A-Za-z0-9]*$")
-    ] = Field(
-        "cardIndex",
-        description=(
-            "Device attribute (in the gpu.amd.com domain) compared with the GPU indices when pciAddresses is "
-            "empty. Check the node's ResourceSlices: card indices need not start at 0."
-        ),
-    )
-    pci_addresses: list[Annotated[str, StringConstraints(max_length=16, pattern=r"^[0-9a-fA-F:.]+$")]] = Field(
+    pci_addresses: list[Annotated[str, StringConstraints(max_length=12, pattern=PCI_BUS_ID)]] = Field(
         default_factory=list,
         max_length=64,
         description=(
-            "PCI bus addresses of GPU 0..N-1 on the node (from its ResourceSlices); when set, GPUs are "
-            "selected by pciAddr, the most stable identity."
+            "PCI bus addresses (extended BDF, lowercase: 0000:05:00.0) of GPU 0..N-1 of the node, required for "
+            "strategy dra: the GPU ranges are indices into this list. Read them from the node's ResourceSlices "
+            "(attribute resource.kubernetes.io/pciBusID; gpu.amd.com/pciAddr in older AMD DRA drivers). The "
+            "driver publishes no attribute meaning 'GPU index' (cardIndex is the DRM card minor, e.g. 40)."
+        ),
+    )
+
+    _rules = (
+        Rule(
+            cel="!has(self.pciAddresses) || self.pciAddresses.all(a, self.pciAddresses.filter(b, b == a).size() == 1)",
+            message="pciAddresses must be distinct: each names one GPU",
+            check=lambda s: len(set(s.pci_addresses)) == len(s.pci_addresses),
+            field_path=".pciAddresses",
         ),
     )
 
@@ -1421,6 +1426,15 @@ class PDDeploymentSpec(ApiModel):
             field_path=".qosClass",
         ),
         Rule(
+            cel="self.gpuAllocation.strategy != 'dra' || !(self.engine == 'vllm' || (has(self.simulation) && "
+            "has(self.simulation.reserveGpus) && self.simulation.reserveGpus)) || "
+            "(has(self.gpuAllocation.dra.pciAddresses) && size(self.gpuAllocation.dra.pciAddresses) > 0)",
+            message="gpuAllocation.strategy dra needs gpuAllocation.dra.pciAddresses (the PCI address of each GPU "
+            "of the node, from its ResourceSlices): the AMD DRA driver publishes no attribute that means GPU index",
+            check=lambda s: not s.uses_dra or bool(s.gpu_allocation.dra.pci_addresses),
+            field_path=".gpuAllocation.dra.pciAddresses",
+        ),
+        Rule(
             cel="!has(self.gpuAllocation.dra.pciAddresses) || size(self.gpuAllocation.dra.pciAddresses) == 0 || "
             "size(self.gpuAllocation.dra.pciAddresses) == self.node.gpusPerNode",
             message="gpuAllocation.dra.pciAddresses must list one address per GPU (node.gpusPerNode) or none",
@@ -1561,22 +1575,39 @@ class RoleStatus(ApiModel):
     gpus: RoleGpus | None = Field(None, description="GPUs of this container (engines only).")
 
 
+class AllocatedDevice(ApiModel):
+    """One device a ResourceClaim was allocated (its status.allocation.devices.results entry)."""
+
+    request: Annotated[str, StringConstraints(max_length=63)] = Field(description="The claim's request (an engine).")
+    driver: Annotated[str, StringConstraints(max_length=63)] = Field(description="DRA driver.")
+    pool: Annotated[str, StringConstraints(max_length=253)] = Field(description="Pool (the node, for the AMD driver).")
+    device: Annotated[str, StringConstraints(max_length=63)] = Field(description="Device name in the pool.")
+
+
 class GpuAssignment(ApiModel):
     """Which GPUs the engines use, and how certain that is."""
 
     strategy: Literal["devicePlugin", "hostDevices", "dra", "none"] = Field(
         description="gpuAllocation.strategy (none for simulated engines that reserve no GPUs)."
     )
-    prefill: Annotated[str, StringConstraints(max_length=64)] = Field(
+    prefill: Annotated[str, StringConstraints(max_length=256)] = Field(
         "-",
         description='Prefill GPUs ("0-3" pinned, "4 (plugin-chosen)" with the device plugin, "-" if none); '
         'several engines are listed together ("0-1, 2-3", "2+2 (plugin-chosen)").',
     )
-    decode: Annotated[str, StringConstraints(max_length=64)] = Field("-", description="Decode GPUs, same format.")
+    decode: Annotated[str, StringConstraints(max_length=256)] = Field("-", description="Decode GPUs, same format.")
     engines: list[Annotated[str, StringConstraints(max_length=64)]] = Field(
         default_factory=list, max_length=2, description="GPUs of engine-0 [, engine-1] in colocated mode."
     )
     note: Annotated[str, StringConstraints(max_length=1024)] = Field("", description="How exact the assignment is.")
+    claim: Annotated[str, StringConstraints(max_length=253)] | None = Field(
+        None, description="dra: the serving pod's ResourceClaim, whose allocation is reported in allocated."
+    )
+    allocated: list[AllocatedDevice] = Field(
+        default_factory=list,
+        max_length=64,
+        description="dra: the devices the ResourceClaim was allocated, read back from its status.allocation.",
+    )
 
 
 class LatencyStats(ApiModel):

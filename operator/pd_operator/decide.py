@@ -24,7 +24,7 @@ from pd_operator.observe import Event, NodeTrouble, Observation, ProxyReport, Re
 from pd_operator.refusals import ApiFailure, Refusal, refusal
 from pd_operator.settings import Settings
 from pd_operator.validation import SpecError, validate_spec
-from pd_operator.views import JobView, NodeView, PodView, pod_view
+from pd_operator.views import ClaimView, JobView, NodeView, PodView, pod_view
 
 Obj = dict[str, Any]
 ERROR_LIMIT = 1024
@@ -57,6 +57,8 @@ class Snapshot:
     nodes: Mapping[str, NodeView] = field(default_factory=dict)  # the serving pods' nodes, by name (kopf index)
     node_lost_grace_s: float = Settings.node_lost_grace_seconds
     probe_image: str | None = None  # the goodput probe Job's image (the operator's); None: the runtime image
+    claim_templates: Sequence[str] = ()  # the deployment's ResourceClaimTemplates, listed when claim_reads() asks
+    claims: Mapping[str, ClaimView] = field(default_factory=dict)  # ResourceClaim name -> view, from claim_reads()
 
 
 # ---- actions ---------------------------------------------------------------------------------------------
@@ -386,6 +388,32 @@ def proxy_urls(snap: Snapshot) -> dict[str, str]:
     return urls
 
 
+@dataclass(frozen=True)
+class ClaimReads:
+    """What to read about DRA before deciding: the deployment's claim templates, the pods' claims."""
+
+    templates: bool = False
+    claims: tuple[str, ...] = ()
+
+
+def claim_reads(snap: Snapshot) -> ClaimReads:
+    """Only a deployment whose GPUs come from DRA reads anything (and needs the RBAC for it)."""
+    try:
+        spec = validate_spec(snap.deployment.spec)
+    except SpecError:
+        return ClaimReads()
+    if not spec.uses_dra:
+        return ClaimReads()
+    claims = sorted({c for pod in _serving_pods(snap).values() if (c := pod.claims.get(render.DRA_CLAIM))})
+    return ClaimReads(templates=True, claims=tuple(claims))
+
+
+def _unused_claim_templates(snap: Snapshot, current: str | None) -> list[Action]:
+    """Replaced claim templates that no pod refers to any more: delete them (their claims live on)."""
+    used = {t for pod in snap.pods for t in pod.claim_templates}
+    return [Delete("ResourceClaimTemplate", t) for t in snap.claim_templates if t != current and t not in used]
+
+
 def _decision(previous: Mapping[str, Any], status: PDDeploymentStatus, actions: Sequence[Action]) -> Decision:
     return Decision(status, observe.merge_patch(previous, observe.wire(status)), tuple(actions))
 
@@ -409,6 +437,8 @@ def decide(snap: Snapshot) -> Decision:
     lay = layout.build(_owner(d), spec)
     children = render.children(lay)
     repairs: list[Action] = [Apply(obj) for obj in children.applied] if snap.repair_children else []
+    template = render.claim_template_name(lay) if lay.dra_device_class is not None else None
+    repairs += _unused_claim_templates(snap, template)
     serving = _serving_step(snap, spec, lay, children.pods, previous)
     obs = Observation(
         generation=d.generation,
@@ -422,6 +452,7 @@ def decide(snap: Snapshot) -> Decision:
         refusals=tuple(_refusal(key, failure) for key, failure in snap.failed.items()),
         children_written=snap.repair_children,
         autotune=tuning.state,
+        claims=snap.claims,
     )
     observed = observe.status(obs)
     ctx = ProbeContext(observed.phase, observed.goodput is not None, running, autotune.probe_due(tuning.state))

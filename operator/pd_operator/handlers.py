@@ -30,7 +30,7 @@ from pd_operator.kube import Kube, KubeError
 from pd_operator.observe import ProxyReport
 from pd_operator.refusals import ApiFailure
 from pd_operator.settings import Settings
-from pd_operator.views import JobView, NodeView, PodView, job_view, node_view, pod_view
+from pd_operator.views import ClaimView, JobView, NodeView, PodView, claim_view, job_view, node_view, pod_view
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -42,6 +42,8 @@ class KubeLike(Protocol):
     async def apply(self, obj: Obj) -> Obj: ...
     async def create(self, obj: Obj) -> Obj | None: ...
     async def delete(self, kind: str, namespace: str, name: str, grace_seconds: int | None = None) -> bool: ...
+    async def get(self, kind: str, namespace: str, name: str) -> Obj | None: ...
+    async def names(self, kind: str, namespace: str, label_selector: str) -> list[str]: ...
 
 
 async def fetch_proxy_status(url: str, timeout_s: float = Settings.proxy_timeout_seconds) -> ProxyReport:
@@ -114,6 +116,28 @@ async def execute(kube: KubeLike, snap: Snapshot, actions: tuple[Action, ...]) -
     return failed
 
 
+async def read_claims(kube: KubeLike, snap: Snapshot) -> Snapshot:
+    """DRA: the deployment's claim templates and its pods' ResourceClaims, as ``decide.claim_reads`` asks.
+
+    A failed read leaves its part empty: no template is then deleted, and the status waits for the claim.
+    """
+    reads, d = decide.claim_reads(snap), snap.deployment
+    templates: list[str] = []
+    claims: dict[str, ClaimView] = {}
+    try:
+        if reads.templates:
+            selector = f"{render.LABEL_DEPLOYMENT}={d.name}"
+            templates = await kube.names("ResourceClaimTemplate", d.namespace, selector)
+        for name in reads.claims:
+            if (obj := await kube.get("ResourceClaim", d.namespace, name)) is not None:
+                claims[name] = claim_view(obj)
+    except KubeError as exc:
+        metrics.RECONCILE_ERRORS.labels("ResourceClaim").inc()
+        log.warning("%s/%s: cannot read DRA objects: %s", d.namespace, d.name, exc)
+        templates = []
+    return dataclasses.replace(snap, claim_templates=templates, claims=claims)
+
+
 async def reconcile(snap: Snapshot, deps: Deps) -> Decision:
     """Read the proxies the core asks for (concurrently), decide, act; decide again if an action failed."""
     urls = decide.proxy_urls(snap)
@@ -123,6 +147,7 @@ async def reconcile(snap: Snapshot, deps: Deps) -> Decision:
             if report.error:
                 metrics.RECONCILE_ERRORS.labels("proxy").inc()
         snap = dataclasses.replace(snap, proxies=dict(zip(urls, reports, strict=True)))
+    snap = await read_claims(deps.kube, snap)
     decision = decide.decide(snap)
     failed = await execute(deps.kube, snap, decision.actions)
     if failed:

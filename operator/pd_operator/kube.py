@@ -40,6 +40,7 @@ KINDS: dict[str, Kind] = {
     "Job": Kind("batch/v1", "jobs"),
     "PodDisruptionBudget": Kind("policy/v1", "poddisruptionbudgets"),
     "ResourceClaimTemplate": Kind("resource.k8s.io/v1", "resourceclaimtemplates"),
+    "ResourceClaim": Kind("resource.k8s.io/v1", "resourceclaims"),
 }
 
 
@@ -129,6 +130,11 @@ class Kube:
                 return None
             raise
         return found
+
+    async def names(self, kind: str, namespace: str, label_selector: str) -> list[str]:
+        """Names of the objects of ``kind`` with the labels (one LIST, no watch)."""
+        listing: Obj = await self.call("GET", collection_path(kind, namespace), query={"labelSelector": label_selector})
+        return sorted(str(item["metadata"]["name"]) for item in listing.get("items") or [])
 
     async def create(self, obj: Obj) -> Obj | None:
         """Create; an object that already exists is not an error (a watch may lag behind our writes)."""

@@ -158,15 +158,21 @@ def _gpu_counts(spec: PDDeploymentSpec, engines: list[EngineContainer]) -> list[
     return counts
 
 
+# The AMD DRA driver names a GPU's PCI address with the standard attribute (k8s.io/dynamic-resource-
+# allocation deviceattribute.StandardDeviceAttributePCIBusID); its releases of 2025 used gpu.amd.com/pciAddr.
+# A selector that reads an attribute a device lacks fails the allocation, hence the guards.
+PCI_ATTRIBUTES = (("resource.kubernetes.io", "pciBusID"), ("gpu.amd.com", "pciAddr"))
+
+
 def _device_selector(spec: PDDeploymentSpec, eng: EngineContainer) -> str | None:
+    """DRA: this engine's GPUs by PCI address (admission requires the addresses for strategy dra)."""
     if not spec.uses_dra:
         return None
-    dra = spec.gpu_allocation.dra
-    if dra.pci_addresses:
-        listed = ", ".join(json.dumps(dra.pci_addresses[i]) for i in eng.gpus)
-        return f'device.attributes["gpu.amd.com"].pciAddr in [{listed}]'
-    listed = ", ".join(str(i) for i in eng.gpus)
-    return f'device.attributes["gpu.amd.com"].{dra.index_attribute} in [{listed}]'
+    listed = "[" + ", ".join(json.dumps(spec.gpu_allocation.dra.pci_addresses[i]) for i in eng.gpus) + "]"
+    return " || ".join(
+        f'("{name}" in device.attributes["{domain}"] && device.attributes["{domain}"].{name} in {listed})'
+        for domain, name in PCI_ATTRIBUTES
+    )
 
 
 def _engine(spec: PDDeploymentSpec, eng: EngineContainer, gpu_count: int | None) -> EngineInstance:

@@ -30,8 +30,8 @@ from pd_operator.api import (
 )
 from pd_operator.layout import EngineInstance, Layout
 from pd_operator.refusals import Refusal
-from pd_operator.render import PROXY_CONTAINER, selector_string
-from pd_operator.views import MESSAGE_LIMIT, ContainerView, PodView
+from pd_operator.render import DRA_CLAIM, PROXY_CONTAINER, selector_string
+from pd_operator.views import MESSAGE_LIMIT, ClaimView, ContainerView, PodView
 
 Obj = dict[str, Any]
 CRASH_REASONS = frozenset(
@@ -120,6 +120,7 @@ class Observation:
     refusals: Sequence[Refusal] = ()  # child writes the API server refused this time
     children_written: bool = True  # every applied child was written this time (drift repair)
     autotune: AutotuneStatus | None = None  # autotuning's state (spec.autotune), as decided this time
+    claims: Mapping[str, ClaimView] = field(default_factory=dict)  # ResourceClaim name -> what it was allocated
 
 
 @dataclass(frozen=True)
@@ -203,30 +204,51 @@ def role_statuses(layout: Layout, pod: PodView | None) -> list[RoleStatus]:
 _GPU_NOTES = {
     "devicePlugin": "the device plugin chose the devices; each container sees its GPUs as 0..N-1",
     "hostDevices": "pinned to physical indices through CUDA_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES",
-    "dra": "pinned by the ResourceClaimTemplate's device selectors",
+    "dra": "pinned by PCI address through the ResourceClaimTemplate",
     "none": "simulated engines reserve no GPUs",
 }
 
 
-def gpu_assignment(layout: Layout) -> GpuAssignment:
+def gpu_assignment(
+    layout: Layout, pod: PodView | None = None, claims: Mapping[str, ClaimView] | None = None
+) -> GpuAssignment:
+    """What the engines got: for dra, what the pod's ResourceClaim was allocated, read back from it."""
     strategy = layout.gpu_strategy
+    claim = None
+    if strategy == "dra" and pod is not None and (name := pod.claims.get(DRA_CLAIM)):
+        claim = (claims or {}).get(name, ClaimView(name))
 
     def shown(engines: Sequence[EngineInstance]) -> str:
         if strategy == "none" or not engines:
             return "-"
-        if strategy in ("hostDevices", "dra"):
+        if strategy == "dra":
+            names = {e.name for e in engines}
+            allocated = [d.device for d in (claim.devices if claim else ()) if d.request in names]
+            return ",".join(allocated) or "-"
+        if strategy == "hostDevices":
             return ", ".join(e.gpu_range for e in engines)
         return "+".join(str(len(e.gpus)) for e in engines) + " (plugin-chosen)"
 
     def of_role(role: str) -> list[EngineInstance]:
         return [e for e in layout.engines if e.role == role]
 
+    note = _GPU_NOTES[strategy]
+    if strategy == "dra":
+        if claim is None:
+            note = "waiting for the pod's ResourceClaim"
+        elif not claim.devices:
+            note = f"ResourceClaim {claim.name} is not allocated yet"
+        else:
+            pools = ", ".join(sorted({d.pool for d in claim.devices}))
+            note = f"allocated by ResourceClaim {claim.name} (pool {pools}), selected by PCI address"
     return GpuAssignment(
         strategy=strategy,
-        note=_GPU_NOTES[strategy],
+        note=note,
         prefill=shown(of_role("prefill")),
         decode=shown(of_role("decode")),
         engines=[shown([e]) for e in of_role("engine")],
+        claim=claim.name if claim else None,
+        allocated=list(claim.devices) if claim else [],
     )
 
 
@@ -572,7 +594,7 @@ def status(obs: Observation) -> PDDeploymentStatus:
             "pod_ip": pod.ip if pod else None,
             "node_name": pod.node if pod else None,
             "roles": first.roles,
-            "gpu_assignment": gpu_assignment(layout),
+            "gpu_assignment": gpu_assignment(layout, pod, obs.claims),
             "conditions": _with_transition_times(conds, obs.previous.conditions, obs.now, obs.generation),
             "goodput": goodput,
             "autotune": obs.autotune,

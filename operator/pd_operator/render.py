@@ -54,8 +54,8 @@ def service_name(owner: Owner) -> str:
     return owner.name
 
 
-def claim_template_name(owner: Owner) -> str:
-    return f"{owner.name}-gpus"
+def _digest(value: Any, length: int) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:length]
 
 
 def proxy_settings_name(owner: Owner) -> str:
@@ -101,8 +101,7 @@ def _metadata(owner: Owner, name: str, component: str) -> Obj:
 # ---- GPUs -------------------------------------------------------------------------------------------
 
 
-def claim_template(lay: Layout) -> Obj:
-    """DRA: one ResourceClaimTemplate with one request per engine, pinned by PCI address or index."""
+def _claim_template_spec(lay: Layout) -> Obj:
     requests = [
         {
             "name": eng.name,
@@ -115,11 +114,22 @@ def claim_template(lay: Layout) -> Obj:
         }
         for eng in lay.engines
     ]
+    return {"spec": {"devices": {"requests": requests}}}
+
+
+def claim_template_name(lay: Layout) -> str:
+    """``<name>-gpus-<digest of the template>``: a ResourceClaimTemplate's spec is immutable, so a changed
+    template is a new object under a new name, and the pod that refers to it changes with it (and rolls)."""
+    return f"{lay.owner.name}-gpus-{_digest(_claim_template_spec(lay), 10)}"
+
+
+def claim_template(lay: Layout) -> Obj:
+    """DRA: one ResourceClaimTemplate with one request per engine, pinned by PCI address."""
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
-        "metadata": _metadata(lay.owner, claim_template_name(lay.owner), COMPONENT_SERVING),
-        "spec": {"spec": {"devices": {"requests": requests}}},
+        "metadata": _metadata(lay.owner, claim_template_name(lay), COMPONENT_SERVING),
+        "spec": _claim_template_spec(lay),
     }
 
 
@@ -283,13 +293,13 @@ def _pod_spec(lay: Layout) -> Obj:
         pod["hostNetwork"] = True
         pod["dnsPolicy"] = "ClusterFirstWithHostNet"
     if lay.dra_device_class is not None:
-        pod["resourceClaims"] = [{"name": DRA_CLAIM, "resourceClaimTemplateName": claim_template_name(lay.owner)}]
+        pod["resourceClaims"] = [{"name": DRA_CLAIM, "resourceClaimTemplateName": claim_template_name(lay)}]
     return pod
 
 
 def spec_hash(pod_spec: Mapping[str, Any]) -> str:
     """A digest of the rendered pod spec; a different digest on the live pod means: roll it."""
-    return hashlib.sha256(json.dumps(pod_spec, sort_keys=True).encode()).hexdigest()[:16]
+    return _digest(pod_spec, 16)
 
 
 def pod(lay: Layout, index: int = 0) -> Obj:

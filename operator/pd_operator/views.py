@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pd_operator.api import AllocatedDevice
+
 MESSAGE_LIMIT = 1024
 ContainerState = Literal["waiting", "running", "terminated", "unknown"]
 ENDED_PHASES = ("Failed", "Succeeded")
@@ -57,6 +59,8 @@ class PodView:
     # taint key -> how long the pod tolerates that NoExecute taint (math.inf: forever); a key that is
     # missing is not tolerated at all. DefaultTolerationSeconds admission adds 300 s for both keys.
     node_loss_tolerations: Mapping[str, float] = field(default_factory=dict)
+    claim_templates: tuple[str, ...] = ()  # ResourceClaimTemplates the spec refers to
+    claims: Mapping[str, str] = field(default_factory=dict)  # pod claim name -> its ResourceClaim (status)
 
     @property
     def ended(self) -> bool:
@@ -166,6 +170,16 @@ def pod_view(obj: Mapping[str, Any]) -> PodView:
         scheduled=scheduled.get("status") == "True",
         scheduling_message=scheduled.get("message"),
         containers=tuple(_container(cs) for cs in status.get("containerStatuses") or []),
+        claim_templates=tuple(
+            str(c["resourceClaimTemplateName"])
+            for c in (obj.get("spec") or {}).get("resourceClaims") or []
+            if c.get("resourceClaimTemplateName")
+        ),
+        claims={
+            str(c.get("name")): str(c["resourceClaimName"])
+            for c in status.get("resourceClaimStatuses") or []
+            if c.get("resourceClaimName")
+        },
         node_loss_tolerations=node_loss_tolerations((obj.get("spec") or {}).get("tolerations") or []),
     )
 
@@ -197,4 +211,29 @@ def job_view(obj: Mapping[str, Any]) -> JobView:
         labels=dict(meta.get("labels") or {}),
         finished=bool(status.get("succeeded") or status.get("failed") or ended),
         failure=_job_failure(conditions),
+    )
+
+
+@dataclass(frozen=True)
+class ClaimView:
+    """A ResourceClaim: what its status.allocation says it got (empty until the scheduler allocated it)."""
+
+    name: str
+    devices: tuple[AllocatedDevice, ...] = ()
+
+
+def claim_view(obj: Mapping[str, Any]) -> ClaimView:
+    allocation = (obj.get("status") or {}).get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or []
+    return ClaimView(
+        name=str((obj.get("metadata") or {}).get("name", "")),
+        devices=tuple(
+            AllocatedDevice(
+                request=str(r.get("request", "")),
+                driver=str(r.get("driver", "")),
+                pool=str(r.get("pool", "")),
+                device=str(r.get("device", "")),
+            )
+            for r in results
+        ),
     )

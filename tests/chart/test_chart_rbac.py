@@ -61,7 +61,13 @@ def test_cluster_mode_grants_exactly_the_contract(helm: Path) -> None:
 
 def test_dra_rights_only_when_asked_for(helm: Path) -> None:
     """ResourceClaimTemplates are needed only by the dra GPU strategy, so they are opt-in."""
-    claim_templates = grants("*", {("resource.k8s.io", "resourceclaimtemplates"): "get list watch create patch delete"})
+    claim_templates = grants(
+        "*",
+        {
+            ("resource.k8s.io", "resourceclaimtemplates"): "get list watch create patch delete",
+            ("resource.k8s.io", "resourceclaims"): "get",  # the allocation, read back into status.gpuAssignment
+        },
+    )
     assert not claim_templates & rendered_grants(documents(render(helm)))
     with_dra = rendered_grants(documents(render(helm, sets=["rbac.dynamicResourceAllocation=true"])))
     assert with_dra == rendered_grants(documents(render(helm))) | claim_templates

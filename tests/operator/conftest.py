@@ -23,3 +23,8 @@ def load_example(name: str) -> dict[str, Any]:
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+# Strategy dra on the 8 GPUs of an MI300X node, pinned by PCI address (admission requires the addresses).
+PCI_ADDRESSES = [f"0000:{b:02x}:00.0" for b in (0x05, 0x26, 0x46, 0x65, 0x85, 0xA6, 0xC6, 0xE5)]
+DRA: dict[str, Any] = {"strategy": "dra", "dra": {"pciAddresses": PCI_ADDRESSES}}

@@ -12,7 +12,7 @@ from pd_operator import goodput, layout, naming, render
 from pd_operator.commands.render import objects_for
 from pd_operator.crd import spec_schema
 from pd_operator.validation import validate_spec
-from tests.operator.conftest import EXAMPLES, load_example
+from tests.operator.conftest import DRA, EXAMPLES, load_example
 
 # Kubernetes' own limits (k8s.io/apimachinery/pkg/util/validation): DNS-1123 subdomain, label value.
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -42,7 +42,7 @@ def test_longest_valid_name_gives_valid_children(path: Any, strategy: str) -> No
     assert len(LONGEST) == naming.MAX_NAME_LENGTH and naming.name_problems(LONGEST) == []
     raw = load_example(path.name)["spec"]
     if strategy == "dra":
-        raw = {**raw, "engine": "simulated", "simulation": {"reserveGpus": True}, "gpuAllocation": {"strategy": "dra"}}
+        raw = {**raw, "engine": "simulated", "simulation": {"reserveGpus": True}, "gpuAllocation": DRA}
     spec = validate_spec(raw)
     lay = layout.build(layout.Owner(name=LONGEST, namespace="a" * 63, uid="u"), spec)
     job = render.probe_job(lay, goodput.job_name(LONGEST, datetime(2026, 12, 1, tzinfo=UTC)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from pd_operator import api, layout, render
 from pd_operator.commands import render as render_command
 from pd_operator.engine_cmd import engine_command, engine_containers
 from pd_operator.validation import validate_spec
-from tests.operator.conftest import EXAMPLES, load_example
+from tests.operator.conftest import DRA, EXAMPLES, load_example
 
 GOLDEN = Path(__file__).with_name("golden") / "seed_appendix.sh"
 ALLOWED_EXTRA_CONFIG = {"host_ip", "backend", "transfer_timeout", "defer_timeout", "read_mode"}
@@ -390,25 +391,36 @@ def test_host_devices_pin_ranges_and_reserve_the_whole_node() -> None:
     assert total == 8
 
 
-def test_dra_renders_a_claim_template_selecting_by_index_or_pci_address() -> None:
-    spec = spec_of("qwen3-235b-write.yaml", gpuAllocation={"strategy": "dra"})
+def test_dra_renders_a_claim_template_selecting_by_pci_address() -> None:
+    spec = spec_of("qwen3-235b-write.yaml", gpuAllocation=DRA)
     objs = render.children(lay(spec)).all
     template = objs[0]
-    assert template["kind"] == "ResourceClaimTemplate" and template["metadata"]["name"] == "qwen-gpus"
+    name = template["metadata"]["name"]
+    assert template["kind"] == "ResourceClaimTemplate" and re.fullmatch(r"qwen-gpus-[0-9a-f]{10}", name)
     requests = template["spec"]["spec"]["devices"]["requests"]
     assert [r["name"] for r in requests] == ["prefill", "decode"]
+    listed = '["0000:85:00.0", "0000:a6:00.0", "0000:c6:00.0", "0000:e5:00.0"]'
     assert requests[1]["exactly"]["selectors"][0]["cel"]["expression"] == (
-        'device.attributes["gpu.amd.com"].cardIndex in [4, 5, 6, 7]'
+        f'("pciBusID" in device.attributes["resource.kubernetes.io"] && '
+        f'device.attributes["resource.kubernetes.io"].pciBusID in {listed}) || '
+        f'("pciAddr" in device.attributes["gpu.amd.com"] && device.attributes["gpu.amd.com"].pciAddr in {listed})'
     )
     pod = objs[-1]
-    assert pod["spec"]["resourceClaims"] == [{"name": "gpus", "resourceClaimTemplateName": "qwen-gpus"}]
+    assert pod["spec"]["resourceClaims"] == [{"name": "gpus", "resourceClaimTemplateName": name}]
     assert pod["spec"]["containers"][0]["resources"]["claims"] == [{"name": "gpus", "request": "prefill"}]
-    addresses = [f"0000:{i:02x}:00.0" for i in range(8)]
-    pinned = spec_of("qwen3-235b-write.yaml", gpuAllocation={"strategy": "dra", "dra": {"pciAddresses": addresses}})
-    expr = render.claim_template(lay(pinned))["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]
-    assert expr["cel"]["expression"].endswith(
-        'pciAddr in ["0000:00:00.0", "0000:01:00.0", "0000:02:00.0", "0000:03:00.0"]'
-    )
+
+
+def test_a_changed_claim_template_gets_a_new_name_and_rolls_the_pod() -> None:
+    """A ResourceClaimTemplate's spec is immutable: a change is a new template, and the pod follows it."""
+    before = render.children(lay(spec_of("qwen3-235b-write.yaml", gpuAllocation=DRA)))
+    moved = spec_of("qwen3-235b-write.yaml", gpuAllocation=DRA, prefill={"gpus": "0-1", "tensorParallelSize": 2})
+    after = render.children(lay(moved))
+    names = [c.applied[0]["metadata"]["name"] for c in (before, after)]
+    assert names[0] != names[1]
+    hashes = [c.pods[0]["metadata"]["annotations"][render.ANNOTATION_SPEC_HASH] for c in (before, after)]
+    assert hashes[0] != hashes[1]
+    again = render.children(lay(spec_of("qwen3-235b-write.yaml", gpuAllocation=DRA)))
+    assert again.applied[0]["metadata"]["name"] == names[0]  # same content, same name: nothing to replace
 
 
 def test_service_exposes_only_the_proxy_api_port() -> None:

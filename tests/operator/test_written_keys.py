@@ -27,7 +27,7 @@ from pd_operator.decide import Apply, Create, Decision, Deployment, Snapshot
 from pd_operator.observe import ProxyReport, wire
 from pd_operator.validation import SpecError, validate_spec
 from pd_operator.views import job_view, pod_view
-from tests.operator.conftest import EXAMPLES, REPO
+from tests.operator.conftest import DRA, EXAMPLES, REPO
 from tests.operator.podfacts import container_status, finished_job, proxy_status, running_pod, summary
 
 T0 = datetime(2026, 11, 29, 8, 0, 0, tzinfo=UTC)
@@ -112,8 +112,7 @@ def variants(spec: Obj) -> Iterator[Obj]:
         {},
         {"goodputProbe": {"enabled": True, "search": True, "seed": 7}},
         {"gpuAllocation": {"strategy": "hostDevices"}},
-        {"gpuAllocation": {"strategy": "dra"}},
-        {"gpuAllocation": {"strategy": "dra", "dra": {"pciAddresses": [f"0000:{i:02x}:00.0" for i in range(8)]}}},
+        {"gpuAllocation": DRA},
         {"modelStorage": {"persistentVolumeClaim": "models", "hubTokenSecret": {"name": "hf"}, "readOnly": True}},
         {"modelStorage": {"hostPath": "/data/hf"}},
         {"proxy": {"apiKeySecret": {"name": "key"}, "heartbeatTtlSeconds": 9, "timeouts": {"idleSeconds": 30}}},

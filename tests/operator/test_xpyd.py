@@ -13,7 +13,7 @@ from pd_operator.engine_cmd import engine_containers
 from pd_operator.observe import Observation, ReplicaObservation
 from pd_operator.validation import SpecError, validate_spec
 from pd_operator.views import pod_view
-from tests.operator.conftest import load_example
+from tests.operator.conftest import DRA, load_example
 from tests.operator.podfacts import container_status, running_pod
 
 OWNER = layout.Owner(name="xpyd", namespace="ns1", uid="uid-1", generation=1)
@@ -90,11 +90,11 @@ def test_host_devices_pin_each_instance_and_the_first_engine_holds_the_spare_gpu
 
 def test_dra_claims_one_request_per_instance() -> None:
     raw = load_example("qwen3-235b-2p1d.yaml")["spec"]
-    raw["gpuAllocation"] = {"strategy": "dra"}
+    raw["gpuAllocation"] = DRA
     template = render.claim_template(layout.build(OWNER, validate_spec(raw)))
     requests = template["spec"]["spec"]["devices"]["requests"]
     assert [(r["name"], r["exactly"]["count"]) for r in requests] == [("prefill-0", 2), ("prefill-1", 2), ("decode", 4)]
-    assert "in [2, 3]" in requests[1]["exactly"]["selectors"][0]["cel"]["expression"]
+    assert '["0000:46:00.0", "0000:65:00.0"]' in requests[1]["exactly"]["selectors"][0]["cel"]["expression"]
 
 
 def test_one_prefill_tp4_and_two_decode_tp2() -> None:

@@ -92,6 +92,9 @@ clusters) setting it needs update on the owner's finalizers; without this every 
 - apiGroups: [resource.k8s.io]
   resources: [resourceclaimtemplates]
   verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [resource.k8s.io]
+  resources: [resourceclaims]
+  verbs: [get]
 {{- end }}
 {{- end }}
 
