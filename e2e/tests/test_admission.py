@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 
 from e2e.cluster import REPO_ROOT, ControlPlane
+from e2e.devices import Gpu
+from e2e.resourceslices import pci_address
 from e2e.stack import Stack
 from e2e.tests.kube import POD_SECURITY, Obj, PodSecurityLevel, apply, condition, create_namespace, get, pdd, wait_for
 from pd_operator import layout, render
@@ -26,13 +28,14 @@ from pd_operator.validation import validate_spec
 LEVELS: tuple[PodSecurityLevel, ...] = ("restricted", "baseline", "privileged")  # strictest first
 NO_NODE = {"pd.serving.dev/e2e": "no-such-node"}  # the pods must never run: they would take the node's GPUs
 RDMA = {"rdma": {"resourceName": "rdma/hca_shared_devices_a"}}
+DRA = {"strategy": "dra", "dra": {"pciAddresses": [pci_address(Gpu(i)) for i in range(8)]}}  # required for dra
 # The rows of docs/gpu-allocation.md's table, by their first cell.
 CASES: dict[str, dict[str, Any]] = {
     "vllm devicePlugin rdma": {"kvTransfer": RDMA},
     "vllm devicePlugin rdma hostNetwork": {"kvTransfer": {"rdma": {**RDMA["rdma"], "hostNetwork": True}}},
     "vllm devicePlugin colocated": {"mode": "colocated"},
-    "vllm dra rdma": {"gpuAllocation": {"strategy": "dra"}, "kvTransfer": RDMA},
-    "vllm dra colocated": {"gpuAllocation": {"strategy": "dra"}, "mode": "colocated"},
+    "vllm dra rdma": {"gpuAllocation": DRA, "kvTransfer": RDMA},
+    "vllm dra colocated": {"gpuAllocation": DRA, "mode": "colocated"},
     "vllm hostDevices rdma": {"gpuAllocation": {"strategy": "hostDevices"}},
     "vllm hostDevices xgmi": {"gpuAllocation": {"strategy": "hostDevices"}, "kvTransfer": {"backend": "xgmi"}},
     "simulated devicePlugin": {"engine": "simulated", "simulation": {"reserveGpus": True}},
