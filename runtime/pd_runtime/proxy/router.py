@@ -59,21 +59,25 @@ class Router:
         self.replicas = kept
 
     async def scrape(self) -> None:
-        assert self.session is not None
+        """Every replica proxy's reported in-flight count, all at once, so a slow one delays no other."""
         while True:
-            for address in list(self.replicas):
-                admin = (
-                    self.config.admin_addresses.get(address) or f"{address.rsplit(':', 1)[0]}:{self.config.admin_port}"
-                )
-                url = f"http://{admin}/status"
-                try:
-                    async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=1)) as resp:
-                        body = await resp.json()
-                except (aiohttp.ClientError, TimeoutError, ValueError):
-                    continue
-                if address in self.replicas and isinstance(body, dict):
-                    self.replicas[address] = replace(self.replicas[address], reported=reported_in_flight(body))
+            addresses = list(self.replicas)
+            reports = await asyncio.gather(*(self._reported(address) for address in addresses))
+            for address, reported in zip(addresses, reports, strict=True):
+                if reported is not None and address in self.replicas:
+                    self.replicas[address] = replace(self.replicas[address], reported=reported)
             await asyncio.sleep(self.config.scrape_interval_s)
+
+    async def _reported(self, address: str) -> int | None:
+        """The in-flight count a replica's admin /status reports; None when it cannot be read."""
+        assert self.session is not None
+        admin = self.config.admin_addresses.get(address) or f"{address.rsplit(':', 1)[0]}:{self.config.admin_port}"
+        try:
+            async with self.session.get(f"http://{admin}/status", timeout=aiohttp.ClientTimeout(total=1)) as resp:
+                body = await resp.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+        return reported_in_flight(body) if isinstance(body, dict) else None
 
     async def discover(self) -> None:
         """List the Service's EndpointSlices, then watch them; re-list after any error."""
