@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import httpx
@@ -13,6 +16,7 @@ from e2e.cluster import ControlPlane
 
 T = TypeVar("T")
 Obj = dict[str, Any]
+log = logging.getLogger(__name__)
 
 
 def wait_for(check: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.3) -> T:
@@ -51,6 +55,80 @@ def pods(cp: ControlPlane, namespace: str, selector: str = "") -> list[Obj]:
     listing = get(cp, f"/api/v1/namespaces/{namespace}/pods{query}") or {}
     items: list[Obj] = listing.get("items", [])
     return items
+
+
+@dataclass
+class PodWatch:
+    """Every change to the pods a selector matches, as the API server's watch reports it.
+
+    Sampling pods with repeated lists misses a state that lasts less than one list (a pod deleted and
+    replaced between two polls); a watch sees each change in order, so what it records is exact.
+    """
+
+    cp: ControlPlane
+    namespace: str
+    selector: str
+    deleting: set[str] = field(default_factory=set)  # names of pods seen with a deletionTimestamp or deleted
+    fewest_ready: int | None = None  # fewest pods Ready and not being deleted, after any change
+    current: dict[str, Obj] = field(default_factory=dict)  # uid -> pod
+    failure: str = ""  # why the watch could not go on (then what it recorded is incomplete)
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def __enter__(self) -> PodWatch:
+        listing = get(self.cp, self.path()) or {}
+        self.current = {p["metadata"]["uid"]: p for p in listing.get("items", [])}
+        self.record()
+        version = listing["metadata"]["resourceVersion"]
+        self.thread = threading.Thread(target=self.follow, args=(version,), daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        if self.thread:
+            self.thread.join(timeout=30)
+        assert not self.failure, self.failure
+
+    def path(self, watch_from: str = "") -> str:
+        query = f"labelSelector={self.selector}"
+        if watch_from:  # the server ends each watch after a few seconds, so stop() is seen soon
+            query += f"&watch=1&resourceVersion={watch_from}&timeoutSeconds=5"
+        return f"/api/v1/namespaces/{self.namespace}/pods?{query}"
+
+    def follow(self, version: str) -> None:
+        while not self.stop.is_set() and not self.failure:
+            try:
+                with self.cp.http() as client, client.stream("GET", self.path(version)) as resp:
+                    resp.raise_for_status()
+                    for line in resp.iter_lines():
+                        if line.strip():
+                            version = self.apply_event(json.loads(line)) or version
+            except httpx.HTTPError as err:  # reconnect from the last version seen
+                log.warning("pod watch in %s interrupted (%s); resuming at %s", self.namespace, err, version)
+                time.sleep(0.2)
+
+    def apply_event(self, event: Obj) -> str:
+        obj = event["object"]
+        if event["type"] == "ERROR":  # e.g. 410 Gone: changes were missed, so nothing can be resumed exactly
+            self.failure = f"the pod watch in {self.namespace} failed: {obj}"
+            return ""
+        if event["type"] == "BOOKMARK":
+            return str(obj["metadata"]["resourceVersion"])
+        meta = obj["metadata"]
+        if event["type"] == "DELETED":
+            self.current.pop(meta["uid"], None)
+            self.deleting.add(meta["name"])
+        else:
+            self.current[meta["uid"]] = obj
+            if meta.get("deletionTimestamp"):
+                self.deleting.add(meta["name"])
+        self.record()
+        return str(meta["resourceVersion"])
+
+    def record(self) -> None:
+        ready = [p for p in self.current.values() if is_true(p, "Ready") and not p["metadata"].get("deletionTimestamp")]
+        self.fewest_ready = len(ready) if self.fewest_ready is None else min(self.fewest_ready, len(ready))
 
 
 def ready_pod(cp: ControlPlane, namespace: str, name: str) -> Obj | None:
