@@ -35,6 +35,7 @@ class KubeClient:
     """Async REST client authenticated by a bearer token (from a kubeconfig)."""
 
     def __init__(self, server: str, token: str, ca_pem: bytes, user_agent: str = "pd-e2e") -> None:
+        self.server = server
         ctx = ssl.create_default_context()
         ctx.load_verify_locations(cadata=ca_pem.decode())
         headers = {"Authorization": f"Bearer {token}", "User-Agent": user_agent}

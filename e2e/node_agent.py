@@ -31,6 +31,7 @@ import signal
 import socket
 import ssl
 import sys
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -201,6 +202,7 @@ class NodeAgent:
             post_event=self.post_event,
         )
         runner = await self._start_log_server(host_ip)
+        relay = await self._start_api_relay()
         try:
             await self.api.patch(f"/api/v1/nodes/{self.name}/status", {"status": self._node_status(host_ip)})
             tasks = [
@@ -216,7 +218,28 @@ class NodeAgent:
             await stop.wait()
             await self._cancel_running()
         finally:
+            if relay is not None:
+                relay.close()
             await self._shutdown(runner)
+
+    async def _start_api_relay(self) -> asyncio.Server | None:
+        """kube-proxy's part for the `kubernetes` Service: pods reach the API server (on the machine's
+        loopback) at the node's IP, port 443, which their hosts file names kubernetes.default.svc (a name
+        in the serving certificate), so in-cluster clients work as written."""
+        if self.network is None:
+            return None
+        api = urllib.parse.urlsplit(self.api.server)
+        host, port = api.hostname or "127.0.0.1", api.port or 443
+
+        async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                up_reader, up_writer = await asyncio.open_connection(host, port)
+            except OSError:
+                writer.close()
+                return
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+
+        return await asyncio.start_server(relay, sock=self.network.listening_socket(443))
 
     def _write_state(self) -> None:
         state = {"pid": os.getpid(), "node": self.name}
@@ -399,6 +422,8 @@ class NodeAgent:
         live = [w for w in self.workers.values() if w.sandbox_ready and w.sandbox.netns]
         addresses = [self._address(w) for w in live]
         targets = self.names.targets(addresses)
+        if self.network is not None:
+            targets[("default", "kubernetes")] = self.network.node_ip  # _start_api_relay
         for worker, address in zip(live, addresses, strict=True):
             hostname = worker.pod["spec"].get("hostname", worker.name)
             worker.sandbox.write_hosts(podspec.render_hosts(address, hostname, targets))
@@ -577,6 +602,18 @@ async def amain(args: argparse.Namespace) -> None:
     agent = NodeAgent(api, args)
     loop.add_signal_handler(signal.SIGUSR1, agent.power_off)
     await agent.run(stop)
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy one direction of a relayed connection until either side closes."""
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except OSError:
+        pass
+    finally:
+        writer.close()
 
 
 def main(argv: list[str] | None = None) -> int:
