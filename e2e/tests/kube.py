@@ -46,6 +46,19 @@ def get(cp: ControlPlane, path: str) -> Obj | None:
     return result
 
 
+def ready_addresses(cp: ControlPlane, namespace: str, service: str) -> list[str]:
+    """The ready endpoint addresses of a Service, from its EndpointSlices (what kube-proxy would route to)."""
+    query = f"labelSelector=kubernetes.io/service-name={service}"
+    listing = get(cp, f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices?{query}") or {}
+    return sorted(
+        address
+        for eps in listing.get("items", [])
+        for ep in eps.get("endpoints") or []
+        if (ep.get("conditions") or {}).get("ready")
+        for address in ep.get("addresses", [])
+    )
+
+
 def pod(cp: ControlPlane, namespace: str, name: str) -> Obj | None:
     return get(cp, f"/api/v1/namespaces/{namespace}/pods/{name}")
 

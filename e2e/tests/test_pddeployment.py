@@ -285,6 +285,12 @@ EXPECTED_RULES = {
     "networkpolicies.networking.k8s.io": {"get", "list", "watch", "create", "patch", "delete"},
     "jobs.batch": {"get", "list", "watch", "create", "delete"},
     "poddisruptionbudgets.policy": {"create", "patch"},
+    # spec.router's children; EndpointSlices only so that it may grant them to the router's Role
+    "deployments.apps": {"get", "create", "patch", "delete"},
+    "serviceaccounts": {"create", "patch", "delete"},
+    "roles.rbac.authorization.k8s.io": {"create", "patch", "delete"},
+    "rolebindings.rbac.authorization.k8s.io": {"create", "patch", "delete"},
+    "endpointslices.discovery.k8s.io": {"get", "list", "watch"},
     # cluster-wide install: peering through a ClusterKopfPeering only (namespaced KopfPeering rights
     # belong to the chart's watchNamespaces mode, where they replace this one)
     "clusterkopfpeerings.kopf.dev": {"get", "list", "watch", "patch"},

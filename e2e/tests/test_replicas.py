@@ -25,7 +25,7 @@ import yaml
 
 from e2e.cluster import REPO_ROOT, ControlPlane
 from e2e.stack import Stack, pool_placement
-from e2e.tests.kube import Obj, PodWatch, apply, create_namespace, get, pdd, pods, wait_for
+from e2e.tests.kube import Obj, PodWatch, apply, create_namespace, get, pdd, pods, ready_addresses, wait_for
 
 log = logging.getLogger(__name__)
 POOL, NODES = "replicas", 3
@@ -109,15 +109,7 @@ class Probe:
     turn: int = 0
 
     def ready_endpoints(self) -> list[str]:
-        query = f"labelSelector=kubernetes.io/service-name={NAME}"
-        listing = get(self.cp, f"/apis/discovery.k8s.io/v1/namespaces/{self.ns}/endpointslices?{query}") or {}
-        return sorted(
-            address
-            for eps in listing.get("items", [])
-            for ep in eps.get("endpoints") or []
-            if (ep.get("conditions") or {}).get("ready")
-            for address in ep.get("addresses", [])
-        )
+        return ready_addresses(self.cp, self.ns, NAME)
 
     def watch(self) -> None:
         while not self.stop.is_set():

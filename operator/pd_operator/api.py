@@ -814,6 +814,21 @@ class RolloutSpec(ApiModel):
     )
 
 
+class RouterSpec(ApiModel):
+    """The router: one address in front of every replica's proxy (`pdctl proxy --router`)."""
+
+    enabled: bool = Field(
+        False,
+        description=(
+            "Render a Deployment NAME-router running `pdctl proxy --router`, its Service NAME-router (API port "
+            "only) and a ServiceAccount allowed to watch this namespace's EndpointSlices. It sends each request "
+            "to the least loaded ready replica (in-flight requests, own and reported by the replica's admin "
+            "/status) instead of the Service's connection-level spreading. Disabling deletes them."
+        ),
+    )
+    replicas: int = Field(2, ge=1, le=16, description="Router pods (stateless; two survive the loss of one).")
+
+
 # ---- model storage, proxy, simulation, probe -------------------------------------------------------
 
 
@@ -1278,6 +1293,7 @@ class PDDeploymentSpec(ApiModel):
         default_factory=RolloutSpec, description="Rolling updates and disruption budget across replicas."
     )
     proxy: ProxySpec = Field(default_factory=ProxySpec, description="The proxy and its Service.")
+    router: RouterSpec = Field(default_factory=RouterSpec, description="A request router in front of the replicas.")
     simulation: SimulationSpec = Field(
         default_factory=SimulationSpec, description="Settings of engine simulated (ignored for vllm)."
     )

@@ -59,6 +59,7 @@ class Snapshot:
     probe_image: str | None = None  # the goodput probe Job's image (the operator's); None: the runtime image
     claim_templates: Sequence[str] = ()  # the deployment's ResourceClaimTemplates, listed when claim_reads() asks
     claims: Mapping[str, ClaimView] = field(default_factory=dict)  # ResourceClaim name -> view, from claim_reads()
+    router_found: bool = False  # the router Deployment exists (read on repairs while spec.router is disabled)
 
 
 # ---- actions ---------------------------------------------------------------------------------------------
@@ -418,6 +419,13 @@ def _decision(previous: Mapping[str, Any], status: PDDeploymentStatus, actions: 
     return Decision(status, observe.merge_patch(previous, observe.wire(status)), tuple(actions))
 
 
+def router_lookup(snap: Snapshot) -> str | None:
+    """The router Deployment to look for: only on repairs of a spec without a router (to delete an earlier one)."""
+    if not snap.repair_children or snap.deployment.spec.get("router", {}).get("enabled"):
+        return None
+    return render.router_name(_owner(snap.deployment))
+
+
 def decide(snap: Snapshot) -> Decision:
     """The desired status of one PDDeployment and the actions that get the cluster there."""
     d = snap.deployment
@@ -439,6 +447,8 @@ def decide(snap: Snapshot) -> Decision:
     repairs: list[Action] = [Apply(obj) for obj in children.applied] if snap.repair_children else []
     template = render.claim_template_name(lay) if lay.dra_device_class is not None else None
     repairs += _unused_claim_templates(snap, template)
+    if snap.router_found and not lay.router_replicas:
+        repairs += [Delete(kind, render.router_name(lay.owner)) for kind in render.ROUTER_KINDS]
     serving = _serving_step(snap, spec, lay, children.pods, previous)
     obs = Observation(
         generation=d.generation,

@@ -87,13 +87,16 @@ class ObjectState:
 # ---- reconcile ---------------------------------------------------------------------------------------------
 
 
-async def _execute(kube: KubeLike, namespace: str, action: Action) -> None:
+async def _execute(kube: KubeLike, namespace: str, action: Action) -> bool:
+    """Whether it wrote: an apply that changed nothing and a delete of what was gone are no writes."""
     if isinstance(action, Apply):
         await kube.apply(action.obj)
-    elif isinstance(action, Create):
+        return False
+    if isinstance(action, Create):
         await kube.create(action.obj)
-    elif isinstance(action, Delete):
-        await kube.delete(action.kind, namespace, action.name, action.grace_seconds)
+        return True
+    assert isinstance(action, Delete)
+    return await kube.delete(action.kind, namespace, action.name, action.grace_seconds)
 
 
 async def execute(kube: KubeLike, snap: Snapshot, actions: tuple[Action, ...]) -> dict[str, ApiFailure]:
@@ -104,13 +107,13 @@ async def execute(kube: KubeLike, snap: Snapshot, actions: tuple[Action, ...]) -
             continue
         kind = action.kind if isinstance(action, Delete) else action.obj["kind"]
         try:
-            await _execute(kube, d.namespace, action)
+            wrote = await _execute(kube, d.namespace, action)
         except KubeError as exc:
             metrics.RECONCILE_ERRORS.labels(kind).inc()
             log.warning("%s/%s: cannot %s: %s", d.namespace, d.name, action.key, exc)
             failed[action.key] = exc.failure
             continue
-        if not isinstance(action, Apply):  # an apply that changed nothing is no write
+        if wrote:
             metrics.CHILD_WRITES.labels(kind, action.key.split()[0]).inc()
             log.info("%s/%s: %s", d.namespace, d.name, action.key)
     return failed
@@ -138,6 +141,16 @@ async def read_claims(kube: KubeLike, snap: Snapshot) -> Snapshot:
     return dataclasses.replace(snap, claim_templates=templates, claims=claims)
 
 
+async def _exists(kube: KubeLike, snap: Snapshot, kind: str, name: str) -> bool:
+    """A failed read counts as absent: the next repair asks again."""
+    try:
+        return await kube.get(kind, snap.deployment.namespace, name) is not None
+    except KubeError as exc:
+        metrics.RECONCILE_ERRORS.labels(kind).inc()
+        log.warning("%s/%s: cannot read %s/%s: %s", snap.deployment.namespace, snap.deployment.name, kind, name, exc)
+        return False
+
+
 async def reconcile(snap: Snapshot, deps: Deps) -> Decision:
     """Read the proxies the core asks for (concurrently), decide, act; decide again if an action failed."""
     urls = decide.proxy_urls(snap)
@@ -148,6 +161,9 @@ async def reconcile(snap: Snapshot, deps: Deps) -> Decision:
                 metrics.RECONCILE_ERRORS.labels("proxy").inc()
         snap = dataclasses.replace(snap, proxies=dict(zip(urls, reports, strict=True)))
     snap = await read_claims(deps.kube, snap)
+    router = decide.router_lookup(snap)
+    if router is not None:
+        snap = dataclasses.replace(snap, router_found=await _exists(deps.kube, snap, "Deployment", router))
     decision = decide.decide(snap)
     failed = await execute(deps.kube, snap, decision.actions)
     if failed:

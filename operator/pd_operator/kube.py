@@ -41,6 +41,10 @@ KINDS: dict[str, Kind] = {
     "PodDisruptionBudget": Kind("policy/v1", "poddisruptionbudgets"),
     "ResourceClaimTemplate": Kind("resource.k8s.io/v1", "resourceclaimtemplates"),
     "ResourceClaim": Kind("resource.k8s.io/v1", "resourceclaims"),
+    "Deployment": Kind("apps/v1", "deployments"),
+    "ServiceAccount": Kind("v1", "serviceaccounts"),
+    "Role": Kind("rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings"),
 }
 
 

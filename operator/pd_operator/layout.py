@@ -129,6 +129,7 @@ class Layout:
     max_unavailable: int
     pod_template: PodTemplateSpec  # what the user adds to the serving pod (labels, volumes, ...)
     metrics_from: tuple[Mapping[str, Any], ...]  # NetworkPolicy peers allowed to scrape metrics
+    router_replicas: int  # 0: no router
 
     def engine(self, name: str) -> EngineInstance | None:
         return next((e for e in self.engines if e.name == name), None)
@@ -269,4 +270,5 @@ def build(owner: Owner, spec: PDDeploymentSpec) -> Layout:
         max_unavailable=spec.rollout.max_unavailable,
         pod_template=spec.pod_template,
         metrics_from=tuple(spec.network_policy.metrics_from),
+        router_replicas=spec.router.replicas if spec.router.enabled else 0,
     )

@@ -3,8 +3,9 @@
 Why a bare Pod and not a one-replica Deployment (with Recreate): the pod holds every GPU of the node,
 so no surge is possible and a rollout must be delete-then-create anyway; the operator needs the exact
 pod (one name, its containerStatuses) to report per-role readiness and GPU assignment, and it already
-watches it, so a ReplicaSet controller in between would add a second owner of the same decision and
-one more RBAC grant (apps/deployments) without adding behaviour. The operator recreates a deleted pod
+watches it, so a ReplicaSet controller in between would add a second owner of the same decision
+without adding behaviour. The router (spec.router) is the opposite case, stateless and GPU-less, so it
+is a Deployment. The operator recreates a deleted pod
 and rolls it when the rendered spec changes (``pd.serving.dev/spec-hash``). Replicas are more such pods
 with stable names (``NAME``, ``NAME-1``, ...), for the same reasons not a StatefulSet: the rollout waits
 for each replacement's KVTransferVerified, which only the operator reads (decide.rollout).
@@ -36,6 +37,7 @@ ANNOTATION_SPEC_HASH = f"{api.GROUP}/spec-hash"
 ANNOTATION_GENERATION = f"{api.GROUP}/generation"
 COMPONENT_SERVING = "serving"
 COMPONENT_PROBE = "goodput-probe"
+COMPONENT_ROUTER = "router"
 OPERATOR_POD_LABELS = {f"{api.GROUP}/operator": "true"}  # set by the chart on the operator's pods
 DRA_CLAIM = "gpus"
 PROXY_CONTAINER = "proxy"
@@ -62,6 +64,11 @@ def proxy_settings_name(owner: Owner) -> str:
     return f"{owner.name}-proxy"
 
 
+def router_name(owner: Owner) -> str:
+    """The router's Deployment, Service, ServiceAccount, Role and RoleBinding all share this name."""
+    return f"{owner.name}-router"
+
+
 def labels(owner: Owner, component: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "pddeployment",
@@ -75,6 +82,10 @@ def labels(owner: Owner, component: str) -> dict[str, str]:
 
 def serving_selector(owner: Owner) -> dict[str, str]:
     return {LABEL_DEPLOYMENT: owner.name, LABEL_COMPONENT: COMPONENT_SERVING}
+
+
+def router_selector(owner: Owner) -> dict[str, str]:
+    return {LABEL_DEPLOYMENT: owner.name, LABEL_COMPONENT: COMPONENT_ROUTER}
 
 
 def selector_string(owner: Owner) -> str:
@@ -328,13 +339,17 @@ def pod(lay: Layout, index: int = 0) -> Obj:
 
 def service(lay: Layout) -> Obj:
     """Only the proxy's OpenAI port; engines and the admin port stay unexposed."""
-    owner = lay.owner
+    return _api_service(lay, service_name(lay.owner), COMPONENT_SERVING, serving_selector(lay.owner))
+
+
+def _api_service(lay: Layout, name: str, component: str, selector: dict[str, str]) -> Obj:
+    """A Service for the OpenAI API port of the pods selected (the serving pods' proxies, or the router)."""
     port = {"name": "http", "port": lay.proxy.port, "targetPort": "http", "protocol": "TCP"}
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(owner, service_name(owner), COMPONENT_SERVING),
-        "spec": {"type": lay.proxy.service_type, "selector": serving_selector(owner), "ports": [port]},
+        "metadata": _metadata(lay.owner, name, component),
+        "spec": {"type": lay.proxy.service_type, "selector": selector, "ports": [port]},
     }
 
 
@@ -377,10 +392,19 @@ def network_policy(lay: Layout) -> Obj:
                 {"ports": [{"port": proxy.port, "protocol": "TCP"}]},
                 {"from": [operator_peer], "ports": [{"port": proxy.admin_port, "protocol": "TCP"}]},
                 *scrapers,
+                *_router_ingress(lay),
                 {"from": [{"podSelector": {"matchLabels": serving_selector(owner)}}]},
             ],
         },
     }
+
+
+def _router_ingress(lay: Layout) -> list[Obj]:
+    """The router pods reach every replica's API port and the admin port it reads load from."""
+    if not lay.router_replicas:
+        return []
+    ports = [{"port": p, "protocol": "TCP"} for p in (lay.proxy.port, lay.proxy.admin_port)]
+    return [{"from": [{"podSelector": {"matchLabels": router_selector(lay.owner)}}], "ports": ports}]
 
 
 def disruption_budget_name(owner: Owner) -> str:
@@ -445,6 +469,104 @@ def probe_job(lay: Layout, job_name: str, image: str | None = None) -> Obj:
     }
 
 
+# ---- router ------------------------------------------------------------------------------------------------
+
+ROUTER_CONTAINER = "router"
+# What the router's ServiceAccount may do, and so (RBAC escalation rule) what the operator must hold itself.
+ROUTER_RULES: tuple[Obj, ...] = (
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+)
+# Everything the router renders, for deleting it when spec.router.enabled goes false. The Deployment goes
+# last: the operator looks for it to know whether there is anything to delete.
+ROUTER_KINDS = ("Service", "RoleBinding", "Role", "ServiceAccount", "Deployment")
+
+
+def _router_container(lay: Layout) -> Obj:
+    owner, proxy = lay.owner, lay.proxy
+    argv = ["pdctl", "proxy", "--router", "--pddeployment", owner.name, "--namespace", owner.namespace]
+    argv += [
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(proxy.port),
+        "--backend-port",
+        str(proxy.port),
+        "--admin-port",
+        str(proxy.admin_port),
+    ]
+    return {
+        "name": ROUTER_CONTAINER,
+        "image": lay.image,
+        "imagePullPolicy": lay.image_pull_policy,
+        "command": argv,
+        "ports": [{"name": "http", "containerPort": proxy.port, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "250m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        "securityContext": dict(_RESTRICTED),
+        "volumeMounts": [dict(_TMP_MOUNT)],
+        # Ready once it has found a ready replica; /health answers as long as it runs.
+        "readinessProbe": _http_probe("/ready", "http", 5, 3, 5),
+        "livenessProbe": _http_probe("/health", "http", 15, 6, 10),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+def router_deployment(lay: Layout) -> Obj:
+    """Stateless pods, so a Deployment (rolling, surge allowed): unlike the serving pods they hold no GPUs."""
+    owner = lay.owner
+    pod_spec: Obj = {
+        "serviceAccountName": router_name(owner),
+        "automountServiceAccountToken": True,  # the EndpointSlice watch authenticates with it
+        "enableServiceLinks": False,
+        "containers": [_router_container(lay)],
+        "volumes": [dict(_TMP_VOLUME)],
+        **_pull_secrets(lay),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(owner, router_name(owner), COMPONENT_ROUTER),
+        "spec": {
+            "replicas": lay.router_replicas,
+            "selector": {"matchLabels": router_selector(owner)},
+            "template": {"metadata": {"labels": labels(owner, COMPONENT_ROUTER)}, "spec": pod_spec},
+        },
+    }
+
+
+def router_service(lay: Layout) -> Obj:
+    return _api_service(lay, router_name(lay.owner), COMPONENT_ROUTER, router_selector(lay.owner))
+
+
+def router_rbac(lay: Layout) -> list[Obj]:
+    """ServiceAccount, Role (read EndpointSlices in this namespace only) and the RoleBinding between them."""
+    owner = lay.owner
+    name = router_name(owner)
+    rbac = "rbac.authorization.k8s.io"
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _metadata(owner, name, COMPONENT_ROUTER)},
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "Role",
+            "metadata": _metadata(owner, name, COMPONENT_ROUTER),
+            "rules": [dict(r) for r in ROUTER_RULES],
+        },
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "RoleBinding",
+            "metadata": _metadata(owner, name, COMPONENT_ROUTER),
+            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
+        },
+    ]
+
+
+def router(lay: Layout) -> list[Obj]:
+    """The router's objects, RBAC first so the pods start with their permissions in place; none when disabled."""
+    if not lay.router_replicas:
+        return []
+    return [*router_rbac(lay), router_service(lay), router_deployment(lay)]
+
+
 @dataclass(frozen=True)
 class Children:
     """Everything the operator keeps in place for a PDDeployment.
@@ -469,7 +591,7 @@ class Children:
 
 
 def children(lay: Layout) -> Children:
-    applied = [service(lay), network_policy(lay), disruption_budget(lay), proxy_settings(lay)]
+    applied = [service(lay), network_policy(lay), disruption_budget(lay), proxy_settings(lay), *router(lay)]
     if lay.dra_device_class is not None:
         applied.insert(0, claim_template(lay))
     return Children(applied=tuple(applied), pods=tuple(pod(lay, i) for i in range(lay.replicas)))

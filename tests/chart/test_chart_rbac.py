@@ -21,6 +21,12 @@ NAMESPACED_NEEDS: dict[tuple[str, str], str] = {
     ("networking.k8s.io", "networkpolicies"): "get list watch create patch delete",
     ("batch", "jobs"): "get list watch create delete",
     ("policy", "poddisruptionbudgets"): "create patch",  # server-side apply only
+    # spec.router: applied, deleted when disabled; EndpointSlices only to grant them to the router (escalation)
+    ("apps", "deployments"): "get create patch delete",
+    ("", "serviceaccounts"): "create patch delete",
+    ("rbac.authorization.k8s.io", "roles"): "create patch delete",
+    ("rbac.authorization.k8s.io", "rolebindings"): "create patch delete",
+    ("discovery.k8s.io", "endpointslices"): "get list watch",
 }
 CLUSTER_NEEDS: dict[tuple[str, str], str] = {
     ("", "namespaces"): "list watch",

@@ -88,6 +88,21 @@ clusters) setting it needs update on the owner's finalizers; without this every 
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [create, patch]
+{{- /* spec.router: its Deployment, Service (above) and ServiceAccount, Role and RoleBinding, kept by
+server-side apply; when disabled, a Deployment found (get) is deleted with the rest. RBAC's escalation rule lets the operator grant the router's
+Role only what it holds itself: reading EndpointSlices, which it never does otherwise. */}}
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, create, patch, delete]
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [create, patch, delete]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [create, patch, delete]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [get, list, watch]
 {{- if .Values.rbac.dynamicResourceAllocation }}
 - apiGroups: [resource.k8s.io]
   resources: [resourceclaimtemplates]

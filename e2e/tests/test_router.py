@@ -1,0 +1,106 @@
+"""spec.router: the operator's router Deployment in front of two replicas, a completion streamed through
+its Service, and disabling it removes every router object.
+
+The router pods are real Deployment pods (the controller-manager makes the ReplicaSet and its pods, the
+node agent runs them), find the replicas by watching the PDDeployment Service's EndpointSlices with their
+own ServiceAccount token (so the operator-rendered Role is what lets them), and read each replica's admin
+/status through the serving NetworkPolicy's router rule.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import yaml
+
+from e2e.cluster import REPO_ROOT, ControlPlane
+from e2e.stack import Stack
+from e2e.tests.kube import (
+    Obj,
+    apply,
+    create_namespace,
+    get,
+    ready_addresses,
+    stream_completion,
+    wait_for,
+    wait_pdd_ready,
+)
+
+NAME = "rt"
+ROUTER = f"{NAME}-router"
+ROUTER_OBJECTS = {
+    "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments/" + ROUTER,
+    "Service": "/api/v1/namespaces/{ns}/services/" + ROUTER,
+    "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts/" + ROUTER,
+    "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/" + ROUTER,
+    "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings/" + ROUTER,
+}
+
+
+@pytest.fixture(scope="module")
+def ns(operator: Stack, cp: ControlPlane) -> Iterator[str]:
+    name = create_namespace(cp, "t-router")
+    yield name
+    cp.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def manifest(router: bool) -> str:
+    obj: Obj = yaml.safe_load((REPO_ROOT / "examples" / "simulated-write.yaml").read_text())
+    obj["metadata"]["name"] = NAME
+    obj["spec"]["replicas"] = 2
+    obj["spec"]["goodputProbe"]["enabled"] = False
+    obj["spec"]["router"] = {"enabled": router}
+    return yaml.safe_dump(obj)
+
+
+def router_status(ip: str) -> Obj:
+    status: Obj = httpx.get(f"http://{ip}:8000/status", timeout=5, trust_env=False).json()
+    return status
+
+
+def exactly(expected: int, values: list[str]) -> list[str] | None:
+    """The values once there are as many as expected (EndpointSlices and router watches catch up at their pace)."""
+    return values if len(values) == expected else None
+
+
+def owners(cp: ControlPlane, path: str) -> list[tuple[str, str]] | None:
+    obj = get(cp, path)
+    return None if obj is None else [(r["kind"], r["uid"]) for r in obj["metadata"].get("ownerReferences") or []]
+
+
+def sees(router_ip: str, replicas: list[str]) -> bool | None:
+    return sorted(r["address"] for r in router_status(router_ip)["replicas"]) == replicas or None
+
+
+def test_router_serves_both_replicas_and_goes_when_disabled(cp: ControlPlane, ns: str) -> None:
+    apply(cp, manifest(router=True), ns)
+    owner = wait_pdd_ready(cp, ns, NAME, timeout_s=300)
+    for kind, path in ROUTER_OBJECTS.items():
+        refs = wait_for(functools.partial(owners, cp, path.format(ns=ns)), 120, f"router {kind}")
+        assert refs == [("PDDeployment", owner["metadata"]["uid"])], (kind, refs)
+
+    def deployment_ready() -> Obj | None:
+        dep = get(cp, ROUTER_OBJECTS["Deployment"].format(ns=ns)) or {}
+        return dep if (dep.get("status") or {}).get("readyReplicas") == 2 else None
+
+    wait_for(deployment_ready, 300, "router Deployment with 2 ready pods")
+    routers = wait_for(lambda: exactly(2, ready_addresses(cp, ns, ROUTER)), 180, "2 ready router endpoints")
+    serving = wait_for(lambda: exactly(2, ready_addresses(cp, ns, NAME)), 180, "2 ready serving endpoints")
+    expected = [f"{a}:8000" for a in serving]
+    for ip in routers:
+        # each router finds both replicas through its own EndpointSlice watch
+        wait_for(functools.partial(sees, ip, expected), 180, f"router {ip} seeing replicas {expected}")
+        assert stream_completion(ip), f"empty completion through router {ip}"
+    routed = [r["routed"] for r in router_status(routers[0])["replicas"]]
+    assert sum(routed) >= 1, routed
+
+    apply(cp, manifest(router=False), ns)
+
+    def router_gone() -> bool | None:
+        left = [kind for kind, path in ROUTER_OBJECTS.items() if get(cp, path.format(ns=ns)) is not None]
+        return not left or None
+
+    wait_for(router_gone, 180, "every router object deleted after spec.router.enabled: false")
