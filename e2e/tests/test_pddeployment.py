@@ -284,7 +284,7 @@ EXPECTED_RULES = {
     "events.events.k8s.io": {"create", "patch"},
     "networkpolicies.networking.k8s.io": {"get", "list", "watch", "create", "patch", "delete"},
     "jobs.batch": {"get", "list", "watch", "create", "delete"},
-    "poddisruptionbudgets.policy": {"create", "patch"},
+    "poddisruptionbudgets.policy": {"get", "create", "patch", "delete"},
     # spec.router's children; EndpointSlices only so that it may grant them to the router's Role
     "deployments.apps": {"get", "create", "patch", "delete"},
     "serviceaccounts": {"create", "patch", "delete"},

@@ -1,5 +1,6 @@
-"""spec.router: the operator's router Deployment in front of two replicas, a completion streamed through
-its Service, and disabling it removes every router object.
+"""spec.router: the operator's router Deployment in front of two replicas (with its NetworkPolicy and
+PodDisruptionBudget), a completion streamed through each router pod, and disabling it removes every
+router object.
 
 The router pods are real Deployment pods (the controller-manager makes the ReplicaSet and its pods, the
 node agent runs them), find the replicas by watching the PDDeployment Service's EndpointSlices with their
@@ -37,6 +38,8 @@ ROUTER_OBJECTS = {
     "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts/" + ROUTER,
     "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/" + ROUTER,
     "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings/" + ROUTER,
+    "NetworkPolicy": "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/" + ROUTER,
+    "PodDisruptionBudget": "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/" + ROUTER,
 }
 
 
@@ -71,6 +74,13 @@ def owners(cp: ControlPlane, path: str) -> list[tuple[str, str]] | None:
     return None if obj is None else [(r["kind"], r["uid"]) for r in obj["metadata"].get("ownerReferences") or []]
 
 
+def budget_counts(cp: ControlPlane, ns: str, pods: int) -> bool | None:
+    budget = get(cp, ROUTER_OBJECTS["PodDisruptionBudget"].format(ns=ns)) or {}
+    status = budget.get("status") or {}
+    counted = (status.get("expectedPods"), status.get("currentHealthy"), status.get("disruptionsAllowed"))
+    return counted == (pods, pods, 1) or None
+
+
 def sees(router_ip: str, replicas: list[str]) -> bool | None:
     return sorted(r["address"] for r in router_status(router_ip)["replicas"]) == replicas or None
 
@@ -86,7 +96,13 @@ def test_router_serves_both_replicas_and_goes_when_disabled(cp: ControlPlane, ns
         dep = get(cp, ROUTER_OBJECTS["Deployment"].format(ns=ns)) or {}
         return dep if (dep.get("status") or {}).get("readyReplicas") == 2 else None
 
-    wait_for(deployment_ready, 300, "router Deployment with 2 ready pods")
+    dep = wait_for(deployment_ready, 300, "router Deployment with 2 ready pods")
+    anti = dep["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert list(anti) == ["preferredDuringSchedulingIgnoredDuringExecution"], anti
+    # the disruption controller counts exactly the router pods (not the serving ones) under the budget
+    wait_for(functools.partial(budget_counts, cp, ns, 2), 180, "the router budget to count 2 healthy router pods")
+    policy = get(cp, ROUTER_OBJECTS["NetworkPolicy"].format(ns=ns)) or {}
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"], policy
     routers = wait_for(lambda: exactly(2, ready_addresses(cp, ns, ROUTER)), 180, "2 ready router endpoints")
     serving = wait_for(lambda: exactly(2, ready_addresses(cp, ns, NAME)), 180, "2 ready serving endpoints")
     expected = [f"{a}:8000" for a in serving]

@@ -820,8 +820,10 @@ class RouterSpec(ApiModel):
     enabled: bool = Field(
         False,
         description=(
-            "Render a Deployment NAME-router running `pdctl proxy --router`, its Service NAME-router (API port "
-            "only) and a ServiceAccount allowed to watch this namespace's EndpointSlices. It sends each request "
+            "Render a Deployment NAME-router running `pdctl proxy --router` (pods spread across nodes where "
+            "possible), its Service NAME-router (API port only), a NetworkPolicy, a PodDisruptionBudget "
+            "(maxUnavailable 1, with more than one pod) and a ServiceAccount allowed to watch this namespace's "
+            "EndpointSlices. It sends each request "
             "to the least loaded ready replica (in-flight requests, own and reported by the replica's admin "
             "/status) instead of the Service's connection-level spreading. Disabling deletes them."
         ),

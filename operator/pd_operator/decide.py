@@ -59,7 +59,7 @@ class Snapshot:
     probe_image: str | None = None  # the goodput probe Job's image (the operator's); None: the runtime image
     claim_templates: Sequence[str] = ()  # the deployment's ResourceClaimTemplates, listed when claim_reads() asks
     claims: Mapping[str, ClaimView] = field(default_factory=dict)  # ResourceClaim name -> view, from claim_reads()
-    router_found: bool = False  # the router Deployment exists (read on repairs while spec.router is disabled)
+    router_found: bool = False  # what router_lookup() names exists (read on repairs)
 
 
 # ---- actions ---------------------------------------------------------------------------------------------
@@ -419,11 +419,27 @@ def _decision(previous: Mapping[str, Any], status: PDDeploymentStatus, actions: 
     return Decision(status, observe.merge_patch(previous, observe.wire(status)), tuple(actions))
 
 
-def router_lookup(snap: Snapshot) -> str | None:
-    """The router Deployment to look for: only on repairs of a spec without a router (to delete an earlier one)."""
-    if not snap.repair_children or snap.deployment.spec.get("router", {}).get("enabled"):
+def router_lookup(snap: Snapshot) -> tuple[str, str] | None:
+    """The (kind, name) to look for on repairs, to delete what an earlier spec rendered: the router
+    Deployment when the router is off (the rest goes with it), its PodDisruptionBudget with one pod."""
+    if not snap.repair_children:
         return None
-    return render.router_name(_owner(snap.deployment))
+    try:
+        router = validate_spec(snap.deployment.spec).router
+    except SpecError:
+        return None
+    name = render.router_name(_owner(snap.deployment))
+    if not router.enabled:
+        return ("Deployment", name)
+    return ("PodDisruptionBudget", name) if router.replicas == 1 else None
+
+
+def _router_leftovers(snap: Snapshot, lay: Layout) -> list[Action]:
+    """Deletes for what router_lookup found and the spec no longer renders."""
+    if not snap.router_found or lay.router_replicas > 1:
+        return []
+    kinds = ("PodDisruptionBudget",) if lay.router_replicas else render.ROUTER_KINDS
+    return [Delete(kind, render.router_name(lay.owner)) for kind in kinds]
 
 
 def decide(snap: Snapshot) -> Decision:
@@ -447,8 +463,7 @@ def decide(snap: Snapshot) -> Decision:
     repairs: list[Action] = [Apply(obj) for obj in children.applied] if snap.repair_children else []
     template = render.claim_template_name(lay) if lay.dra_device_class is not None else None
     repairs += _unused_claim_templates(snap, template)
-    if snap.router_found and not lay.router_replicas:
-        repairs += [Delete(kind, render.router_name(lay.owner)) for kind in render.ROUTER_KINDS]
+    repairs += _router_leftovers(snap, lay)
     serving = _serving_step(snap, spec, lay, children.pods, previous)
     obs = Observation(
         generation=d.generation,

@@ -161,9 +161,8 @@ async def reconcile(snap: Snapshot, deps: Deps) -> Decision:
                 metrics.RECONCILE_ERRORS.labels("proxy").inc()
         snap = dataclasses.replace(snap, proxies=dict(zip(urls, reports, strict=True)))
     snap = await read_claims(deps.kube, snap)
-    router = decide.router_lookup(snap)
-    if router is not None:
-        snap = dataclasses.replace(snap, router_found=await _exists(deps.kube, snap, "Deployment", router))
+    if (lookup := decide.router_lookup(snap)) is not None:
+        snap = dataclasses.replace(snap, router_found=await _exists(deps.kube, snap, *lookup))
     decision = decide.decide(snap)
     failed = await execute(deps.kube, snap, decision.actions)
     if failed:

@@ -353,10 +353,14 @@ def _api_service(lay: Layout, name: str, component: str, selector: dict[str, str
     }
 
 
+def _tcp(*ports: int) -> list[Obj]:
+    return [{"port": port, "protocol": "TCP"} for port in ports]
+
+
 def _metrics_ports(lay: Layout) -> list[Obj]:
     """Where metrics are served: each engine's vLLM /metrics on its HTTP port, the proxy's on its admin port."""
     engines = [port for e in lay.engines for name, port in e.ports if name == f"{e.port_prefix}-http"]
-    return [{"port": port, "protocol": "TCP"} for port in [*engines, lay.proxy.admin_port]]
+    return _tcp(*engines, lay.proxy.admin_port)
 
 
 def proxy_settings(lay: Layout) -> Obj:
@@ -389,8 +393,8 @@ def network_policy(lay: Layout) -> Obj:
             "podSelector": {"matchLabels": serving_selector(owner)},
             "policyTypes": ["Ingress"],
             "ingress": [
-                {"ports": [{"port": proxy.port, "protocol": "TCP"}]},
-                {"from": [operator_peer], "ports": [{"port": proxy.admin_port, "protocol": "TCP"}]},
+                {"ports": _tcp(proxy.port)},
+                {"from": [operator_peer], "ports": _tcp(proxy.admin_port)},
                 *scrapers,
                 *_router_ingress(lay),
                 {"from": [{"podSelector": {"matchLabels": serving_selector(owner)}}]},
@@ -403,7 +407,7 @@ def _router_ingress(lay: Layout) -> list[Obj]:
     """The router pods reach every replica's API port and the admin port it reads load from."""
     if not lay.router_replicas:
         return []
-    ports = [{"port": p, "protocol": "TCP"} for p in (lay.proxy.port, lay.proxy.admin_port)]
+    ports = _tcp(lay.proxy.port, lay.proxy.admin_port)
     return [{"from": [{"podSelector": {"matchLabels": router_selector(lay.owner)}}], "ports": ports}]
 
 
@@ -478,7 +482,18 @@ ROUTER_RULES: tuple[Obj, ...] = (
 )
 # Everything the router renders, for deleting it when spec.router.enabled goes false. The Deployment goes
 # last: the operator looks for it to know whether there is anything to delete.
-ROUTER_KINDS = ("Service", "RoleBinding", "Role", "ServiceAccount", "Deployment")
+ROUTER_KINDS = (
+    "Service",
+    "NetworkPolicy",
+    "PodDisruptionBudget",
+    "RoleBinding",
+    "Role",
+    "ServiceAccount",
+    "Deployment",
+)
+# The API server's ports as a router pod's egress meets them: the kubernetes Service's 443, or after
+# its DNAT the endpoint's own port (6443 with kubeadm, k3s and kind; 443 on most managed clusters).
+API_SERVER_PORTS = (443, 6443)
 
 
 def _router_container(lay: Layout) -> Obj:
@@ -519,6 +534,21 @@ def router_deployment(lay: Layout) -> Obj:
         "enableServiceLinks": False,
         "containers": [_router_container(lay)],
         "volumes": [dict(_TMP_VOLUME)],
+        # Spread across nodes where the scheduler can, so losing one node leaves a router; never a reason
+        # not to schedule (a one-node cluster still gets every replica).
+        "affinity": {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "podAffinityTerm": {
+                            "labelSelector": {"matchLabels": router_selector(owner)},
+                            "topologyKey": "kubernetes.io/hostname",
+                        },
+                    }
+                ]
+            }
+        },
         **_pull_secrets(lay),
     }
     return {
@@ -535,6 +565,49 @@ def router_deployment(lay: Layout) -> Obj:
 
 def router_service(lay: Layout) -> Obj:
     return _api_service(lay, router_name(lay.owner), COMPONENT_ROUTER, router_selector(lay.owner))
+
+
+def router_disruption_budget(lay: Layout) -> Obj:
+    """Node drains evict one router pod at a time (only rendered with more than one: with one it would
+    either block every drain or protect nothing)."""
+    owner = lay.owner
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(owner, router_name(owner), COMPONENT_ROUTER),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": router_selector(owner)}},
+    }
+
+
+def router_network_policy(lay: Layout) -> Obj:
+    """In: the router's one port (API, /status, probes) from anywhere, as the serving API port; scrapers
+    (spec.networkPolicy.metricsFrom) are inside "anywhere", the router has no separate admin port.
+    Out: the serving pods' API and admin ports, the API server (its EndpointSlice watch) and DNS (it
+    resolves kubernetes.default.svc); nothing else.
+
+    NetworkPolicy cannot name the API server (no pod, its address is the cluster's), so that rule is
+    by port only; DNS likewise, so node-local DNS caches keep working.
+    """
+    owner, proxy = lay.owner, lay.proxy
+    dns = [{"port": 53, "protocol": protocol} for protocol in ("UDP", "TCP")]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(owner, router_name(owner), COMPONENT_ROUTER),
+        "spec": {
+            "podSelector": {"matchLabels": router_selector(owner)},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"ports": _tcp(proxy.port)}],
+            "egress": [
+                {
+                    "to": [{"podSelector": {"matchLabels": serving_selector(owner)}}],
+                    "ports": _tcp(proxy.port, proxy.admin_port),
+                },
+                {"ports": _tcp(*API_SERVER_PORTS)},
+                {"ports": dns},
+            ],
+        },
+    }
 
 
 def router_rbac(lay: Layout) -> list[Obj]:
@@ -561,10 +634,12 @@ def router_rbac(lay: Layout) -> list[Obj]:
 
 
 def router(lay: Layout) -> list[Obj]:
-    """The router's objects, RBAC first so the pods start with their permissions in place; none when disabled."""
+    """The router's objects, RBAC and NetworkPolicy first so the pods start with them in place; none when
+    disabled."""
     if not lay.router_replicas:
         return []
-    return [*router_rbac(lay), router_service(lay), router_deployment(lay)]
+    budget = [router_disruption_budget(lay)] if lay.router_replicas > 1 else []
+    return [*router_rbac(lay), router_network_policy(lay), *budget, router_service(lay), router_deployment(lay)]
 
 
 @dataclass(frozen=True)

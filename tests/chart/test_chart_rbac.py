@@ -20,7 +20,7 @@ NAMESPACED_NEEDS: dict[tuple[str, str], str] = {
     ("events.k8s.io", "events"): "create patch",
     ("networking.k8s.io", "networkpolicies"): "get list watch create patch delete",
     ("batch", "jobs"): "get list watch create delete",
-    ("policy", "poddisruptionbudgets"): "create patch",  # server-side apply only
+    ("policy", "poddisruptionbudgets"): "get create patch delete",  # applied; the router's read and deleted
     # spec.router: applied, deleted when disabled; EndpointSlices only to grant them to the router (escalation)
     ("apps", "deployments"): "get create patch delete",
     ("", "serviceaccounts"): "create patch delete",

@@ -1,5 +1,5 @@
-"""spec.router: the router's Deployment, Service and least-privilege RBAC, its NetworkPolicy rule, and its
-removal when disabled."""
+"""spec.router: the router's Deployment, Service, least-privilege RBAC, NetworkPolicy, PodDisruptionBudget
+and anti-affinity, the serving NetworkPolicy's rule for it, and its removal when disabled."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pd_operator import decide, layout, render
+from pd_operator import decide, kube, layout, render
 from pd_operator.decide import Apply, Delete, Deployment, Snapshot
 from pd_operator.validation import SpecError, validate_spec
 from tests.chart.test_chart_rbac import NAMESPACED_NEEDS
@@ -17,6 +17,7 @@ NS, NAME, UID = "ns1", "demo", "uid-1"
 OWNER = layout.Owner(NAME, NS, UID, 1)
 ROUTED: dict[str, Any] = {"model": "m", "engine": "simulated", "replicas": 2, "router": {"enabled": True}}
 PLAIN: dict[str, Any] = {"model": "m", "engine": "simulated", "replicas": 2}
+ONE_ROUTER: dict[str, Any] = {**ROUTED, "router": {"enabled": True, "replicas": 1}}
 
 
 def applied(spec: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -39,14 +40,15 @@ def test_disabled_by_default_renders_no_router_and_no_router_ingress() -> None:
 def test_enabled_renders_owned_deployment_service_and_rbac() -> None:
     objs = applied(ROUTED)
     router = {key: o for key, o in objs.items() if key[1] == "demo-router"}
-    assert sorted(kind for kind, _ in router) == ["Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
+    assert sorted(kind for kind, _ in router) == sorted(render.ROUTER_KINDS)
     for obj in router.values():
         assert obj["metadata"]["namespace"] == NS
         (ref,) = obj["metadata"]["ownerReferences"]
         assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == ("PDDeployment", NAME, UID, True)
         assert obj["metadata"]["labels"]["app.kubernetes.io/component"] == "router"
     kinds = [o["kind"] for o in render.router(layout.build(OWNER, validate_spec(ROUTED)))]
-    assert kinds.index("Deployment") > max(kinds.index(k) for k in ("ServiceAccount", "Role", "RoleBinding"))
+    before = ("ServiceAccount", "Role", "RoleBinding", "NetworkPolicy")
+    assert kinds.index("Deployment") > max(kinds.index(k) for k in before)
 
 
 def test_router_pods_run_pdctl_proxy_router_restricted_with_their_own_account() -> None:
@@ -130,18 +132,92 @@ def test_enabled_router_is_applied_on_repairs() -> None:
     kinds = {
         a.obj["kind"] for a in decision.actions if isinstance(a, Apply) and a.obj["metadata"]["name"] == "demo-router"
     }
-    assert kinds == {"Deployment", "Service", "ServiceAccount", "Role", "RoleBinding"}
+    assert kinds == set(render.ROUTER_KINDS)
     assert not [a for a in decision.actions if isinstance(a, Delete)]
 
 
-def test_the_router_is_looked_up_only_on_repairs_of_a_spec_without_it() -> None:
-    assert decide.router_lookup(snapshot(PLAIN)) == "demo-router"
+def test_the_router_is_looked_up_only_on_repairs_of_a_spec_that_renders_less() -> None:
+    assert decide.router_lookup(snapshot(PLAIN)) == ("Deployment", "demo-router")
     assert decide.router_lookup(snapshot(PLAIN, repair=False)) is None
     assert decide.router_lookup(snapshot(ROUTED)) is None
+    assert decide.router_lookup(snapshot(ONE_ROUTER)) == ("PodDisruptionBudget", "demo-router")
+    assert decide.router_lookup(snapshot({**PLAIN, "replicas": -1})) is None  # invalid: decide reports it
 
 
 def test_disabling_deletes_every_router_object_the_deployment_last() -> None:
     assert not [a for a in decide.decide(snapshot(PLAIN)).actions if isinstance(a, Delete)]
     decision = decide.decide(snapshot(PLAIN, router_found=True))
     deletes = [(a.kind, a.name) for a in decision.actions if isinstance(a, Delete)]
-    assert deletes == [(k, "demo-router") for k in ("Service", "RoleBinding", "Role", "ServiceAccount", "Deployment")]
+    assert deletes == [(k, "demo-router") for k in render.ROUTER_KINDS]
+    assert deletes[-1] == ("Deployment", "demo-router")
+    assert {kind for kind, _ in deletes} == {kind for kind, _ in applied(ROUTED) if _ == "demo-router"}
+
+
+def test_the_operator_may_read_and_delete_what_it_cleans_up() -> None:
+    for kind in render.ROUTER_KINDS:
+        api_version, resource = kube.KINDS[kind].api_version, kube.KINDS[kind].plural
+        group = api_version.rpartition("/")[0]
+        verbs = set(NAMESPACED_NEEDS[(group, resource)].split())
+        assert "delete" in verbs, kind
+        assert kind not in ("Deployment", "PodDisruptionBudget") or "get" in verbs, kind  # router_lookup reads
+
+
+# ---- what a cluster operator expects around the router pods ----------------------------------------------
+
+
+def test_a_disruption_budget_with_more_than_one_router_pod_only() -> None:
+    pdb = applied(ROUTED)[("PodDisruptionBudget", "demo-router")]
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": render.router_selector(OWNER)}}
+    assert ("PodDisruptionBudget", "demo-router") not in applied(ONE_ROUTER)
+    assert ("Deployment", "demo-router") in applied(ONE_ROUTER)
+    # the serving pods' own budget is untouched
+    assert applied(ROUTED)[("PodDisruptionBudget", NAME)]["spec"]["selector"]["matchLabels"] == (
+        render.serving_selector(OWNER)
+    )
+
+
+def test_going_down_to_one_router_pod_deletes_its_budget_only() -> None:
+    assert not [a for a in decide.decide(snapshot(ONE_ROUTER)).actions if isinstance(a, Delete)]
+    decision = decide.decide(snapshot(ONE_ROUTER, router_found=True))
+    assert [(a.kind, a.name) for a in decision.actions if isinstance(a, Delete)] == [
+        ("PodDisruptionBudget", "demo-router")
+    ]
+    # found while more than one pod is rendered (a lookup racing a spec change): never delete what is applied
+    assert not [a for a in decide.decide(snapshot(ROUTED, router_found=True)).actions if isinstance(a, Delete)]
+
+
+def test_router_pods_prefer_different_nodes_but_never_wait_for_one() -> None:
+    affinity = applied(ROUTED)[("Deployment", "demo-router")]["spec"]["template"]["spec"]["affinity"]
+    assert list(affinity) == ["podAntiAffinity"]
+    anti = affinity["podAntiAffinity"]
+    assert list(anti) == ["preferredDuringSchedulingIgnoredDuringExecution"]  # soft: no required term
+    (term,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"] == {
+        "labelSelector": {"matchLabels": render.router_selector(OWNER)},
+        "topologyKey": "kubernetes.io/hostname",
+    }
+    assert 1 <= term["weight"] <= 100
+
+
+def test_router_network_policy_admits_its_api_port_and_lets_out_only_replicas_api_server_and_dns() -> None:
+    spec = {**ROUTED, "proxy": {"port": 9000, "adminPort": 9001}}
+    policy = applied(spec)[("NetworkPolicy", "demo-router")]["spec"]
+    assert policy["podSelector"] == {"matchLabels": render.router_selector(OWNER)}
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
+    # in: its only port, from anywhere (like the serving API port; scrapers included)
+    assert policy["ingress"] == [{"ports": [{"port": 9000, "protocol": "TCP"}]}]
+    serving_api = applied(spec)[("NetworkPolicy", NAME)]["spec"]["ingress"][0]
+    assert serving_api == {"ports": [{"port": 9000, "protocol": "TCP"}]}
+    replicas, api_server, dns = policy["egress"]
+    assert replicas == {
+        "to": [{"podSelector": {"matchLabels": render.serving_selector(OWNER)}}],
+        "ports": [{"port": 9000, "protocol": "TCP"}, {"port": 9001, "protocol": "TCP"}],
+    }
+    assert api_server == {"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]}
+    assert dns == {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
+
+
+def test_the_serving_pods_own_network_policy_does_not_select_router_pods() -> None:
+    serving = applied(ROUTED)[("NetworkPolicy", NAME)]["spec"]["podSelector"]["matchLabels"]
+    router_labels = applied(ROUTED)[("Deployment", "demo-router")]["spec"]["template"]["metadata"]["labels"]
+    assert not all(router_labels.get(k) == v for k, v in serving.items())

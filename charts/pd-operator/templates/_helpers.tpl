@@ -85,12 +85,15 @@ clusters) setting it needs update on the owner's finalizers; without this every 
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [get, list, watch, create, delete]
+{{- /* PodDisruptionBudgets: the serving pods' and (more than one router pod) the router's, kept by
+server-side apply; get and delete for the router's, gone when spec.router goes to one pod or off. */}}
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [create, patch]
-{{- /* spec.router: its Deployment, Service (above) and ServiceAccount, Role and RoleBinding, kept by
-server-side apply; when disabled, a Deployment found (get) is deleted with the rest. RBAC's escalation rule lets the operator grant the router's
-Role only what it holds itself: reading EndpointSlices, which it never does otherwise. */}}
+  verbs: [get, create, patch, delete]
+{{- /* spec.router: its Deployment, Service and NetworkPolicy (above), ServiceAccount, Role and
+RoleBinding, kept by server-side apply; when disabled, a Deployment found (get) is deleted with the
+rest. RBAC's escalation rule lets the operator grant the router's Role only what it holds itself:
+reading EndpointSlices, which it never does otherwise. */}}
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, create, patch, delete]
