@@ -1,6 +1,6 @@
 """The chart's monitoring objects on the real API server, with the Prometheus Operator's own CRDs.
 
-The CRDs come from the prometheus-operator Go module at the version e2e/fetch-prometheus-crds.sh pins.
+The CRDs come from the prometheus-operator Go module at the version e2e/fetch-crds.sh pins.
 Server-side dry runs are enough: what is checked is that the API server accepts the objects the chart
 renders, under the CRDs' schemas.
 """
@@ -18,14 +18,16 @@ import yaml
 from e2e.cluster import REPO_ROOT, ControlPlane
 from e2e.stack import CHART, OPERATOR_NAMESPACE, RELEASE, Stack
 
-FETCH_SCRIPT = REPO_ROOT / "e2e" / "fetch-prometheus-crds.sh"
+FETCH_SCRIPT = REPO_ROOT / "e2e" / "fetch-crds.sh"
 CRD_FILES = ("monitoring.coreos.com_podmonitors.yaml", "monitoring.coreos.com_servicemonitors.yaml")
 MONITORING_VALUES = ("metrics.podMonitor.enabled", "metrics.serviceMonitor.enabled", "metrics.grafanaDashboard.enabled")
 
 
 @pytest.fixture(scope="module")
 def monitoring_crds(operator: Stack) -> ControlPlane:
-    out = subprocess.run(["bash", str(FETCH_SCRIPT)], check=True, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        ["bash", str(FETCH_SCRIPT), "prometheus"], check=True, capture_output=True, text=True, timeout=600
+    )
     crd_dir = Path(out.stdout.strip().splitlines()[-1])
     cp = operator.cp
     for name in CRD_FILES:
