@@ -229,3 +229,17 @@ def stream_completion(pod_ip: str, port: int = 8000) -> str:
         chunks = [line[len("data: ") :] for line in resp.iter_lines() if line.startswith("data: ")]
     assert chunks and chunks[-1] == "[DONE]", chunks
     return "".join(json.loads(c)["choices"][0].get("text", "") for c in chunks[:-1])
+
+
+def pdd_events(cp: ControlPlane, namespace: str, name: str, reason: str) -> list[Obj]:
+    """The Events of one reason about a PDDeployment."""
+    selector = f"involvedObject.kind=PDDeployment,involvedObject.name={name},reason={reason}"
+    listing = get(cp, f"/api/v1/namespaces/{namespace}/events?fieldSelector={selector}") or {}
+    found: list[Obj] = listing.get("items", [])
+    return found
+
+
+def children_admitted(cp: ControlPlane, namespace: str, name: str, status: str) -> Obj | None:
+    """The PDDeployment's ChildrenAdmitted condition once it has this status."""
+    found = condition(pdd(cp, namespace, name), "ChildrenAdmitted")
+    return found if found and found["status"] == status else None

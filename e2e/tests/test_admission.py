@@ -21,7 +21,18 @@ from e2e.cluster import REPO_ROOT, ControlPlane
 from e2e.devices import Gpu
 from e2e.resourceslices import pci_address
 from e2e.stack import Stack
-from e2e.tests.kube import POD_SECURITY, Obj, PodSecurityLevel, apply, condition, create_namespace, get, pdd, wait_for
+from e2e.tests.kube import (
+    POD_SECURITY,
+    Obj,
+    PodSecurityLevel,
+    apply,
+    children_admitted,
+    create_namespace,
+    get,
+    pdd,
+    pdd_events,
+    wait_for,
+)
 from pd_operator import layout, render
 from pd_operator.validation import validate_spec
 
@@ -87,18 +98,6 @@ def test_pod_security_levels_are_the_documented_ones(cp: ControlPlane) -> None:
             cp.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
-def events(cp: ControlPlane, namespace: str, name: str, reason: str) -> list[Obj]:
-    selector = f"involvedObject.kind=PDDeployment,involvedObject.name={name},reason={reason}"
-    listing = get(cp, f"/api/v1/namespaces/{namespace}/events?fieldSelector={selector}") or {}
-    found: list[Obj] = listing.get("items", [])
-    return found
-
-
-def admitted(cp: ControlPlane, namespace: str, name: str, status: str) -> Obj | None:
-    found = condition(pdd(cp, namespace, name), "ChildrenAdmitted")
-    return found if found and found["status"] == status else None
-
-
 @pytest.mark.pod_security("baseline")
 def test_a_pod_refused_by_pod_security_is_a_condition_and_an_event(
     operator: Stack, cp: ControlPlane, namespace: str
@@ -111,11 +110,11 @@ def test_a_pod_refused_by_pod_security_is_a_condition_and_an_event(
         "spec": {"model": "m", "gpuAllocation": {"strategy": "hostDevices"}, "node": {"nodeSelector": NO_NODE}},
     }
     apply(cp, json.dumps(obj), namespace)
-    refused = wait_for(lambda: admitted(cp, namespace, "privileged", "False"), 60, "ChildrenAdmitted False")
+    refused = wait_for(lambda: children_admitted(cp, namespace, "privileged", "False"), 60, "ChildrenAdmitted False")
     assert refused["reason"] == "PodSecurity", refused
     assert refused["message"].startswith('Pod/privileged refused by PodSecurity "baseline:latest": '), refused
     assert "securityContext.privileged=true" in refused["message"], refused
-    [event] = wait_for(lambda: events(cp, namespace, "privileged", "ChildRefused"), 30, "a ChildRefused Event")
+    [event] = wait_for(lambda: pdd_events(cp, namespace, "privileged", "ChildRefused"), 30, "a ChildRefused Event")
     assert event["type"] == "Warning" and event["message"] == refused["message"]
     status = (pdd(cp, namespace, "privileged") or {})["status"]
     assert status["phase"] == "Pending" and "cannot create the serving pod" in status["message"]
@@ -126,5 +125,5 @@ def test_a_pod_refused_by_pod_security_is_a_condition_and_an_event(
         assert child is not None and child["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is True
     # The user allows privileged pods in the namespace: the pod is created and the condition clears.
     cp.kubectl("label", "namespace", namespace, f"{POD_SECURITY}/enforce=privileged", "--overwrite")
-    wait_for(lambda: admitted(cp, namespace, "privileged", "True"), 60, "ChildrenAdmitted True")
+    wait_for(lambda: children_admitted(cp, namespace, "privileged", "True"), 60, "ChildrenAdmitted True")
     assert get(cp, f"/api/v1/namespaces/{namespace}/pods/privileged") is not None

@@ -291,6 +291,7 @@ EXPECTED_RULES = {
     "roles.rbac.authorization.k8s.io": {"create", "patch", "delete"},
     "rolebindings.rbac.authorization.k8s.io": {"create", "patch", "delete"},
     "endpointslices.discovery.k8s.io": {"get", "list", "watch"},
+    "inferencepools.inference.networking.k8s.io": {"get", "create", "patch", "delete"},  # spec.inferencePool
     # cluster-wide install: peering through a ClusterKopfPeering only (namespaced KopfPeering rights
     # belong to the chart's watchNamespaces mode, where they replace this one)
     "clusterkopfpeerings.kopf.dev": {"get", "list", "watch", "patch"},

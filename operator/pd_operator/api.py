@@ -560,6 +560,48 @@ class NetworkPolicySpec(ApiModel):
     )
 
 
+class EndpointPickerSpec(ApiModel):
+    """The endpoint picker (EPP) a gateway asks which pool member serves each request."""
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(
+        description="Its Service in this namespace (deployed by you, e.g. the inference extension's reference EPP)."
+    )
+    port: int = Field(
+        ge=1, le=65535, description="The Service port of its ext-proc gRPC API (9002 in the EPP's chart)."
+    )
+    failure_mode: Literal["FailOpen", "FailClose"] = Field(
+        "FailClose",
+        description="What the gateway does when the picker does not answer: FailClose refuses the request, "
+        "FailOpen sends it to any pool member.",
+    )
+
+
+class InferencePoolSpec(ApiModel):
+    """A Gateway API Inference Extension InferencePool over the serving pods, for users of that ecosystem."""
+
+    _rules: ClassVar[tuple[Rule, ...]] = (
+        Rule(
+            cel="!self.enabled || has(self.endpointPicker)",
+            message="inferencePool.endpointPicker is required when inferencePool.enabled is true",
+            check=lambda s: not s.enabled or s.endpoint_picker is not None,
+            field_path=".endpointPicker",
+        ),
+    )
+
+    enabled: bool = Field(
+        False,
+        description=(
+            "Render an InferencePool NAME (inference.networking.k8s.io/v1, Gateway API Inference Extension v1.0) "
+            "whose members are this PDDeployment's serving pods on the proxy's API port, so an HTTPRoute can "
+            "send a gateway's traffic to it. The cluster must serve the InferencePool CRD (else the condition "
+            "ChildrenAdmitted says so and serving goes on). Disabling deletes it."
+        ),
+    )
+    endpoint_picker: EndpointPickerSpec | None = Field(
+        None, description="The endpoint picker the pool names (required when enabled)."
+    )
+
+
 # ---- pod template: what the API does not model -------------------------------------------------------
 
 # Labels and annotations of the serving pod that the operator writes itself (render.labels, the spec hash).
@@ -1310,6 +1352,9 @@ class PDDeploymentSpec(ApiModel):
     )
     network_policy: NetworkPolicySpec = Field(
         default_factory=NetworkPolicySpec, description="Who else the serving pod's NetworkPolicy admits."
+    )
+    inference_pool: InferencePoolSpec = Field(
+        default_factory=InferencePoolSpec, description="An InferencePool for a Gateway API inference gateway."
     )
     pod_template: PodTemplateSpec = Field(
         default_factory=PodTemplateSpec,

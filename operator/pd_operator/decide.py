@@ -12,7 +12,7 @@ other children are all decided here.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Literal
@@ -59,7 +59,7 @@ class Snapshot:
     probe_image: str | None = None  # the goodput probe Job's image (the operator's); None: the runtime image
     claim_templates: Sequence[str] = ()  # the deployment's ResourceClaimTemplates, listed when claim_reads() asks
     claims: Mapping[str, ClaimView] = field(default_factory=dict)  # ResourceClaim name -> view, from claim_reads()
-    router_found: bool = False  # what router_lookup() names exists (read on repairs)
+    leftovers_found: frozenset[str] = frozenset()  # LEFTOVERS keys whose lookup found its object (on repairs)
 
 
 # ---- actions ---------------------------------------------------------------------------------------------
@@ -419,27 +419,59 @@ def _decision(previous: Mapping[str, Any], status: PDDeploymentStatus, actions: 
     return Decision(status, observe.merge_patch(previous, observe.wire(status)), tuple(actions))
 
 
-def router_lookup(snap: Snapshot) -> tuple[str, str] | None:
-    """The (kind, name) to look for on repairs, to delete what an earlier spec rendered: the router
-    Deployment when the router is off (the rest goes with it), its PodDisruptionBudget with one pod."""
-    if not snap.repair_children:
-        return None
-    try:
-        router = validate_spec(snap.deployment.spec).router
-    except SpecError:
-        return None
-    name = render.router_name(_owner(snap.deployment))
-    if not router.enabled:
+def _router_lookup(spec: PDDeploymentSpec, owner: layout.Owner) -> tuple[str, str] | None:
+    """The router Deployment when the router is off (the rest goes with it), its PodDisruptionBudget with one pod."""
+    name = render.router_name(owner)
+    if not spec.router.enabled:
         return ("Deployment", name)
-    return ("PodDisruptionBudget", name) if router.replicas == 1 else None
+    return ("PodDisruptionBudget", name) if spec.router.replicas == 1 else None
 
 
-def _router_leftovers(snap: Snapshot, lay: Layout) -> list[Action]:
-    """Deletes for what router_lookup found and the spec no longer renders."""
-    if not snap.router_found or lay.router_replicas > 1:
+def _router_deletes(lay: Layout) -> list[Action]:
+    if lay.router_replicas > 1:
         return []
     kinds = ("PodDisruptionBudget",) if lay.router_replicas else render.ROUTER_KINDS
     return [Delete(kind, render.router_name(lay.owner)) for kind in kinds]
+
+
+def _pool_lookup(spec: PDDeploymentSpec, owner: layout.Owner) -> tuple[str, str] | None:
+    return None if spec.inference_pool.enabled else ("InferencePool", render.inference_pool_name(owner))
+
+
+def _pool_deletes(lay: Layout) -> list[Action]:
+    return [] if lay.endpoint_picker else [Delete("InferencePool", render.inference_pool_name(lay.owner))]
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """Children an earlier spec rendered and this one does not: on repairs the shell reads the one object
+    ``lookup`` names (a read per reconcile, not a delete per tick); while it is found, ``deletes`` removes
+    what the spec no longer renders, that object last, so the lookup finds something until all are gone."""
+
+    lookup: Callable[[PDDeploymentSpec, layout.Owner], tuple[str, str] | None]
+    deletes: Callable[[Layout], list[Action]]
+
+
+LEFTOVERS = {
+    "router": Leftover(_router_lookup, _router_deletes),
+    "inferencePool": Leftover(_pool_lookup, _pool_deletes),
+}
+
+
+def leftover_lookups(snap: Snapshot) -> dict[str, tuple[str, str]]:
+    """LEFTOVERS key -> the (kind, name) to read, on repairs of a valid spec (an invalid one: decide says so)."""
+    if not snap.repair_children:
+        return {}
+    try:
+        spec = validate_spec(snap.deployment.spec)
+    except SpecError:
+        return {}
+    owner = _owner(snap.deployment)
+    return {key: found for key, left in LEFTOVERS.items() if (found := left.lookup(spec, owner)) is not None}
+
+
+def _leftover_deletes(snap: Snapshot, lay: Layout) -> list[Action]:
+    return [action for key, left in LEFTOVERS.items() if key in snap.leftovers_found for action in left.deletes(lay)]
 
 
 def decide(snap: Snapshot) -> Decision:
@@ -463,7 +495,7 @@ def decide(snap: Snapshot) -> Decision:
     repairs: list[Action] = [Apply(obj) for obj in children.applied] if snap.repair_children else []
     template = render.claim_template_name(lay) if lay.dra_device_class is not None else None
     repairs += _unused_claim_templates(snap, template)
-    repairs += _router_leftovers(snap, lay)
+    repairs += _leftover_deletes(snap, lay)
     serving = _serving_step(snap, spec, lay, children.pods, previous)
     obs = Observation(
         generation=d.generation,

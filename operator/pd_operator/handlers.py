@@ -161,8 +161,10 @@ async def reconcile(snap: Snapshot, deps: Deps) -> Decision:
                 metrics.RECONCILE_ERRORS.labels("proxy").inc()
         snap = dataclasses.replace(snap, proxies=dict(zip(urls, reports, strict=True)))
     snap = await read_claims(deps.kube, snap)
-    if (lookup := decide.router_lookup(snap)) is not None:
-        snap = dataclasses.replace(snap, router_found=await _exists(deps.kube, snap, *lookup))
+    lookups = decide.leftover_lookups(snap)
+    if lookups:
+        found = await asyncio.gather(*(_exists(deps.kube, snap, kind, name) for kind, name in lookups.values()))
+        snap = dataclasses.replace(snap, leftovers_found=frozenset(k for k, f in zip(lookups, found, strict=True) if f))
     decision = decide.decide(snap)
     failed = await execute(deps.kube, snap, decision.actions)
     if failed:

@@ -45,6 +45,7 @@ KINDS: dict[str, Kind] = {
     "ServiceAccount": Kind("v1", "serviceaccounts"),
     "Role": Kind("rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings"),
+    "InferencePool": Kind("inference.networking.k8s.io/v1", "inferencepools"),
 }
 
 

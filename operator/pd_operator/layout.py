@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pd_operator import qos
-from pd_operator.api import PDDeploymentSpec, PodTemplateSpec
+from pd_operator.api import EndpointPickerSpec, PDDeploymentSpec, PodTemplateSpec
 from pd_operator.engine_cmd import (
     EngineContainer,
     EngineRoleName,
@@ -130,6 +130,7 @@ class Layout:
     pod_template: PodTemplateSpec  # what the user adds to the serving pod (labels, volumes, ...)
     metrics_from: tuple[Mapping[str, Any], ...]  # NetworkPolicy peers allowed to scrape metrics
     router_replicas: int  # 0: no router
+    endpoint_picker: EndpointPickerSpec | None  # set when an InferencePool is rendered
 
     def engine(self, name: str) -> EngineInstance | None:
         return next((e for e in self.engines if e.name == name), None)
@@ -271,4 +272,5 @@ def build(owner: Owner, spec: PDDeploymentSpec) -> Layout:
         pod_template=spec.pod_template,
         metrics_from=tuple(spec.network_policy.metrics_from),
         router_replicas=spec.router.replicas if spec.router.enabled else 0,
+        endpoint_picker=spec.inference_pool.endpoint_picker if spec.inference_pool.enabled else None,
     )

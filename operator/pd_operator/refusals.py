@@ -19,6 +19,9 @@ DETAIL_LIMIT = 1024
 _POD_SECURITY = re.compile(r'violates PodSecurity "(?P<level>[^"]+)": (?P<checks>.*)$', re.S)
 _RBAC = re.compile(r'User "(?P<user>[^"]+)" cannot (?P<verb>\S+) resource "(?P<resource>[^"]+)"')
 _WEBHOOK = re.compile(r'admission webhook "(?P<name>[^"]+)" denied the request: (?P<why>.*)$', re.S)
+# A write to an API nobody serves: kube-apiserver's mux answers an unknown group's path with Go's plain-text
+# "404 page not found"; a known group without that resource gets a NotFound Status with the second wording.
+_NOT_SERVED = ("404 page not found", "the server could not find the requested resource")
 _ADMISSION_POLICY = re.compile(r"ValidatingAdmissionPolicy '(?P<name>[^']+)'.* denied request: (?P<why>.*)$", re.S)
 
 
@@ -101,4 +104,7 @@ def refusal(obj: str, failure: ApiFailure) -> Refusal:
     if failure.code == 422:
         fields = tuple(f"{field}: {why}" if field else why for field, why in failure.causes) or (message,)
         return Refusal(obj, "Invalid", "API validation", fields, message)
+    if failure.code == 404 and any(words in message for words in _NOT_SERVED):  # e.g. a CRD not installed
+        kind = obj.partition("/")[0]
+        return Refusal(obj, "NotServed", "the API server", (f"no {kind} API is served: install its CRD",), message)
     return Refusal(obj, "APIError", f"the API server (HTTP {failure.code})", (), str(failure))

@@ -429,6 +429,41 @@ def disruption_budget(lay: Layout) -> Obj:
     }
 
 
+INFERENCE_POOL_API = "inference.networking.k8s.io/v1"
+
+
+def inference_pool_name(owner: Owner) -> str:
+    return owner.name
+
+
+def inference_pool(lay: Layout) -> Obj | None:
+    """The Gateway API Inference Extension's view of the serving pods: members by label, the proxy's API
+    port as the one target port, and the user's endpoint picker; None unless spec.inferencePool is on.
+
+    The target is the proxy, not an engine: a gateway that picks a pod hands the request to that pod's
+    proxy, which runs both legs (prefill, then decode) as for any other client.
+    """
+    picker = lay.endpoint_picker
+    if picker is None:
+        return None
+    owner = lay.owner
+    return {
+        "apiVersion": INFERENCE_POOL_API,
+        "kind": "InferencePool",
+        "metadata": _metadata(owner, inference_pool_name(owner), COMPONENT_SERVING),
+        "spec": {
+            "selector": {"matchLabels": serving_selector(owner)},
+            "targetPorts": [{"number": lay.proxy.port}],
+            "endpointPickerRef": {
+                "kind": "Service",
+                "name": picker.name,
+                "port": {"number": picker.port},
+                "failureMode": picker.failure_mode,
+            },
+        },
+    }
+
+
 def probe_job(lay: Layout, job_name: str, image: str | None = None) -> Obj:
     """The goodput probe: `pdctl bench` against the Service; its summary becomes the termination message.
 
@@ -669,4 +704,6 @@ def children(lay: Layout) -> Children:
     applied = [service(lay), network_policy(lay), disruption_budget(lay), proxy_settings(lay), *router(lay)]
     if lay.dra_device_class is not None:
         applied.insert(0, claim_template(lay))
+    if (pool := inference_pool(lay)) is not None:
+        applied.append(pool)
     return Children(applied=tuple(applied), pods=tuple(pod(lay, i) for i in range(lay.replicas)))

@@ -27,6 +27,7 @@ NAMESPACED_NEEDS: dict[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io", "roles"): "create patch delete",
     ("rbac.authorization.k8s.io", "rolebindings"): "create patch delete",
     ("discovery.k8s.io", "endpointslices"): "get list watch",
+    ("inference.networking.k8s.io", "inferencepools"): "get create patch delete",  # spec.inferencePool
 }
 CLUSTER_NEEDS: dict[tuple[str, str], str] = {
     ("", "namespaces"): "list watch",

@@ -27,7 +27,8 @@ def applied(spec: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
 
 def snapshot(spec: dict[str, Any], repair: bool = True, router_found: bool = False) -> Snapshot:
     deployment = Deployment(NAME, NS, UID, 1, spec, {}, {})
-    return Snapshot(deployment, T0, repair_children=repair, router_found=router_found)
+    found = frozenset({"router"} if router_found else ())
+    return Snapshot(deployment, T0, repair_children=repair, leftovers_found=found)
 
 
 def test_disabled_by_default_renders_no_router_and_no_router_ingress() -> None:
@@ -137,11 +138,11 @@ def test_enabled_router_is_applied_on_repairs() -> None:
 
 
 def test_the_router_is_looked_up_only_on_repairs_of_a_spec_that_renders_less() -> None:
-    assert decide.router_lookup(snapshot(PLAIN)) == ("Deployment", "demo-router")
-    assert decide.router_lookup(snapshot(PLAIN, repair=False)) is None
-    assert decide.router_lookup(snapshot(ROUTED)) is None
-    assert decide.router_lookup(snapshot(ONE_ROUTER)) == ("PodDisruptionBudget", "demo-router")
-    assert decide.router_lookup(snapshot({**PLAIN, "replicas": -1})) is None  # invalid: decide reports it
+    assert decide.leftover_lookups(snapshot(PLAIN))["router"] == ("Deployment", "demo-router")
+    assert decide.leftover_lookups(snapshot(PLAIN, repair=False)) == {}
+    assert "router" not in decide.leftover_lookups(snapshot(ROUTED))
+    assert decide.leftover_lookups(snapshot(ONE_ROUTER))["router"] == ("PodDisruptionBudget", "demo-router")
+    assert decide.leftover_lookups(snapshot({**PLAIN, "replicas": -1})) == {}  # invalid: decide reports it
 
 
 def test_disabling_deletes_every_router_object_the_deployment_last() -> None:

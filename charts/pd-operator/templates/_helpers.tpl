@@ -106,6 +106,10 @@ reading EndpointSlices, which it never does otherwise. */}}
 - apiGroups: [discovery.k8s.io]
   resources: [endpointslices]
   verbs: [get, list, watch]
+{{- /* spec.inferencePool: kept by server-side apply; when disabled, one found (get) is deleted. */}}
+- apiGroups: [inference.networking.k8s.io]
+  resources: [inferencepools]
+  verbs: [get, create, patch, delete]
 {{- if .Values.rbac.dynamicResourceAllocation }}
 - apiGroups: [resource.k8s.io]
   resources: [resourceclaimtemplates]
