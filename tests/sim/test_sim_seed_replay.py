@@ -1,7 +1,9 @@
-"""The seed's experiment with real processes in scaled time (time scale 2: SLOs 500 ms / 25 ms wall).
+"""The seed's experiment with real processes in real time (SLOs 1 s / 50 ms wall), write mode and 2xTP4.
 
-Generous bounds: CPU contention on a shared machine adds real latency that the time scale magnifies.
-The tight comparison with the seed's numbers is the real-time benchmark (docs/simulator.md).
+Real time, not a faster time scale: a scale of 2 halves the wall time every streamed token may take, and
+on a loaded 2-CPU machine that margin went (one failure in a full unit run beside other suites). Generous
+bounds still, since CPU contention adds real latency; the tight comparison with the seed's numbers is the
+benchmark in docs/simulator.md.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from pd_runtime.sim.profiles import QWEN3_235B_MI300X
 from pd_runtime.sim.replay import replay_config, simulated_twin
 from pd_runtime.sim.system import SEED_ITL_SLO_S, SEED_RATE, SEED_TTFT_SLO_S, RequestResult
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
-SCALE = 2.0
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+SCALE = 1.0
 SEED = 3  # an arrival sequence whose simulated counts sit near the seed's table
 
 
@@ -23,7 +25,7 @@ def good(results: list[RequestResult]) -> int:
     return sum(r.good(SEED_TTFT_SLO_S, SEED_ITL_SLO_S) for r in results)
 
 
-async def test_write_mode_beats_colocated_in_scaled_time(tmp_path: Path) -> None:
+async def test_write_mode_beats_colocated_in_real_time(tmp_path: Path) -> None:
     write = await replay_config(QWEN3_235B_MI300X, "write", SEED_RATE, SCALE, SEED, tmp_path)
     colocated = await replay_config(QWEN3_235B_MI300X, "2xTP4", SEED_RATE, SCALE, SEED, tmp_path)
     twin = good(simulated_twin(QWEN3_235B_MI300X, "write", SEED_RATE, SEED))
