@@ -1,7 +1,7 @@
 """Pure: one reconciliation, decided at once. A snapshot of the world in; the status and the actions out.
 
 The handlers gather a :class:`Snapshot` (the PDDeployment, its pods and probe Jobs from kopf's indexes,
-the proxy's report, the time), call :func:`decide`, execute the :data:`Action` list in order and write
+the proxy's report, autotune's plan, the time), call :func:`decide`, execute the :data:`Action` list in order and write
 the status patch. When an action fails they decide once more with the failures in the snapshot, so
 that what the user sees (a status message, no "created" Event) follows from the same pure function.
 The serving pods (one per replica, rolled at most ``rollout.maxUnavailable`` at a time, replaced when
@@ -60,6 +60,7 @@ class Snapshot:
     claim_templates: Sequence[str] = ()  # the deployment's ResourceClaimTemplates, listed when claim_reads() asks
     claims: Mapping[str, ClaimView] = field(default_factory=dict)  # ResourceClaim name -> view, from claim_reads()
     leftovers_found: frozenset[str] = frozenset()  # LEFTOVERS keys whose lookup found its object (on repairs)
+    plan: autotune.Plan | None = None  # autotune's trials for a new workload, planned when plan_for() asks
 
 
 # ---- actions ---------------------------------------------------------------------------------------------
@@ -397,6 +398,15 @@ class ClaimReads:
     claims: tuple[str, ...] = ()
 
 
+def plan_for(snap: Snapshot) -> PDDeploymentSpec | None:
+    """The spec whose autotuning trials to plan before deciding (``autotune.plan``), if its workload has none."""
+    try:
+        spec = validate_spec(snap.deployment.spec)
+    except SpecError:
+        return None
+    return spec if autotune.plan_due(spec, observe.parse(snap.deployment.status).autotune) else None
+
+
 def claim_reads(snap: Snapshot) -> ClaimReads:
     """Only a deployment whose GPUs come from DRA reads anything (and needs the RBAC for it)."""
     try:
@@ -485,7 +495,7 @@ def decide(snap: Snapshot) -> Decision:
         obs = Observation(generation=d.generation, now=now, spec=None, spec_problems=exc.problems, previous=previous)
         new = observe.status(obs)
         return _decision(d.status, new, [Emit(e) for e in observe.events(previous, new)])
-    tuning = autotune.begin(spec, previous.autotune)
+    tuning = autotune.begin(spec, previous.autotune, snap.plan)
     measured = autotune.spec_in_force(spec, tuning.state)  # what a probe finishing now has measured
     collected, running = _collect(snap, measured, layout.build(_owner(d), measured), previous.probe)
     tuning = _trial_result(tuning, previous.probe, collected, now, spec)

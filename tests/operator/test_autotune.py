@@ -100,9 +100,19 @@ def test_simulated_engines_plan_in_model_time() -> None:
 
 
 def test_an_unknown_model_cannot_be_planned_and_says_so() -> None:
-    step = autotune.begin(validate_spec({**tuned_spec(), "model": "some/model"}), None)
+    spec = validate_spec({**tuned_spec(), "model": "some/model"})
+    step = autotune.begin(spec, None, autotune.plan(spec))
     assert step.state is not None and step.state.trials == [] and step.state.layout_in_force is None
     assert "no calibrated profile" in step.state.message
+    assert [e.reason for e in step.events] == ["AutotuneFailed"]
+
+
+def test_a_node_too_small_for_the_model_cannot_be_planned_and_says_so() -> None:
+    one_gpu = {"engines": [{"gpus": "0", "port": 8100, "tensorParallelSize": 1}]}
+    spec = validate_spec({**tuned_spec(), "mode": "colocated", "colocated": one_gpu, "node": {"gpusPerNode": 1}})
+    step = autotune.begin(spec, None, autotune.plan(spec))
+    assert step.state is not None and step.state.trials == [] and step.state.layout_in_force is None
+    assert step.state.message == "cannot plan the trials: no layout of the node's 1 GPUs fits the model"
     assert [e.reason for e in step.events] == ["AutotuneFailed"]
 
 

@@ -7,7 +7,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pd_operator import decide, layout, render
+from pd_operator import autotune, decide, layout, render
 from pd_operator.api import RUN_PROBE_ANNOTATION
 from pd_operator.decide import Apply, Create, Decision, Delete, Deployment, Snapshot
 from pd_operator.observe import ProxyReport, wire
@@ -27,7 +27,13 @@ def snapshot(spec: dict[str, Any] = SPEC, status: dict[str, Any] | None = None, 
     jobs = [job_view(j) for j in kw.pop("jobs", [])]
     annotations = kw.pop("annotations", {})
     deployment = Deployment(NAME, NS, UID, 1, spec, status or {}, annotations)
-    return Snapshot(deployment, kw.pop("now", T0), pods=pods, jobs=jobs, **kw)
+    return planned(Snapshot(deployment, kw.pop("now", T0), pods=pods, jobs=jobs, **kw))
+
+
+def planned(snap: Snapshot) -> Snapshot:
+    """The snapshot with autotune's plan where the core needs one, as the shell adds it (off its event loop)."""
+    spec = decide.plan_for(snap)
+    return snap if spec is None else dataclasses.replace(snap, plan=autotune.plan(spec))
 
 
 def merged(target: Any, patch: Any) -> Any:

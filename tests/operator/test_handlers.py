@@ -8,13 +8,15 @@ the e2e suite applies them against a real API server.
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from pd_operator import handlers, layout, render
+from pd_operator import autotune, handlers, layout, render
+from pd_operator.api import AutotuneTrial, PDDeploymentSpec
 from pd_operator.decide import Deployment, Snapshot
 from pd_operator.handlers import Deps, reconcile
 from pd_operator.kube import APPLY_PATCH, Kube
@@ -76,6 +78,26 @@ async def test_api_errors_become_status_not_exceptions(world: Any) -> None:
     decision = await reconcile(snapshot(), Deps(kube=broken, fetch_proxy_status=deps.fetch_proxy_status))
     assert decision.status.phase == "Pending" and "cannot create the serving pod" in decision.status.message
     assert "CreatedPod" not in {e.reason for e in decision.events}
+
+
+async def test_autotune_plans_once_per_reconcile_off_the_event_loop(world: Any, monkeypatch: Any) -> None:
+    """The plan (0.3-0.7 s of CPU) runs in a worker thread, and once though the failed action decides twice."""
+    threads: list[int] = []
+
+    def recording(spec: PDDeploymentSpec) -> list[AutotuneTrial]:
+        threads.append(threading.get_ident())
+        return planner(spec)
+
+    planner = autotune.plan_trials
+    monkeypatch.setattr(autotune, "plan_trials", recording)
+    deps, _ = world
+    broken = Kube(client.ApiClient(client.Configuration(host="http://127.0.0.1:9")))
+    spec = {**SPEC, "model": "Qwen/Qwen3-235B-A22B-FP8", "autotune": {"enabled": True}}
+    snap = Snapshot(Deployment(NAME, NS, UID, 1, spec), T0)
+    decision = await reconcile(snap, Deps(kube=broken, fetch_proxy_status=deps.fetch_proxy_status))
+    assert "cannot create the serving pod" in decision.status.message  # decided twice
+    assert decision.status.autotune is not None and decision.status.autotune.trials
+    assert len(threads) == 1 and threads[0] != threading.get_ident()
 
 
 async def test_proxy_poll_failure_is_a_report(unused_tcp_port: int) -> None:

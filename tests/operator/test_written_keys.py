@@ -29,6 +29,7 @@ from pd_operator.validation import SpecError, validate_spec
 from pd_operator.views import job_view, pod_view
 from tests.operator.conftest import DRA, EXAMPLES, REPO
 from tests.operator.podfacts import container_status, finished_job, proxy_status, running_pod, summary
+from tests.operator.test_decide import planned
 
 T0 = datetime(2026, 11, 29, 8, 0, 0, tzinfo=UTC)
 Obj = dict[str, Any]
@@ -148,7 +149,8 @@ VARIANTS = valid_variants()
 def snap(spec: Obj, status: Obj, pods: list[Obj] = (), jobs: list[Obj] = (), **kw: Any) -> Snapshot:  # type: ignore[assignment]
     annotations = kw.pop("annotations", {})
     deployment = Deployment("demo", "ns1", "uid-1", 3, spec, status, annotations)
-    return Snapshot(deployment, kw.pop("now", T0), [pod_view(p) for p in pods], [job_view(j) for j in jobs], **kw)
+    views = [pod_view(p) for p in pods], [job_view(j) for j in jobs]
+    return planned(Snapshot(deployment, kw.pop("now", T0), *views, **kw))
 
 
 def life(spec: Obj) -> Iterator[Decision]:
