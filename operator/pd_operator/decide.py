@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any, ClassVar, Literal
 
 from pd_operator import autotune, goodput, layout, observe, render
@@ -41,6 +42,20 @@ class Deployment:
     spec: Mapping[str, Any]
     status: Mapping[str, Any] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+
+    @cached_property
+    def checked(self) -> PDDeploymentSpec | SpecError:
+        """The spec validated, once per snapshot: every step of one reconcile reads this."""
+        try:
+            return validate_spec(self.spec)
+        except SpecError as exc:
+            return exc
+
+    @property
+    def valid_spec(self) -> PDDeploymentSpec | None:
+        """The spec, or None when invalid (then only :func:`decide` has something to say: SpecValid=False)."""
+        checked = self.checked
+        return None if isinstance(checked, SpecError) else checked
 
 
 @dataclass(frozen=True)
@@ -370,9 +385,8 @@ def _owner(d: Deployment) -> layout.Owner:
 def proxy_urls(snap: Snapshot) -> dict[str, str]:
     """Pod name -> the proxy admin /status to read before deciding: disaggregated replicas whose pod has
     an IP and has not verified a KV transfer yet."""
-    try:
-        spec = validate_spec(snap.deployment.spec)
-    except SpecError:
+    spec = snap.deployment.valid_spec
+    if spec is None:
         return {}
     previous, live, owner = observe.parse(snap.deployment.status), _serving_pods(snap), _owner(snap.deployment)
     spec = autotune.spec_in_force(spec, previous.autotune)
@@ -400,20 +414,16 @@ class ClaimReads:
 
 def plan_for(snap: Snapshot) -> PDDeploymentSpec | None:
     """The spec whose autotuning trials to plan before deciding (``autotune.plan``), if its workload has none."""
-    try:
-        spec = validate_spec(snap.deployment.spec)
-    except SpecError:
+    spec = snap.deployment.valid_spec
+    if spec is None:
         return None
     return spec if autotune.plan_due(spec, observe.parse(snap.deployment.status).autotune) else None
 
 
 def claim_reads(snap: Snapshot) -> ClaimReads:
     """Only a deployment whose GPUs come from DRA reads anything (and needs the RBAC for it)."""
-    try:
-        spec = validate_spec(snap.deployment.spec)
-    except SpecError:
-        return ClaimReads()
-    if not spec.uses_dra:
+    spec = snap.deployment.valid_spec
+    if spec is None or not spec.uses_dra:
         return ClaimReads()
     claims = sorted({c for pod in _serving_pods(snap).values() if (c := pod.claims.get(render.DRA_CLAIM))})
     return ClaimReads(templates=True, claims=tuple(claims))
@@ -423,6 +433,24 @@ def _unused_claim_templates(snap: Snapshot, current: str | None) -> list[Action]
     """Replaced claim templates that no pod refers to any more: delete them (their claims live on)."""
     used = {t for pod in snap.pods for t in pod.claim_templates}
     return [Delete("ResourceClaimTemplate", t) for t in snap.claim_templates if t != current and t not in used]
+
+
+@dataclass(frozen=True)
+class InForce:
+    """The spec the serving pod runs (autotune's layout ``name`` in force, else the spec's own) and its layout."""
+
+    name: str | None
+    spec: PDDeploymentSpec
+    layout: Layout
+
+
+def _in_force(d: Deployment, spec: PDDeploymentSpec, tuning: autotune.Step, known: InForce | None = None) -> InForce:
+    """Built once per layout in force: ``known`` again unless a trial's result put another layout in force."""
+    name = tuning.state.layout_in_force if tuning.state is not None else None
+    if known is not None and known.name == name:
+        return known
+    in_force = autotune.spec_in_force(spec, tuning.state)
+    return InForce(name, in_force, layout.build(_owner(d), in_force))
 
 
 def _decision(previous: Mapping[str, Any], status: PDDeploymentStatus, actions: Sequence[Action]) -> Decision:
@@ -470,11 +498,8 @@ LEFTOVERS = {
 
 def leftover_lookups(snap: Snapshot) -> dict[str, tuple[str, str]]:
     """LEFTOVERS key -> the (kind, name) to read, on repairs of a valid spec (an invalid one: decide says so)."""
-    if not snap.repair_children:
-        return {}
-    try:
-        spec = validate_spec(snap.deployment.spec)
-    except SpecError:
+    spec = snap.deployment.valid_spec
+    if not snap.repair_children or spec is None:
         return {}
     owner = _owner(snap.deployment)
     return {key: found for key, left in LEFTOVERS.items() if (found := left.lookup(spec, owner)) is not None}
@@ -489,18 +514,17 @@ def decide(snap: Snapshot) -> Decision:
     d = snap.deployment
     previous = observe.parse(d.status)
     now = goodput.rfc3339(snap.now)
-    try:
-        spec = validate_spec(d.spec)
-    except SpecError as exc:
-        obs = Observation(generation=d.generation, now=now, spec=None, spec_problems=exc.problems, previous=previous)
+    spec = d.checked
+    if isinstance(spec, SpecError):
+        obs = Observation(generation=d.generation, now=now, spec=None, spec_problems=spec.problems, previous=previous)
         new = observe.status(obs)
         return _decision(d.status, new, [Emit(e) for e in observe.events(previous, new)])
     tuning = autotune.begin(spec, previous.autotune, snap.plan)
-    measured = autotune.spec_in_force(spec, tuning.state)  # what a probe finishing now has measured
-    collected, running = _collect(snap, measured, layout.build(_owner(d), measured), previous.probe)
+    measured = _in_force(d, spec, tuning)  # what a probe finishing now has measured
+    collected, running = _collect(snap, measured.spec, measured.layout, previous.probe)
     tuning = _trial_result(tuning, previous.probe, collected, now, spec)
-    spec = autotune.spec_in_force(spec, tuning.state)
-    lay = layout.build(_owner(d), spec)
+    in_force = _in_force(d, spec, tuning, measured)
+    spec, lay = in_force.spec, in_force.layout
     children = render.children(lay)
     repairs: list[Action] = [Apply(obj) for obj in children.applied] if snap.repair_children else []
     template = render.claim_template_name(lay) if lay.dra_device_class is not None else None

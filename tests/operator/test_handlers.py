@@ -9,13 +9,14 @@ the e2e suite applies them against a real API server.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from pd_operator import autotune, handlers, layout, render
+from pd_operator import autotune, decide, handlers, layout, render
 from pd_operator.api import AutotuneTrial, PDDeploymentSpec
 from pd_operator.decide import Deployment, Snapshot
 from pd_operator.handlers import Deps, reconcile
@@ -98,6 +99,27 @@ async def test_autotune_plans_once_per_reconcile_off_the_event_loop(world: Any, 
     assert "cannot create the serving pod" in decision.status.message  # decided twice
     assert decision.status.autotune is not None and decision.status.autotune.trials
     assert len(threads) == 1 and threads[0] != threading.get_ident()
+
+
+async def test_one_reconcile_validates_the_spec_once_and_builds_the_layout_once_per_decide(
+    world: Any, monkeypatch: Any
+) -> None:
+    calls: list[str] = []
+
+    def counting(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def count(*args: Any) -> Any:
+            calls.append(name)
+            return real(*args)
+
+        return count
+
+    for module, name in [(decide, "validate_spec"), (decide, "decide"), (layout, "build")]:
+        monkeypatch.setattr(module, name, counting(name, getattr(module, name)))
+    deps, _ = world
+    broken = Kube(client.ApiClient(client.Configuration(host="http://127.0.0.1:9")))
+    decision = await reconcile(snapshot(), Deps(kube=broken, fetch_proxy_status=deps.fetch_proxy_status))
+    assert "cannot create the serving pod" in decision.status.message  # decided again after the failures
+    assert sorted(calls) == ["build", "build", "decide", "decide", "validate_spec"]
 
 
 async def test_proxy_poll_failure_is_a_report(unused_tcp_port: int) -> None:
