@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import httpx
 import kopf
@@ -30,10 +30,11 @@ from pd_operator.kube import Kube, KubeError
 from pd_operator.observe import ProxyReport
 from pd_operator.refusals import ApiFailure
 from pd_operator.settings import Settings
-from pd_operator.views import ClaimView, JobView, NodeView, PodView, claim_view, job_view, node_view, pod_view
+from pd_operator.views import JobView, NodeView, PodView, claim_view, job_view, node_view, pod_view
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
+T = TypeVar("T")
 MANAGED_BY = {"app.kubernetes.io/managed-by": "pd-operator"}
 _PROBE_METRICS = {"GoodputProbeStarted": "started", "GoodputMeasured": "succeeded", "GoodputProbeFailed": "failed"}
 
@@ -119,36 +120,35 @@ async def execute(kube: KubeLike, snap: Snapshot, actions: tuple[Action, ...]) -
     return failed
 
 
-async def read_claims(kube: KubeLike, snap: Snapshot) -> Snapshot:
-    """DRA: the deployment's claim templates and its pods' ResourceClaims, as ``decide.claim_reads`` asks.
-
-    A failed read leaves its part empty: no template is then deleted, and the status waits for the claim.
-    """
-    reads, d = decide.claim_reads(snap), snap.deployment
-    templates: list[str] = []
-    claims: dict[str, ClaimView] = {}
+async def _read(d: decide.Deployment, kind: str, what: str, read: Awaitable[T]) -> T | None:
+    """One read the core asked for; a failure is logged and counted (as ``kind``), and reads as nothing."""
     try:
-        if reads.templates:
-            selector = f"{render.LABEL_DEPLOYMENT}={d.name}"
-            templates = await kube.names("ResourceClaimTemplate", d.namespace, selector)
-        for name in reads.claims:
-            if (obj := await kube.get("ResourceClaim", d.namespace, name)) is not None:
-                claims[name] = claim_view(obj)
+        return await read
     except KubeError as exc:
-        metrics.RECONCILE_ERRORS.labels("ResourceClaim").inc()
-        log.warning("%s/%s: cannot read DRA objects: %s", d.namespace, d.name, exc)
-        templates = []
-    return dataclasses.replace(snap, claim_templates=templates, claims=claims)
+        metrics.RECONCILE_ERRORS.labels(kind).inc()
+        log.warning("%s/%s: cannot read %s: %s", d.namespace, d.name, what, exc)
+        return None
+
+
+async def read_claims(kube: KubeLike, snap: Snapshot) -> Snapshot:
+    """DRA: the deployment's claim templates and its pods' ResourceClaims, as ``decide.claim_reads`` asks,
+    all read at once. A failed read leaves its part empty: a failed listing deletes no template, and the
+    status waits for a claim that could not be read."""
+    reads, d = decide.claim_reads(snap), snap.deployment
+    if not reads.templates:  # not DRA: nothing to read
+        return snap
+    selector, claim = f"{render.LABEL_DEPLOYMENT}={d.name}", "ResourceClaim"
+    listing = _read(d, claim, "ResourceClaimTemplates", kube.names("ResourceClaimTemplate", d.namespace, selector))
+    gets = (_read(d, claim, f"{claim}/{n}", kube.get(claim, d.namespace, n)) for n in reads.claims)
+    templates, found = await asyncio.gather(listing, asyncio.gather(*gets))
+    claims = {n: claim_view(obj) for n, obj in zip(reads.claims, found, strict=True) if obj is not None}
+    return dataclasses.replace(snap, claim_templates=templates or [], claims=claims)
 
 
 async def _exists(kube: KubeLike, snap: Snapshot, kind: str, name: str) -> bool:
     """A failed read counts as absent: the next repair asks again."""
-    try:
-        return await kube.get(kind, snap.deployment.namespace, name) is not None
-    except KubeError as exc:
-        metrics.RECONCILE_ERRORS.labels(kind).inc()
-        log.warning("%s/%s: cannot read %s/%s: %s", snap.deployment.namespace, snap.deployment.name, kind, name, exc)
-        return False
+    d = snap.deployment
+    return await _read(d, kind, f"{kind}/{name}", kube.get(kind, d.namespace, name)) is not None
 
 
 async def plan(snap: Snapshot) -> Snapshot:
@@ -161,8 +161,8 @@ async def plan(snap: Snapshot) -> Snapshot:
 
 
 async def reconcile(snap: Snapshot, deps: Deps) -> Decision:
-    """Read what the core asks for (the proxies concurrently, the DRA claims, the router), plan (once, in a
-    worker thread), decide, act; decide again if an action failed."""
+    """Read what the core asks for (the proxies, the DRA claims, the leftover children: each kind at once),
+    plan (once, in a worker thread), decide, act; decide again if an action failed."""
     urls = decide.proxy_urls(snap)
     if urls:
         reports = await asyncio.gather(*(deps.fetch_proxy_status(url) for url in urls.values()))

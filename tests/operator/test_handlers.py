@@ -8,6 +8,8 @@ the e2e suite applies them against a real API server.
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -20,11 +22,13 @@ from pd_operator import autotune, decide, handlers, layout, render
 from pd_operator.api import AutotuneTrial, PDDeploymentSpec
 from pd_operator.decide import Deployment, Snapshot
 from pd_operator.handlers import Deps, reconcile
-from pd_operator.kube import APPLY_PATCH, Kube
+from pd_operator.kube import APPLY_PATCH, Kube, KubeError
 from pd_operator.observe import ProxyReport
+from pd_operator.refusals import ApiFailure
 from pd_operator.settings import Settings
 from pd_operator.validation import validate_spec
 from pd_operator.views import pod_view
+from tests.operator import test_dra
 from tests.operator.podfacts import proxy_status, running_pod
 
 NS, NAME, UID = "ns1", "demo", "uid-1"
@@ -120,6 +124,39 @@ async def test_one_reconcile_validates_the_spec_once_and_builds_the_layout_once_
     decision = await reconcile(snapshot(), Deps(kube=broken, fetch_proxy_status=deps.fetch_proxy_status))
     assert "cannot create the serving pod" in decision.status.message  # decided again after the failures
     assert sorted(calls) == ["build", "build", "decide", "decide", "validate_spec"]
+
+
+class ClaimServer:
+    """Answers the DRA reads once all of them were asked (never, were they read one after another); one
+    claim's read is refused."""
+
+    def __init__(self, claims: int, refused: str) -> None:
+        self.claims, self.refused, self.asked = claims, refused, 0
+        self.all_asked = asyncio.Event()
+
+    async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        self.asked += 1
+        if self.asked == self.claims:
+            self.all_asked.set()
+        await asyncio.wait_for(self.all_asked.wait(), timeout=30)
+        if name == self.refused:
+            raise KubeError(ApiFailure(403, "Forbidden", "resourceclaims is forbidden"))
+        return {"metadata": {"name": name}, "status": {}}
+
+    async def names(self, kind: str, namespace: str, label_selector: str) -> list[str]:
+        return ["demo-gpus-a"]
+
+
+async def test_dra_claims_are_read_at_once_and_a_refused_one_leaves_only_itself_out() -> None:
+    pods = []
+    for i in range(3):
+        pod = copy.deepcopy(test_dra._pod())
+        pod["metadata"]["name"] = f"{NAME}-{i}"
+        pod["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": f"claim-{i}"}]
+        pods.append(pod)
+    server = ClaimServer(claims=3, refused="claim-1")
+    snap = await handlers.read_claims(server, test_dra._snap(pods))  # type: ignore[arg-type]
+    assert sorted(snap.claims) == ["claim-0", "claim-2"] and list(snap.claim_templates) == ["demo-gpus-a"]
 
 
 async def test_proxy_poll_failure_is_a_report(unused_tcp_port: int) -> None:
