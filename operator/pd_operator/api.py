@@ -1604,7 +1604,7 @@ class Condition(ApiModel):
 
     type: Annotated[str, StringConstraints(min_length=1, max_length=64)] = Field(
         description="SpecValid, PrefillReady, DecodeReady, EngineReady, ProxyReady, Ready, KVTransferVerified, "
-        "GoodputMet, ChildrenAdmitted, NodeLost, Tuned."
+        "GoodputMet, ChildrenAdmitted, NodeLost, Tuned, RouterReady."
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: Annotated[str, StringConstraints(max_length=128)] = Field("", description="CamelCase reason.")
@@ -1803,6 +1803,16 @@ class ReplicaStatus(ApiModel):
     kv_transfer: Condition | None = Field(None, description="This pod's KVTransferVerified condition.")
 
 
+class RouterStatus(ApiModel):
+    """The router's pods (spec.router), as the Deployment NAME-router's controller counts them."""
+
+    replicas: int = Field(0, ge=0, description="Router pods wanted (spec.router.replicas).")
+    ready_replicas: int = Field(0, ge=0, description="Router pods passing their readiness probe.")
+    ready: Annotated[str, StringConstraints(max_length=16)] = Field(
+        "", description='Ready router pods / router pods, e.g. "2/2" (column ROUTER, -o wide).'
+    )
+
+
 class PDDeploymentStatus(ApiModel):
     """Observed state, written by the operator."""
 
@@ -1853,11 +1863,15 @@ class PDDeploymentStatus(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
         description="SpecValid, role readiness, Ready, KVTransferVerified, GoodputMet, Tuned, ChildrenAdmitted (False "
         "while the API server refuses a child: the object, the policy and the fields at fault), NodeLost (once the "
-        "pod's node was not Ready).",
+        "pod's node was not Ready), RouterReady (with spec.router.enabled: True while at least one router pod is "
+        "ready, False while none is, Unknown while the router Deployment does not exist yet or cannot be read).",
     )
     goodput: GoodputStatus | None = Field(None, description="Latest goodput probe result.")
     probe: ProbeState = Field(default_factory=ProbeState, description="Probe Job bookkeeping.")
     autotune: AutotuneStatus | None = Field(None, description="Autotuning's trials and result (spec.autotune).")
+    router: RouterStatus | None = Field(
+        None, description="The router's pods, with spec.router.enabled only (their readiness: RouterReady)."
+    )
 
 
 class PDDeployment(ApiModel):

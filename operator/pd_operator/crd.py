@@ -41,6 +41,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "priority": 1,
     },
     {
+        "name": "Router",
+        "type": "string",
+        "jsonPath": ".status.router.ready",
+        "description": "Ready router pods / router pods (spec.router)",
+        "priority": 1,
+    },
+    {
         "name": "Prefill GPUs",
         "type": "string",
         "jsonPath": ".status.gpuAssignment.prefill",

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Literal
 from pd_operator import autotune, goodput, layout, observe, render
 from pd_operator.api import RUN_PROBE_ANNOTATION, GoodputStatus, PDDeploymentSpec, PDDeploymentStatus, ProbeState
 from pd_operator.layout import Layout
-from pd_operator.observe import Event, NodeTrouble, Observation, ProxyReport, ReplicaObservation
+from pd_operator.observe import Event, NodeTrouble, Observation, ProxyReport, ReplicaObservation, RouterRead
 from pd_operator.refusals import ApiFailure, Refusal, refusal
 from pd_operator.settings import Settings
 from pd_operator.validation import SpecError, validate_spec
@@ -76,6 +76,7 @@ class Snapshot:
     claims: Mapping[str, ClaimView] = field(default_factory=dict)  # ResourceClaim name -> view, from claim_reads()
     leftovers_found: frozenset[str] = frozenset()  # LEFTOVERS keys whose lookup found its object (on repairs)
     plan: autotune.Plan | None = None  # autotune's trials for a new workload, planned when plan_for() asks
+    router: RouterRead | None = None  # the router Deployment, read when router_read() asks (status.router)
 
 
 # ---- actions ---------------------------------------------------------------------------------------------
@@ -404,6 +405,12 @@ def proxy_urls(snap: Snapshot) -> dict[str, str]:
     return urls
 
 
+def router_read(snap: Snapshot) -> str | None:
+    """The router Deployment to read before deciding (status.router, RouterReady): with the router enabled."""
+    spec = snap.deployment.valid_spec
+    return render.router_name(_owner(snap.deployment)) if spec is not None and spec.router.enabled else None
+
+
 @dataclass(frozen=True)
 class ClaimReads:
     """What to read about DRA before deciding: the deployment's claim templates, the pods' claims."""
@@ -544,6 +551,7 @@ def decide(snap: Snapshot) -> Decision:
         children_written=snap.repair_children,
         autotune=tuning.state,
         claims=snap.claims,
+        router=snap.router,
     )
     observed = observe.status(obs)
     ctx = ProbeContext(observed.phase, observed.goodput is not None, running, autotune.probe_due(tuning.state))

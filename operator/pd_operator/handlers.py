@@ -4,8 +4,9 @@ One idempotent :func:`reconcile` serves every trigger (create, update of the spe
 operator restart, and a periodic timer that also notices deleted pods, proxy progress and probe Jobs).
 It never raises for a bad spec or a failed API call: a bad spec becomes SpecValid=False, an API error a
 log line, a metric and (where the user should know) a status message. Pods, probe Jobs and Nodes come
-from kopf indexes fed by watches, as typed views, so a steady-state tick costs no API request; the
-other children are re-applied every ``drift_repair_seconds``. Settings and connections live in kopf's memo.
+from kopf indexes fed by watches, as typed views, so a steady-state tick costs no API request but one GET
+of the router Deployment (with spec.router.enabled, for its status); the other children are re-applied
+every ``drift_repair_seconds``. Settings and connections live in kopf's memo.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ import kopf
 from pd_operator import api, autotune, decide, metrics, render
 from pd_operator.decide import Action, Apply, Create, Decision, Delete, Snapshot
 from pd_operator.kube import Kube, KubeError
-from pd_operator.observe import ProxyReport
+from pd_operator.observe import ProxyReport, RouterRead
 from pd_operator.refusals import ApiFailure
 from pd_operator.settings import Settings
-from pd_operator.views import JobView, NodeView, PodView, claim_view, job_view, node_view, pod_view
+from pd_operator.views import JobView, NodeView, PodView, claim_view, deployment_view, job_view, node_view, pod_view
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -145,6 +146,20 @@ async def read_claims(kube: KubeLike, snap: Snapshot) -> Snapshot:
     return dataclasses.replace(snap, claim_templates=templates or [], claims=claims)
 
 
+async def read_router(kube: KubeLike, snap: Snapshot) -> Snapshot:
+    """The router Deployment's counts, once per reconcile as ``decide.router_read`` asks (router enabled)."""
+    name, d = decide.router_read(snap), snap.deployment
+    if name is None:
+        return snap
+
+    async def get() -> RouterRead:
+        obj = await kube.get("Deployment", d.namespace, name)
+        return RouterRead(deployment_view(obj) if obj is not None else None)
+
+    read = await _read(d, "Deployment", f"Deployment/{name}", get())
+    return dataclasses.replace(snap, router=read if read is not None else RouterRead(failed=True))
+
+
 async def _exists(kube: KubeLike, snap: Snapshot, kind: str, name: str) -> bool:
     """A failed read counts as absent: the next repair asks again."""
     d = snap.deployment
@@ -161,8 +176,8 @@ async def plan(snap: Snapshot) -> Snapshot:
 
 
 async def reconcile(snap: Snapshot, deps: Deps) -> Decision:
-    """Read what the core asks for (the proxies, the DRA claims, the leftover children: each kind at once),
-    plan (once, in a worker thread), decide, act; decide again if an action failed."""
+    """Read what the core asks for (the proxies, the DRA claims, the router Deployment, the leftover children:
+    each kind at once), plan (once, in a worker thread), decide, act; decide again if an action failed."""
     urls = decide.proxy_urls(snap)
     if urls:
         reports = await asyncio.gather(*(deps.fetch_proxy_status(url) for url in urls.values()))
@@ -170,7 +185,7 @@ async def reconcile(snap: Snapshot, deps: Deps) -> Decision:
             if report.error:
                 metrics.RECONCILE_ERRORS.labels("proxy").inc()
         snap = dataclasses.replace(snap, proxies=dict(zip(urls, reports, strict=True)))
-    snap = await plan(await read_claims(deps.kube, snap))
+    snap = await plan(await read_router(deps.kube, await read_claims(deps.kube, snap)))
     lookups = decide.leftover_lookups(snap)
     if lookups:
         found = await asyncio.gather(*(_exists(deps.kube, snap, kind, name) for kind, name in lookups.values()))

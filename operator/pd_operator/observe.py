@@ -27,11 +27,12 @@ from pd_operator.api import (
     ReplicaStatus,
     RoleGpus,
     RoleStatus,
+    RouterStatus,
 )
 from pd_operator.layout import EngineInstance, Layout
 from pd_operator.refusals import Refusal
-from pd_operator.render import DRA_CLAIM, PROXY_CONTAINER, selector_string
-from pd_operator.views import MESSAGE_LIMIT, ClaimView, ContainerView, PodView
+from pd_operator.render import DRA_CLAIM, PROXY_CONTAINER, router_name, selector_string
+from pd_operator.views import MESSAGE_LIMIT, ClaimView, ContainerView, DeploymentView, PodView
 
 Obj = dict[str, Any]
 CRASH_REASONS = frozenset(
@@ -54,6 +55,7 @@ PREFLIGHT_EXIT_CODE = 78
 PREFLIGHT_FAILED = "PreflightFailed"
 NODE_LOST = "NodeLost"
 NODE_NOT_READY = "NodeNotReady"
+ROUTER_READY = "RouterReady"
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,14 @@ class ProxyReport:
 
     status: Mapping[str, Any] | None = None
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class RouterRead:
+    """The router Deployment as read this reconcile: its view, or none (not created yet, or the read ``failed``)."""
+
+    deployment: DeploymentView | None = None
+    failed: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,6 +131,7 @@ class Observation:
     children_written: bool = True  # every applied child was written this time (drift repair)
     autotune: AutotuneStatus | None = None  # autotuning's state (spec.autotune), as decided this time
     claims: Mapping[str, ClaimView] = field(default_factory=dict)  # ResourceClaim name -> what it was allocated
+    router: RouterRead | None = None  # the router Deployment, read with spec.router.enabled (None: not read)
 
 
 @dataclass(frozen=True)
@@ -438,6 +449,33 @@ def _tuned(state: AutotuneStatus | None) -> Condition:
     return condition(kind, True, "Tuned", state.message)
 
 
+def router_status(
+    layout: Layout, read: RouterRead | None, previous: RouterStatus | None
+) -> tuple[RouterStatus | None, Condition | None]:
+    """status.router and RouterReady, with the router enabled only. True while at least one router pod is
+    ready (the router's Service then answers); Unknown while its Deployment is missing or unreadable (then
+    status.router keeps the counts last read)."""
+    wanted = layout.router_replicas
+    if not wanted:
+        return None, None
+    name = router_name(layout.owner)
+    if read is None or read.failed:
+        unread = f"the router Deployment {name} could not be read; the operator reads it again next time"
+        return previous, condition(ROUTER_READY, None, "RouterUnreadable", unread)
+    dep = read.deployment
+    ready = dep.ready_replicas if dep is not None else 0
+    counts = RouterStatus(replicas=wanted, ready_replicas=ready, ready=f"{ready}/{wanted}")
+    if dep is None:
+        return counts, condition(
+            ROUTER_READY, None, "RouterNotFound", f"the router Deployment {name} does not exist yet"
+        )
+    lag = "" if dep.observed else f" (its controller has not seen generation {dep.generation} of {name} yet)"
+    if ready:
+        return counts, condition(ROUTER_READY, True, "RouterAvailable", f"{counts.ready} router pods ready{lag}")
+    message = f"{counts.ready} router pods ready: clients of {name} get no answer{lag}"
+    return counts, condition(ROUTER_READY, False, "NoRouterPodReady", message)
+
+
 def _with_transition_times(
     new: list[Condition], old: Sequence[Condition], now: str, generation: int
 ) -> list[Condition]:
@@ -573,6 +611,9 @@ def status(obs: Observation) -> PDDeploymentStatus:
     conds += [kv, goodput_condition(spec, goodput), children_condition(obs), *tuned_conditions(spec, obs.autotune)]
     if (node_lost := node_lost_condition(obs, phase)) is not None:
         conds.append(node_lost)
+    router, router_ready = router_status(layout, obs.router, obs.previous.router)
+    if router_ready is not None:
+        conds.append(router_ready)
     current = all(f.status.current for f in per)
     pod = first.obs.pod
     ready_replicas = sum(f.ready for f in per)
@@ -598,6 +639,7 @@ def status(obs: Observation) -> PDDeploymentStatus:
             "conditions": _with_transition_times(conds, obs.previous.conditions, obs.now, obs.generation),
             "goodput": goodput,
             "autotune": obs.autotune,
+            "router": router,
             "observed_generation": obs.generation if current else obs.previous.observed_generation,
         }
     )
@@ -636,6 +678,9 @@ def events(old: PDDeploymentStatus, new: PDDeploymentStatus) -> list[Event]:
         elif kind == "GoodputMet":
             met = value == "True"
             found.append(Event("Normal" if met else "Warning", "GoodputMet" if met else "GoodputMissed", cond.message))
+        elif kind == ROUTER_READY:
+            up = value == "True"
+            found.append(Event("Normal" if up else "Warning", ROUTER_READY if up else "RouterNotReady", cond.message))
     return found
 
 

@@ -1,4 +1,5 @@
-"""Pure: the few facts the operator reads from pods, Jobs and Nodes, as small typed views built once, at the edge.
+"""Pure: the few facts the operator reads from pods, Jobs, Nodes, ResourceClaims and the router Deployment, as
+small typed views built once, at the edge.
 
 kopf's indexes store these views instead of whole objects, so the core never digs through nested
 dicts and the operator's memory grows with what it uses, not with what the kubelet writes.
@@ -236,4 +237,29 @@ def claim_view(obj: Mapping[str, Any]) -> ClaimView:
             )
             for r in results
         ),
+    )
+
+
+@dataclass(frozen=True)
+class DeploymentView:
+    """The router Deployment's ready pods as its controller last counted them, for which generation."""
+
+    name: str
+    generation: int = 0
+    observed_generation: int = 0  # the generation those counts are for
+    ready_replicas: int = 0
+
+    @property
+    def observed(self) -> bool:
+        """Whether the controller has seen the Deployment as last applied (else its counts may lag a change)."""
+        return self.observed_generation >= self.generation
+
+
+def deployment_view(obj: Mapping[str, Any]) -> DeploymentView:
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    return DeploymentView(
+        name=str(meta.get("name", "")),
+        generation=int(meta.get("generation") or 0),
+        observed_generation=int(status.get("observedGeneration") or 0),
+        ready_replicas=int(status.get("readyReplicas") or 0),
     )

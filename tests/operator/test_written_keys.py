@@ -24,9 +24,9 @@ from kubernetes import client
 from pd_operator import decide, layout, render
 from pd_operator.api import RUN_PROBE_ANNOTATION
 from pd_operator.decide import Apply, Create, Decision, Deployment, Snapshot
-from pd_operator.observe import ProxyReport, wire
+from pd_operator.observe import ProxyReport, RouterRead, wire
 from pd_operator.validation import SpecError, validate_spec
-from pd_operator.views import job_view, pod_view
+from pd_operator.views import DeploymentView, job_view, pod_view
 from tests.operator.conftest import DRA, EXAMPLES, REPO
 from tests.operator.podfacts import container_status, finished_job, proxy_status, running_pod, summary
 from tests.operator.test_decide import planned
@@ -80,6 +80,10 @@ MODELS = {
     "Job": client.V1Job,
     "ResourceClaimTemplate": client.V1ResourceClaimTemplate,
     "PodDisruptionBudget": client.V1PodDisruptionBudget,
+    "Deployment": client.V1Deployment,
+    "ServiceAccount": client.V1ServiceAccount,
+    "Role": client.V1Role,
+    "RoleBinding": client.V1RoleBinding,
 }
 _CONTAINER = re.compile(r"^(List|Dict)\[(?:str, )?(.+)\]$")
 
@@ -122,6 +126,7 @@ def variants(spec: Obj) -> Iterator[Obj]:
         {"simulation": {"reserveGpus": True}},
         {"replicas": 3, "rollout": {"maxUnavailable": 2}},
         {"autotune": {"enabled": True, "maxTrials": 2}, "goodputProbe": {"enabled": True}},
+        {"replicas": 2, "router": {"enabled": True}},
     ]
     for change in changes:
         doc = copy.deepcopy(spec)
@@ -148,6 +153,7 @@ VARIANTS = valid_variants()
 
 def snap(spec: Obj, status: Obj, pods: list[Obj] = (), jobs: list[Obj] = (), **kw: Any) -> Snapshot:  # type: ignore[assignment]
     annotations = kw.pop("annotations", {})
+    kw.setdefault("router", RouterRead(DeploymentView("demo-router", 1, 1, 1)))  # read only with spec.router
     deployment = Deployment("demo", "ns1", "uid-1", 3, spec, status, annotations)
     views = [pod_view(p) for p in pods], [job_view(j) for j in jobs]
     return planned(Snapshot(deployment, kw.pop("now", T0), *views, **kw))
@@ -214,6 +220,16 @@ def test_every_status_key_is_in_the_crd_schema(name: str, spec: Obj) -> None:
 def test_every_child_key_is_known_to_kubernetes(name: str, spec: Obj) -> None:
     for obj in children(spec):
         assert unknown_in_model(obj, MODELS[obj["kind"]].__name__, obj["kind"]) == [], name
+
+
+def test_the_walks_reach_the_router_and_its_status() -> None:
+    """status.router and RouterReady are walked (they are written only with spec.router.enabled)."""
+    routed = [spec for _, spec in VARIANTS if spec.get("router", {}).get("enabled")]
+    assert routed
+    statuses = [status for _, status, full in written(routed[0]) if full]
+    assert all(s["router"]["ready"] == "1/2" for s in statuses)
+    assert all("RouterReady" in [c["type"] for c in s["conditions"]] for s in statuses)
+    assert {"Deployment", "ServiceAccount", "Role", "RoleBinding"} <= {o["kind"] for o in children(routed[0])}
 
 
 def test_the_walks_catch_a_misspelt_key() -> None:
