@@ -1,6 +1,6 @@
 """spec.router: the operator's router Deployment in front of two replicas (with its NetworkPolicy and
-PodDisruptionBudget), a completion streamed through each router pod, and disabling it removes every
-router object.
+PodDisruptionBudget), its ready pods in the PDDeployment's status (status.router, RouterReady), a
+completion streamed through each router pod, and disabling it removes every router object and that status.
 
 The router pods are real Deployment pods (the controller-manager makes the ReplicaSet and its pods, the
 node agent runs them), find the replicas by watching the PDDeployment Service's EndpointSlices with their
@@ -22,8 +22,11 @@ from e2e.stack import Stack
 from e2e.tests.kube import (
     Obj,
     apply,
+    condition,
     create_namespace,
     get,
+    pdd,
+    pdd_events,
     ready_addresses,
     stream_completion,
     wait_for,
@@ -41,6 +44,7 @@ ROUTER_OBJECTS = {
     "NetworkPolicy": "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies/" + ROUTER,
     "PodDisruptionBudget": "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/" + ROUTER,
 }
+ROUTER_UP = ("True", "RouterAvailable", "2/2 router pods ready")
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +89,20 @@ def sees(router_ip: str, replicas: list[str]) -> bool | None:
     return sorted(r["address"] for r in router_status(router_ip)["replicas"]) == replicas or None
 
 
+def router_reported(cp: ControlPlane, ns: str) -> bool | None:
+    """Whether the status shows both router pods ready (the operator reads the Deployment every tick)."""
+    obj = pdd(cp, ns, NAME) or {}
+    cond = condition(obj, "RouterReady") or {}
+    said = (cond.get("status"), cond.get("reason"), cond.get("message"))
+    counts = (obj.get("status") or {}).get("router")
+    return (counts == {"replicas": 2, "readyReplicas": 2, "ready": "2/2"} and said == ROUTER_UP) or None
+
+
+def router_status_gone(cp: ControlPlane, ns: str) -> bool | None:
+    obj = pdd(cp, ns, NAME) or {}
+    return ("router" not in (obj.get("status") or {}) and condition(obj, "RouterReady") is None) or None
+
+
 def test_router_serves_both_replicas_and_goes_when_disabled(cp: ControlPlane, ns: str) -> None:
     apply(cp, manifest(router=True), ns)
     owner = wait_pdd_ready(cp, ns, NAME, timeout_s=300)
@@ -97,6 +115,9 @@ def test_router_serves_both_replicas_and_goes_when_disabled(cp: ControlPlane, ns
         return dep if (dep.get("status") or {}).get("readyReplicas") == 2 else None
 
     dep = wait_for(deployment_ready, 300, "router Deployment with 2 ready pods")
+    wait_for(functools.partial(router_reported, cp, ns), 180, "status.router 2/2 ready and RouterReady True")
+    # it became True at some tick: that transition posted a RouterReady Event
+    wait_for(lambda: pdd_events(cp, ns, NAME, "RouterReady"), 120, "a RouterReady Event")
     anti = dep["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
     assert list(anti) == ["preferredDuringSchedulingIgnoredDuringExecution"], anti
     # the disruption controller counts exactly the router pods (not the serving ones) under the budget
@@ -120,3 +141,4 @@ def test_router_serves_both_replicas_and_goes_when_disabled(cp: ControlPlane, ns
         return not left or None
 
     wait_for(router_gone, 180, "every router object deleted after spec.router.enabled: false")
+    wait_for(functools.partial(router_status_gone, cp, ns), 180, "status.router and RouterReady removed")
