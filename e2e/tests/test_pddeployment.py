@@ -220,7 +220,13 @@ def test_deleted_pod_comes_back(cp: ControlPlane, lifecycle: str) -> None:
         return any(p["metadata"]["uid"] != before["metadata"]["uid"] for p in current)
 
     wait_for(replaced, 60, "a new serving pod")
-    wait_pdd_ready(cp, lifecycle, LIFECYCLE, timeout_s=180)
+
+    def ready_on_the_new_pod() -> bool:
+        # the Ready of the deleted pod stays in the status until the operator's next tick: wait for the new one's
+        obj = pdd(cp, lifecycle, LIFECYCLE)
+        return phase(obj) == "Ready" and (obj or {})["status"].get("podUid") not in (None, before["metadata"]["uid"])
+
+    wait_for(ready_on_the_new_pod, 180, "PDDeployment Ready on the new serving pod")
     assert serving_pod(cp, lifecycle, LIFECYCLE)["metadata"]["uid"] != before["metadata"]["uid"]
 
 
