@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import httpx
+import yaml
 
-from e2e.cluster import ControlPlane
+from e2e.cluster import REPO_ROOT, ControlPlane
 
 T = TypeVar("T")
 Obj = dict[str, Any]
@@ -188,6 +189,13 @@ def create_namespace(cp: ControlPlane, name: str, enforce: PodSecurityLevel = "b
     manifest["metadata"]["labels"] = pod_security_labels(enforce)
     cp.kubectl("create", "-f", "-", input_text=json.dumps(manifest))
     return name
+
+
+def simulated_example(name: str) -> Obj:
+    """examples/simulated-write.yaml, named ``name``: the deployment most tests start from and adjust."""
+    obj: Obj = yaml.safe_load((REPO_ROOT / "examples" / "simulated-write.yaml").read_text())
+    obj["metadata"]["name"] = name
+    return obj
 
 
 def apply(cp: ControlPlane, manifest: str, namespace: str) -> str:

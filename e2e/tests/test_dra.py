@@ -9,13 +9,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
-from e2e.cluster import REPO_ROOT, ControlPlane
+from e2e.cluster import ControlPlane
 from e2e.devices import Gpu
 from e2e.resourceslices import device_name, pci_address
 from e2e.stack import Stack
-from e2e.tests.kube import apply, create_namespace, get, pdd, wait_for, wait_pdd_ready
+from e2e.tests.kube import apply, create_namespace, get, pdd, simulated_example, wait_for, wait_pdd_ready
 
 NAME = "dra"
 PCI = [pci_address(Gpu(i)) for i in range(8)]
@@ -27,8 +26,7 @@ def deployed(operator: Stack) -> Iterator[str]:
     operator.install_operator(values={"rbac.dynamicResourceAllocation": "true"})  # opt-in DRA rights
     namespace = "pd-dra"
     create_namespace(cp, namespace)
-    obj = yaml.safe_load((REPO_ROOT / "examples" / "simulated-write.yaml").read_text())
-    obj["metadata"]["name"] = NAME
+    obj = simulated_example(NAME)
     obj["spec"]["goodputProbe"] = {"enabled": False}
     obj["spec"]["simulation"]["reserveGpus"] = True  # request GPUs as engine vllm would: here through DRA
     obj["spec"]["gpuAllocation"] = {"strategy": "dra", "dra": {"pciAddresses": PCI}}

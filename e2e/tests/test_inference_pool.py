@@ -29,6 +29,7 @@ from e2e.tests.kube import (
     get,
     pdd_events,
     pods,
+    simulated_example,
     stream_completion,
     wait_for,
     wait_pdd_ready,
@@ -58,8 +59,7 @@ def ns(operator: Stack, cp: ControlPlane) -> Iterator[str]:
 
 
 def manifest(enabled: bool) -> str:
-    obj: Obj = yaml.safe_load((REPO_ROOT / "examples" / "simulated-write.yaml").read_text())
-    obj["metadata"]["name"] = NAME
+    obj = simulated_example(NAME)
     obj["spec"]["goodputProbe"]["enabled"] = False
     obj["spec"]["inferencePool"] = {"enabled": enabled, "endpointPicker": PICKER}
     return yaml.safe_dump(obj)

@@ -9,11 +9,21 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-import yaml
 
-from e2e.cluster import REPO_ROOT, ControlPlane
+from e2e.cluster import ControlPlane
 from e2e.stack import Stack, pool_placement
-from e2e.tests.kube import Obj, apply, condition, get, pdd, pod, stream_completion, wait_for, wait_pdd_ready
+from e2e.tests.kube import (
+    Obj,
+    apply,
+    condition,
+    get,
+    pdd,
+    pod,
+    simulated_example,
+    stream_completion,
+    wait_for,
+    wait_pdd_ready,
+)
 
 POOL = "loss"
 NAME = "lost"
@@ -23,8 +33,7 @@ TOLERATION_S = 5  # the pod's own tolerationSeconds for the unreachable taint: s
 
 def deployment() -> Obj:
     """The simulated write example, requesting its 8 GPUs (so one per node), on the pool's nodes."""
-    obj: Obj = yaml.safe_load((REPO_ROOT / "examples" / "simulated-write.yaml").read_text())
-    obj["metadata"]["name"] = NAME
+    obj = simulated_example(NAME)
     obj["spec"]["goodputProbe"] = {"enabled": False}
     obj["spec"]["simulation"]["reserveGpus"] = True
     placement = pool_placement(POOL)

@@ -14,9 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
-from e2e.cluster import REPO_ROOT, ControlPlane
+from e2e.cluster import ControlPlane
 from e2e.stack import Stack
 from e2e.tests.kube import (
     apply,
@@ -24,6 +23,7 @@ from e2e.tests.kube import (
     create_namespace,
     pdd,
     pod,
+    simulated_example,
     stream_completion,
     wait_for,
     wait_pdd_ready,
@@ -38,8 +38,7 @@ def deployed(operator: Stack) -> Iterator[str]:
     cp = operator.cp
     namespace = "pd-reload"
     create_namespace(cp, namespace)  # Pod Security baseline, as the suite's other namespaces
-    obj = yaml.safe_load((REPO_ROOT / "examples" / "simulated-write.yaml").read_text())
-    obj["metadata"]["name"] = NAME
+    obj = simulated_example(NAME)
     obj["spec"]["goodputProbe"] = {"enabled": False}
     apply(cp, json.dumps(obj), namespace)
     wait_pdd_ready(cp, namespace, NAME, timeout_s=180)

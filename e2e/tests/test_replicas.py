@@ -21,11 +21,21 @@ from dataclasses import dataclass, field
 
 import httpx
 import pytest
-import yaml
 
-from e2e.cluster import REPO_ROOT, ControlPlane
+from e2e.cluster import ControlPlane
 from e2e.stack import Stack, pool_placement
-from e2e.tests.kube import Obj, PodWatch, apply, create_namespace, get, pdd, pods, ready_addresses, wait_for
+from e2e.tests.kube import (
+    Obj,
+    PodWatch,
+    apply,
+    create_namespace,
+    get,
+    pdd,
+    pods,
+    ready_addresses,
+    simulated_example,
+    wait_for,
+)
 
 log = logging.getLogger(__name__)
 POOL, NODES = "replicas", 3
@@ -46,9 +56,8 @@ def nodes(node_pool: Callable[[str, int], list[str]]) -> list[str]:
 
 
 def manifest(replicas: int, grace_s: int = 5) -> Obj:
-    obj: Obj = yaml.safe_load((REPO_ROOT / "examples" / "simulated-write.yaml").read_text())
+    obj = simulated_example(NAME)
     spec = obj["spec"]
-    obj["metadata"]["name"] = NAME
     spec["replicas"] = replicas
     spec["node"] = pool_placement(POOL)
     spec["simulation"]["reserveGpus"] = True  # a whole node per replica

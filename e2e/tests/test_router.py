@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from e2e.cluster import REPO_ROOT, ControlPlane
+from e2e.cluster import ControlPlane
 from e2e.stack import Stack
 from e2e.tests.kube import (
     Obj,
@@ -28,6 +28,7 @@ from e2e.tests.kube import (
     pdd,
     pdd_events,
     ready_addresses,
+    simulated_example,
     stream_completion,
     wait_for,
     wait_pdd_ready,
@@ -55,8 +56,7 @@ def ns(operator: Stack, cp: ControlPlane) -> Iterator[str]:
 
 
 def manifest(router: bool) -> str:
-    obj: Obj = yaml.safe_load((REPO_ROOT / "examples" / "simulated-write.yaml").read_text())
-    obj["metadata"]["name"] = NAME
+    obj = simulated_example(NAME)
     obj["spec"]["replicas"] = 2
     obj["spec"]["goodputProbe"]["enabled"] = False
     obj["spec"]["router"] = {"enabled": router}
