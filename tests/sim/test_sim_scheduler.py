@@ -95,6 +95,21 @@ def test_abort_removes_a_sequence_anywhere() -> None:
     assert sched.running == [b] and not sched.waiting
 
 
+def test_a_sequence_aborted_during_its_final_step_commits_nothing() -> None:
+    """The client leaves while the step that finishes its request runs (vLLM skips such a request in
+    update_from_output): the commit survives and serves the others."""
+    sched = Scheduler(max_batched_tokens=100, max_num_seqs=4)
+    last, other = Sequence("last", 10, 1), Sequence("other", 10, 2)
+    sched.add(last)
+    sched.add(other)
+    step = sched.plan()
+    assert step is not None
+    sched.abort(last)
+    events = sched.commit(step)
+    assert [(e.seq.seq_id, e.index) for e in events] == [("other", 1)]
+    assert sched.running == [other] and last.generated == 0
+
+
 def _run_until_blocked(sched: Scheduler, steps: int = 200) -> None:
     for _ in range(steps):
         sched.preempt()

@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from pd_runtime.sim.scheduler import Step, TokenEvent
 from tests.ports import TEST_PORTS
 from tests.sim.sim_helpers import EngineFactory, engine_ports, kv_config, metric, scrape
 
@@ -171,3 +172,44 @@ async def test_a_plain_request_on_a_read_mode_decode_engine(
     status, body = await call(http, eng.url, PLAIN)
     assert status == 200 and body["usage"]["completion_tokens"] == 3
     assert metric(await scrape(http, eng.url), "pd_sim_requests_decoded_without_kv_total") == (1 if wrong else 0)
+
+
+async def test_a_request_aborted_during_its_final_step_leaves_the_engine_serving(
+    start_engine: EngineFactory, http: aiohttp.ClientSession
+) -> None:
+    """A one-token request whose client leaves while its only step runs: the engine core commits that
+    step without it, and serves the next request (it used to lose its core while /health said 200)."""
+    slow = ["--profile", "qwen3-235b-mi300x", "--time-scale", "0.1"]  # one prefill step lasts seconds
+    eng = await start_engine(["m", "--port", str(TEST_PORTS.port()), *slow])
+    core = eng.engine.cores[0]
+    body = {"prompt": [1] * 100, "max_tokens": 1, "ignore_eos": True}
+    request = asyncio.create_task(call(http, eng.url, body))
+    while not core.first_scheduled:
+        await asyncio.sleep(0.01)
+    request.cancel()  # the client goes away during the step that would finish the request
+    await asyncio.gather(request, return_exceptions=True)
+    while core.load:
+        await asyncio.sleep(0.01)  # the engine saw the disconnect and aborted the request mid-step
+    status, answer = await call(http, eng.url, body)
+    assert status == 200 and answer["usage"]["completion_tokens"] == 1
+    async with http.get(eng.url + "/health") as resp:
+        assert resp.status == 200
+    assert core.dead is None
+
+
+async def test_a_dead_engine_core_fails_its_requests_and_health(
+    start_engine: EngineFactory, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's /health answers 503 on EngineDeadError; the requests in the core get a 500."""
+    eng = await start_engine(["m", "--port", str(TEST_PORTS.port())])
+
+    def broken(step: Step) -> list[TokenEvent]:
+        raise RuntimeError("simulated engine-core crash")
+
+    monkeypatch.setattr(eng.engine.cores[0]._scheduler, "commit", broken)
+    status, answer = await call(http, eng.url, {"prompt": "x", "max_tokens": 2})
+    assert status == 500 and "engine core 0 died" in answer["error"]["message"]
+    async with http.get(eng.url + "/health") as resp:
+        assert resp.status == 503 and "simulated engine-core crash" in await resp.text()
+    status, answer = await call(http, eng.url, {"prompt": "x", "max_tokens": 2})
+    assert status == 500

@@ -42,6 +42,8 @@ class EngineCore:
         self._sinks: dict[int, asyncio.Queue[Emitted | str]] = {}
         self._on_allocated: dict[int, Callable[[], None]] = {}
         self.first_scheduled: dict[int, float] = {}
+        self.dead: str | None = None
+        """Why the core's loop ended (vLLM's EngineDeadError); None while it runs."""
 
     @property
     def load(self) -> int:
@@ -56,6 +58,9 @@ class EngineCore:
         """Queue a sequence; its tokens (or, put there by others, an error message) arrive in the sink.
         ``on_allocated`` runs when a remote-KV sequence gets its blocks (then decode asks for the KV)."""
         sink: asyncio.Queue[Emitted | str] = asyncio.Queue()
+        if self.dead is not None:
+            sink.put_nowait(self.dead)
+            return sink
         self._sinks[id(seq)] = sink
         if on_allocated is not None:
             self._on_allocated[id(seq)] = on_allocated
@@ -93,6 +98,17 @@ class EngineCore:
                 callback()
 
     async def run(self) -> None:
+        """Step until cancelled; a step that raises ends the core as an engine-core crash ends vLLM's:
+        every request in it fails, new ones fail at once and ``/health`` answers 503."""
+        try:
+            await self._steps()
+        except Exception as exc:
+            log.exception("rank %d: engine core died", self.rank)
+            self.dead = f"engine core {self.rank} died: {exc!r}"
+            for sink in self._sinks.values():
+                sink.put_nowait(self.dead)
+
+    async def _steps(self) -> None:
         deadline = self._clock.now()
         while True:
             self._admit()

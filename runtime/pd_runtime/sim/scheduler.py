@@ -36,6 +36,8 @@ class Sequence:
     computed: int = 0
     """Tokens whose KV is in the cache."""
     generated: int = 0
+    released: bool = False
+    """Aborted (or finished and forgotten): a step planned before that commits nothing for it."""
 
     @property
     def length(self) -> int:
@@ -95,6 +97,8 @@ class Scheduler:
         seq.ready = True
 
     def abort(self, seq: Sequence) -> None:
+        """Forget a sequence wherever it is, also while a planned step that holds it runs."""
+        seq.released = True
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
@@ -175,9 +179,15 @@ class Scheduler:
         return _make_step(entries)
 
     def commit(self, step: Step) -> list[TokenEvent]:
-        """Apply a planned step: advance KV, sample a token for every sequence that caught up."""
+        """Apply a planned step: advance KV, sample a token for every sequence that caught up.
+
+        A sequence aborted while the step ran is skipped, as vLLM's ``Scheduler.update_from_output``
+        skips a request that is gone or finished: it is no longer in ``running``, even if this was its
+        final step."""
         events: list[TokenEvent] = []
         for seq, count in step.entries:
+            if seq.released:
+                continue
             seq.computed += count
             if seq.computed < seq.length:
                 continue  # a prefill chunk that has not reached the end of the prompt yet

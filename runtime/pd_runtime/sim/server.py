@@ -155,7 +155,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def health(request: web.Request) -> web.Response:
-    return web.Response(status=200)
+    """200, or 503 once an engine core has died (vLLM's ``/health`` on EngineDeadError)."""
+    dead = [core.dead for core in request.app[ENGINE_KEY].cores if core.dead is not None]
+    return web.Response(status=503, text="; ".join(dead)) if dead else web.Response(status=200)
 
 
 async def models(request: web.Request) -> web.Response:
