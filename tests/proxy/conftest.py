@@ -45,6 +45,17 @@ class PdSetup:
         async with self.client.post(self.url + path, json={**body, "stream": True}) as resp:
             return resp.status, (await resp.read()).decode()
 
+    async def beat_and_probe(self, engine: FakeEngine, mode: str = "READ") -> None:
+        """A heartbeat from ``engine`` after its circuit breaker opened, then one round of /health probes
+        (what moves an open breaker to half-open)."""
+        inst = self.proxy.registry.instances[engine.http_address]
+        await self.registrar.send(engine.g2_registration(mode))
+        await wait_for(
+            lambda: (inst.last_heartbeat or 0) > (inst.breaker.opened_at or 0), what="a heartbeat after the opening"
+        )
+        assert self.proxy.housekeeping is not None
+        await self.proxy.housekeeping.probe_all()
+
 
 SetupFactory = Callable[..., Awaitable[PdSetup]]
 
@@ -82,3 +93,14 @@ async def register_pair(setup: PdSetup, mode: str, generation: str) -> None:
         payload = engine.g2_registration(mode) if generation == "G2" else engine.g1_registration(mode)
         await setup.registrar.send(payload)
     await wait_for(lambda: not setup.proxy.not_ready_reason(), what="P and D registered")
+
+
+async def second_instance(setup: PdSetup, role: str, mode: str = "READ", **knobs: Any) -> FakeEngine:
+    """Another engine of ``role`` (P or D), registered after the first one, so round-robin tries it second."""
+    engine = FakeEngine(role, setup.events, handshake_port=6311 if role == "P" else 7311, **knobs)
+    await engine.start()
+    setup.extra.append(engine)
+    await setup.registrar.send(engine.g2_registration(mode))
+    await wait_for(lambda: engine.http_address in setup.proxy.registry.instances, what="second instance")
+    setup.proxy.registry.record_health(engine.http_address, True)  # as its first /health probe would
+    return engine

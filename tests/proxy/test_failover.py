@@ -7,23 +7,11 @@ prefill's KV (tests/sim/test_sim_xpyd.py kills real simulated engines in write m
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from tests.proxy.conftest import PdSetup, SetupFactory
-from tests.proxy.proxy_fakes import FakeEngine, wait_for
+from tests.proxy.conftest import PdSetup, SetupFactory, second_instance
+from tests.proxy.proxy_fakes import FakeEngine
 
 BODY = {"model": "m", "prompt": "Hello", "max_tokens": 8}
-
-
-async def second_instance(setup: PdSetup, role: str, **knobs: Any) -> FakeEngine:
-    """Another engine of ``role`` (P or D), registered after the first one, so round-robin tries it second."""
-    engine = FakeEngine(role, setup.events, handshake_port=6311 if role == "P" else 7311, **knobs)
-    await engine.start()
-    setup.extra.append(engine)
-    await setup.registrar.send(engine.g2_registration("READ"))
-    await wait_for(lambda: engine.http_address in setup.proxy.registry.instances, what="second instance")
-    setup.proxy.registry.record_health(engine.http_address, True)  # as its first /health probe would
-    return engine
 
 
 def transfer_ids(engine: FakeEngine) -> list[str]:
@@ -55,7 +43,7 @@ async def test_a_prefill_500_is_served_again_on_the_other_prefill_with_a_new_tra
     assert failovers == 1
 
 
-async def test_a_suspended_instance_returns_after_a_heartbeat_and_a_good_health_probe(pd_setup: SetupFactory) -> None:
+async def test_a_failed_over_instance_returns_after_a_heartbeat_and_a_good_health_probe(pd_setup: SetupFactory) -> None:
     setup = await pd_setup(mode="READ")
     setup.prefill.status = 503
     await second_instance(setup, "P")
@@ -64,16 +52,9 @@ async def test_a_suspended_instance_returns_after_a_heartbeat_and_a_good_health_
     assert housekeeping is not None
     await housekeeping.probe_all()  # /health answers 200 (the engine is up), but no heartbeat since
     assert not live(setup, setup.prefill)
-    await setup.registrar.send(setup.prefill.g2_registration("READ"))
-    await wait_for(
-        lambda: (
-            (setup.proxy.registry.instances[setup.prefill.http_address].last_heartbeat or 0)
-            > (setup.proxy.registry.instances[setup.prefill.http_address].suspended_at or 0)
-        ),
-        what="a heartbeat after the failure",
-    )
-    await housekeeping.probe_all()
-    assert live(setup, setup.prefill)
+    await setup.beat_and_probe(setup.prefill)
+    assert live(setup, setup.prefill)  # half-open: the next request is its trial
+    assert setup.proxy.registry.instances[setup.prefill.http_address].breaker.state == "half_open"
 
 
 async def test_a_decode_connection_failure_is_served_on_the_other_decode(pd_setup: SetupFactory) -> None:

@@ -207,6 +207,10 @@ async def test_first_byte_and_idle_timeouts(pd_setup: SetupFactory) -> None:
     setup.decode.first_chunk_delay = 2
     status, body = await setup.post("/v1/completions", {**BODY, "stream": True})
     assert status == 504 and body["error"]["code"] == "upstream_timeout"
+    # the only decode timed out: its circuit is open, the next request gets a 503 at once
+    status, body = await setup.post("/v1/completions", {**BODY, "stream": True})
+    assert status == 503 and body["error"]["code"] == "no_decode_instance"
+    await setup.beat_and_probe(setup.decode)  # half-open: the next request is the trial
 
     setup.decode.first_chunk_delay, setup.decode.chunk_interval, setup.decode.chunks = 0, 1.0, 5
     status, text = await setup.stream(BODY)

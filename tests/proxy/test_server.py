@@ -49,8 +49,9 @@ async def test_health_ready_and_status_follow_contract_3(pd_setup: SetupFactory)
     prefill, decode = by_role["P"], by_role["D"]
     assert set(prefill) == {
         "role", "http_address", "zmq_address", "heartbeat_age_s", "healthy",
-        "dp_size", "tp_size", "transfer_mode", "generation", "in_flight", "routed", "load", "load_age_s",
+        "dp_size", "tp_size", "transfer_mode", "generation", "in_flight", "routed", "load", "load_age_s", "circuit",
     }  # fmt: skip
+    assert prefill["circuit"] == {"state": "closed", "reason": None, "failures": 0}
     assert prefill["http_address"] == setup.prefill.http_address
     assert prefill["zmq_address"] == "host:127.0.0.1,handshake:6301,notify:6105"
     assert isinstance(prefill["heartbeat_age_s"], float) and prefill["healthy"] is True

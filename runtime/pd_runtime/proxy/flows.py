@@ -7,11 +7,12 @@ runs the upstream HTTP requests, watches them and relays the answer to a sink.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -20,6 +21,7 @@ import aiohttp
 
 from pd_runtime.protocol import check_prefill_response, new_request_uid
 from pd_runtime.proxy.answers import final_answer_events, finished_on_prefill
+from pd_runtime.proxy.breaker import OpenReason
 from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.errors import ApiError, kv_transfer_timeout, unavailable, upstream_failed, upstream_timeout
 from pd_runtime.proxy.legs import (
@@ -57,9 +59,9 @@ class LegFailure(Exception):
 
     @property
     def engine_failed(self) -> bool:
-        """The engine failed, not the request: no connection or a connection lost before its answer was
-        relayed, or an HTTP 5xx. Another instance of the role may well serve the same request."""
-        return self.kind == "unreachable" or (self.kind == "http" and self.error.status >= 500)
+        """The engine failed, not the request: no connection, a connection lost, an HTTP 5xx, or no
+        answer in time. Another instance of the role may well serve the same request."""
+        return self.kind in ("unreachable", "broken", "timeout") or (self.kind == "http" and self.error.status >= 500)
 
 
 @dataclass(frozen=True)
@@ -223,8 +225,7 @@ class ProxyCore:
         """Whether to serve the request once more elsewhere after ``failure``: only while nothing has
         reached the client, only for a failed engine (not a refused request), only for client requests
         (the canary must see the failure), and only when another live instance of that role exists. The
-        failed one then leaves the rotation until a heartbeat and a /health probe after now clear it; a
-        role's only instance stays in rotation (nothing better to send the next request to)."""
+        failed one's circuit breaker then opens (a timeout or repeated failures opened it already)."""
         target = exchange.prefill if failure.leg == "prefill" else exchange.decode
         if sink.started or not failure.engine_failed or exchange.source != "request" or target is None:
             return False
@@ -232,11 +233,12 @@ class ProxyCore:
         failed = self.registry.instances.get(target.instance.http_address)
         if failed is None or not any(inst.key != failed.key for inst in self.registry.live(failed.role, now)):
             return False
-        self.registry.suspend(failed.key, now)
+        if (reason := failed.breaker.failed_over(now)) is not None:
+            self._opened(target, reason, failure)
         self.metrics.upstream_errors.labels(failure.leg, failure.kind).inc()
         self.metrics.failovers.labels(failure.leg).inc()
         log.warning(
-            "failing over: instance out of rotation role=%s http=%s after %s transfer_id=%s",
+            "failing over role=%s http=%s after %s transfer_id=%s",
             failed.role,
             failed.key,
             failure,
@@ -244,6 +246,68 @@ class ProxyCore:
             extra={"transfer_id": exchange.ids.transfer_id},
         )
         return True
+
+    # -- circuit breakers ----------------------------------------------------------------------
+
+    def _instance(self, target: Target) -> Instance | None:
+        return self.registry.instances.get(target.instance.http_address)
+
+    def _routed(self, exchange: Exchange) -> Exchange:
+        for target in (exchange.prefill, exchange.decode):
+            if target is not None and (inst := self._instance(target)) is not None:
+                inst.breaker.routed()
+        return exchange
+
+    def _answered(self, target: Target) -> None:
+        inst = self._instance(target)
+        if inst is not None and inst.breaker.answered():
+            log.info("circuit closed: instance back in rotation role=%s http=%s", inst.role, inst.key)
+
+    def _abandoned(self, target: Target) -> None:
+        if (inst := self._instance(target)) is not None:
+            inst.breaker.abandoned()
+
+    def _opened(self, target: Target, reason: OpenReason, failure: LegFailure) -> None:
+        inst = self._instance(target)
+        if inst is None:
+            return
+        self.metrics.circuit_opens.labels(inst.role, reason).inc()
+        log.warning(
+            "circuit open: instance out of rotation role=%s http=%s reason=%s after %s",
+            inst.role,
+            inst.key,
+            reason,
+            failure,
+        )
+
+    def _leg_failed(self, exchange: Exchange, target: Target, failure: LegFailure) -> None:
+        """A leg on ``target`` failed: an engine failure counts against the instance it blames (a write-mode
+        decode that timed out waiting for prefill blames prefill); a refusal is an answer; a lost KV
+        transfer says nothing about the engine."""
+        blamed = exchange.prefill if failure.leg == "prefill" and exchange.prefill is not None else target
+        if blamed is not target:
+            self._abandoned(target)
+        if failure.engine_failed:
+            inst = self._instance(blamed)
+            if inst is not None and (reason := inst.breaker.failed(failure.kind == "timeout", time.monotonic())):
+                self._opened(blamed, reason, failure)
+        elif failure.kind == "kv_timeout":
+            self._abandoned(blamed)
+        else:
+            self._answered(blamed)
+
+    @contextlib.contextmanager
+    def _verdict(self, exchange: Exchange, target: Target) -> Iterator[None]:
+        """Tell ``target``'s circuit breaker how the leg inside ended (``breaker``)."""
+        try:
+            yield
+        except LegFailure as failure:
+            self._leg_failed(exchange, target, failure)
+            raise
+        except BaseException:
+            self._abandoned(target)  # the client left or the leg was cancelled: no verdict
+            raise
+        self._answered(target)
 
     # -- routing -------------------------------------------------------------------------------
 
@@ -253,7 +317,7 @@ class ProxyCore:
         if self.registry.mode == "colocated":
             uid = new_request_uid()
             ids = TransferIds(uid=uid, transfer_id="", request_id=uid)
-            return Exchange(request, ids, source, decode=self._pick("E", None))
+            return self._routed(Exchange(request, ids, source, decode=self._pick("E", None)))
         if not self.registry.live("P", time.monotonic()):
             raise _no_live("P")  # before waiting for a decode slot
         decode_slot = await self._decode_slot()
@@ -267,7 +331,9 @@ class ProxyCore:
                 prefill.dp_rank, prefill.instance.dp_size, decode_slot.dp_rank, decode_slot.instance.dp_size
             ),
         )
-        return Exchange(request, TransferIds.mint(prefill.instance, decode.instance), source, prefill, decode)
+        return self._routed(
+            Exchange(request, TransferIds.mint(prefill.instance, decode.instance), source, prefill, decode)
+        )
 
     def _pick(self, pool: str, role: InstanceRole | None) -> Target:
         target = self._pick_within(pool, role, 0)
@@ -477,6 +543,11 @@ class ProxyCore:
 
     async def _prefill(self, exchange: Exchange) -> PrefillAnswer:
         """POST the P leg and return its answer (a failure raises LegFailure)."""
+        assert exchange.prefill is not None
+        with self._verdict(exchange, exchange.prefill):
+            return await self._prefill_leg(exchange)
+
+    async def _prefill_leg(self, exchange: Exchange) -> PrefillAnswer:
         assert exchange.prefill is not None and exchange.decode is not None
         leg = prefill_leg(exchange.request, exchange.prefill, exchange.decode, exchange.ids, self.config.engine_api_key)
         started = time.monotonic()
@@ -507,6 +578,10 @@ class ProxyCore:
 
     async def _relay(self, exchange: Exchange, target: Target, leg: Leg, name: str, sink: Sink) -> None:
         """POST a decode (or colocated, or plain prefill) leg and pass its answer through, SSE chunk by chunk."""
+        with self._verdict(exchange, target):
+            await self._relay_leg(exchange, target, leg, name, sink)
+
+    async def _relay_leg(self, exchange: Exchange, target: Target, leg: Leg, name: str, sink: Sink) -> None:
         timeouts = self.config.timeouts
         loop = asyncio.get_running_loop()
         first_deadline = timeouts.first_byte if exchange.request.stream else timeouts.response
@@ -528,6 +603,7 @@ class ProxyCore:
                     content_type = resp.headers.get("content-type", "application/json")
                     if not content_type.startswith("text/event-stream"):
                         body = await resp.read()
+                        self._answered(target)
                         await sink.whole(200, content_type, exchange.rewriter.whole(body))
                         return
                     # The per-chunk path: one read, the id rewrite, one write, one histogram count.
@@ -540,6 +616,7 @@ class ProxyCore:
                             due = deadline.when() or 0.0  # the kv wait may have moved it
                             if out:
                                 streaming = True
+                                self._answered(target)
                                 exchange.first_byte_timer = None
                                 await sink.begin_stream(content_type)
                                 self.metrics.ttft.observe(time.monotonic() - exchange.started)
@@ -561,6 +638,10 @@ class ProxyCore:
         except TimeoutError as exc:
             if not streaming and exchange.first_byte_timer is not None and _kv_bound(exchange, first_byte_due):
                 raise LegFailure(name, "kv_timeout", kv_transfer_timeout(timeouts.kv_wait)) from exc
+            if not streaming and name == "decode" and exchange.prefill is not None and exchange.kv_deadline is None:
+                # write mode: decode's first byte waits for prefill's KV, and prefill has not answered yet
+                what = f"decode had no first byte within {first_deadline:g} s, prefill had not answered"
+                raise LegFailure("prefill", "timeout", upstream_timeout(f"prefill engine timed out: {what}")) from exc
             what = f"no chunk for {timeouts.idle:g} s" if streaming else f"no first byte within {first_deadline:g} s"
             raise LegFailure(name, "timeout", upstream_timeout(f"{name} engine timed out: {what}")) from exc
         except UpstreamError as exc:

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from pd_runtime.proxy.breaker import STATE_VALUE
 from pd_runtime.proxy.registry import Registry
 
 # Seconds; TTFT spans a long prefill, ITL a single decode step.
@@ -86,11 +87,19 @@ class _RegistryCollector(Collector):
         now = self._clock()
         known = GaugeMetricFamily("pd_proxy_instances", "Registered or listed instances by role", labels=["role"])
         live = GaugeMetricFamily("pd_proxy_instances_live", "Routable instances by role", labels=["role"])
+        circuit = GaugeMetricFamily(
+            "pd_proxy_instance_circuit_state",
+            "Each instance's circuit breaker: 0 closed (in rotation), 1 half-open (one trial request), 2 open",
+            labels=["role", "instance"],
+        )
         for role in ("P", "D", "E"):
             known.add_metric([role], sum(1 for i in self._registry.instances.values() if i.role == role))
             live.add_metric([role], len(self._registry.live(role, now)))
+        for inst in self._registry.instances.values():
+            circuit.add_metric([inst.role, inst.key], STATE_VALUE[inst.breaker.state])
         yield known
         yield live
+        yield circuit
 
 
 class ProxyMetrics:
@@ -112,6 +121,13 @@ class ProxyMetrics:
         self.evictions = Counter("pd_proxy_evictions", "Instances evicted (heartbeat TTL)", ["role"], registry=r)
         self.failovers = Counter(
             "pd_proxy_failovers", "Requests served again on another instance after a leg failed", ["leg"], registry=r
+        )
+        self.circuit_opens = Counter(
+            "pd_proxy_circuit_opens",
+            "Circuit breakers opened (instance out of rotation), by role and reason: timeout, failures, failover, "
+            "trial (the half-open trial request failed)",
+            ["role", "reason"],
+            registry=r,
         )
         self.health_checks = Counter("pd_proxy_health_checks", "Instance /health probes", ["result"], registry=r)
         self.no_kv = Counter(

@@ -12,6 +12,7 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from pd_runtime.protocol import PING_INTERVAL_S, Registration, TransferMode
+from pd_runtime.proxy.breaker import Breaker
 from pd_runtime.proxy.legs import ProxyMode
 from pd_runtime.proxy.load import EngineLoad
 
@@ -46,7 +47,7 @@ class Instance:
     health_failures: int = HEALTH_FAILURE_THRESHOLD
     load: dict[int, EngineLoad] = field(default_factory=dict)  # DP rank -> its last /metrics report
     load_at: float | None = None  # monotonic time of that report
-    suspended_at: float | None = None  # a request failed on it then (failover); None: in rotation
+    breaker: Breaker = field(default_factory=Breaker)  # open: out of rotation after failed or timed-out legs
     key: str = field(init=False)  # http_address, computed once: routing reads it on every request
 
     def __post_init__(self) -> None:
@@ -144,7 +145,7 @@ class Registry:
             return Observation("refreshed")
         if known is not None:
             fresh.health_failures = known.health_failures
-            fresh.load, fresh.load_at, fresh.suspended_at = known.load, known.load_at, known.suspended_at
+            fresh.load, fresh.load_at, fresh.breaker = known.load, known.load_at, known.breaker
         self.instances[reg.http_address] = fresh
         return Observation("added")
 
@@ -168,22 +169,13 @@ class Registry:
         return evicted
 
     def record_health(self, key: str, ok: bool) -> Instance | None:
-        """A /health result; a good one also returns a suspended instance to the rotation, once it has
-        heartbeat since it was suspended (a static engine has no heartbeat: its probe alone decides)."""
+        """A /health result; good ones also move an open circuit breaker to half-open (``breaker``)."""
         inst = self.instances.get(key)
         if inst is not None:
             inst.health_failures = 0 if ok else inst.health_failures + 1
-            beat, since = inst.last_heartbeat, inst.suspended_at
-            if ok and since is not None and (beat is None or beat > since):
-                inst.suspended_at = None
-                log.info("instance back in rotation role=%s http=%s", inst.role, inst.key)
+            if inst.breaker.probed(ok, inst.last_heartbeat):
+                log.info("circuit half-open, one trial request next role=%s http=%s", inst.role, inst.key)
         return inst
-
-    def suspend(self, key: str, now: float) -> None:
-        """Take an instance out of rotation after a request failed on it (see ``record_health``)."""
-        inst = self.instances.get(key)
-        if inst is not None:
-            inst.suspended_at = now
 
     def record_load(self, key: str, load: dict[int, EngineLoad], now: float) -> None:
         inst = self.instances.get(key)
@@ -198,7 +190,7 @@ class Registry:
 
     def is_live(self, inst: Instance, now: float) -> bool:
         age = inst.heartbeat_age(now)
-        return inst.healthy and inst.suspended_at is None and (age is None or age <= self.ttl(inst))
+        return inst.healthy and inst.breaker.admits and (age is None or age <= self.ttl(inst))
 
     def live(self, role: InstanceRole | None, now: float) -> list[Instance]:
         """Routable instances of a role (None: every instance, as colocated mode routes)."""

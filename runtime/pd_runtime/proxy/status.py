@@ -69,6 +69,7 @@ def instance_json(registry: Registry, router: Router, inst: Instance, now: float
         "routed": router.routed(inst.key),
         "load": {str(rank): load.to_json() for rank, load in sorted(inst.load.items())},
         "load_age_s": load_age,
+        "circuit": inst.breaker.to_json(),
     }
 
 
