@@ -2,7 +2,7 @@
 
 One definition per fact: default ports, registration payloads (G1/G1b and G2), the X-Request-Id that
 carries peer addresses, transfer ids, each leg's ``kv_transfer_params`` and the engine-to-engine notify
-messages. Everything here is pure and follows ../shared/reference/moriio-protocol.md (section numbers
+messages. Everything here is pure and follows docs/protocol.md (its anchors
 in the docstrings). Contract tests check the literal formats independently of this module, so a mistake
 here cannot make the proxy and the simulator agree with each other and disagree with vLLM.
 """
@@ -21,13 +21,13 @@ Role = Literal["P", "D"]
 TransferMode = Literal["WRITE", "READ"]
 Generation = Literal["G1", "G2"]
 
-# §5.1 / the seed's experiment: the ports every example and default uses.
+# docs/protocol.md#ports / the seed's experiment: the ports every example and default uses.
 REGISTRATION_PORT = 36367
 
 
 @dataclass(frozen=True)
 class RolePorts:
-    """The three base ports of one engine instance (§2.5: side channels add rank offsets)."""
+    """The three base ports of one engine instance (docs/protocol.md#rank-ports: side channels add rank offsets)."""
 
     http: int
     handshake: int
@@ -37,7 +37,7 @@ class RolePorts:
 PREFILL_PORTS = RolePorts(http=20005, handshake=6301, notify=6105)
 DECODE_PORTS = RolePorts(http=40005, handshake=7301, notify=7501)
 
-# §5.3 MoRIIOConstants.
+# docs/protocol.md#constants MoRIIOConstants.
 PING_INTERVAL_S: dict[Generation, float] = {"G1": 5.0, "G2": 3.0}
 TRANSFER_PREFIX = "tx"
 GET_META_MSG = b"get_meta_msg"
@@ -48,7 +48,7 @@ DEFAULT_DEFER_TIMEOUT_S = 60.0
 # the proxy waits that plus this much wall time for what does not scale: notifies, a decode step, HTTP.
 KV_WAIT_MARGIN_S = 5.0
 
-# §3.2: the engines' own regexes; the trailing id must be exactly 32 lowercase hex characters.
+# docs/protocol.md#request-ids: the engines' own regexes; the trailing id must be exactly 32 lowercase hex characters.
 PREFILL_ZMQ_RE = re.compile(r"___prefill_addr_(.+?)___decode_addr_")
 DECODE_ZMQ_RE = re.compile(r"___decode_addr_(.+)_[0-9a-f]{32}(?:-.*)?$")
 
@@ -58,12 +58,12 @@ class ProtocolError(ValueError):
 
 
 def side_channel_port(base: int, dp_rank: int = 0, tp_rank: int = 0) -> int:
-    """§2.5: listeners bind ``base + dp_rank + tp_rank``."""
+    """docs/protocol.md#rank-ports: listeners bind ``base + dp_rank + tp_rank``."""
     return base + dp_rank + tp_rank
 
 
 # ---------------------------------------------------------------------------------------------
-# Registration (§2)
+# Registration (docs/protocol.md#registration)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -84,7 +84,7 @@ class Registration:
 
     @cached_property  # read several times per proxied request; the instance is frozen
     def http_address(self) -> str:
-        """``host:port`` without scheme, the registry key (§9.1 item 1)."""
+        """``host:port`` without scheme, the registry key (docs/protocol.md#registration-g2)."""
         return f"{_bracket_ipv6(self.http_host or self.host)}:{self.http_port}"
 
     @property
@@ -93,7 +93,7 @@ class Registration:
 
     @cached_property
     def zmq_address(self) -> str:
-        """§2.3: ``host:IP,handshake:P,notify:P`` (split on the first colon, so IPv6 works)."""
+        """``host:IP,handshake:P,notify:P``, split at first colons so IPv6 works (docs/protocol.md#registration-g2)."""
         return f"host:{self.host},handshake:{self.handshake_port},notify:{self.notify_port}"
 
 
@@ -102,7 +102,7 @@ def _bracket_ipv6(host: str) -> str:
 
 
 def g2_payload(reg: Registration) -> dict[str, Any]:
-    """§2.3: the current heartbeat body."""
+    """docs/protocol.md#registration-g2: the current heartbeat body."""
     return {
         "type": reg.role,
         "http_address": reg.http_address,
@@ -114,7 +114,7 @@ def g2_payload(reg: Registration) -> dict[str, Any]:
 
 
 def g1_payload(reg: Registration, index: int) -> dict[str, Any]:
-    """§2.2: the G1/G1b heartbeat body; ``index`` counts beats and is ignored by proxies."""
+    """docs/protocol.md#registration-g1: the G1/G1b heartbeat body; ``index`` counts beats and is ignored by proxies."""
     return {
         "type": "register",
         "role": reg.role,
@@ -129,13 +129,13 @@ def g1_payload(reg: Registration, index: int) -> dict[str, Any]:
 
 
 def encode_frame(payload: dict[str, Any]) -> bytes:
-    """§2.1: one single-frame msgpack message per beat."""
+    """docs/protocol.md#registration-socket: one single-frame msgpack message per beat."""
     packed: bytes = msgpack.packb(payload, use_bin_type=True)
     return packed
 
 
 def parse_zmq_address(text: str) -> dict[str, str]:
-    """§2.3: comma-separated ``key:value`` pairs, each split on its first colon."""
+    """docs/protocol.md#registration-g2: comma-separated ``key:value`` pairs, each split on its first colon."""
     fields: dict[str, str] = {}
     for part in text.split(","):
         key, sep, value = part.partition(":")
@@ -251,7 +251,7 @@ def _parse_g1(data: dict[str, Any]) -> Registration:
 
 
 # ---------------------------------------------------------------------------------------------
-# Request ids (§3.2)
+# Request ids (docs/protocol.md#request-ids)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -318,7 +318,7 @@ def peer_from_params(params: dict[str, Any]) -> PeerAddress | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# kv_transfer_params (§3.3-3.5)
+# kv_transfer_params (docs/protocol.md#prefill-leg-params, docs/protocol.md#prefill-answer)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -333,7 +333,7 @@ def _explicit_peer_keys(peer: Registration) -> dict[str, Any]:
 
 
 def prefill_leg_params(decode: Registration, transfer_id: str) -> dict[str, Any]:
-    """§3.3: what the proxy sends the producer."""
+    """docs/protocol.md#prefill-leg-params: what the proxy sends the producer."""
     return {
         "do_remote_decode": True,
         "do_remote_prefill": False,
@@ -353,7 +353,7 @@ def decode_leg_params(
     prefill_response: dict[str, Any] | None = None,
     prefill_dp_rank: int | None = None,
 ) -> dict[str, Any]:
-    """§3.4: what the proxy sends the consumer.
+    """docs/protocol.md#decode-leg-params: what the proxy sends the consumer.
 
     In write mode ``prefill_response`` is None (D learns the blocks over the notify channel); in read
     mode it is the producer's returned ``kv_transfer_params``, whose engine id, block ids and transfer id
@@ -380,7 +380,10 @@ def decode_leg_params(
 
 
 def check_prefill_response(params: Any, transfer_id: str) -> str | None:
-    """§9.1 item 5: why a producer's returned kv_transfer_params cannot feed a read-mode decode, or None."""
+    """Why a producer's returned kv_transfer_params cannot feed a read-mode decode, or None.
+
+    docs/protocol.md#prefill-answer says what a usable answer holds.
+    """
     if params is None:
         return "prefill returned no kv_transfer_params (first token was EOS or the request was aborted)"
     if not isinstance(params, dict):
@@ -413,7 +416,7 @@ def producer_response_params(
     tp_size: int,
     transfer_id: str,
 ) -> dict[str, Any]:
-    """§3.5 (G2): what a producer returns after a length-capped one-token prefill."""
+    """docs/protocol.md#prefill-answer (G2): what a producer returns after a length-capped one-token prefill."""
     return {
         "do_remote_prefill": True,
         "do_remote_decode": False,
@@ -429,7 +432,7 @@ def producer_response_params(
 
 
 # ---------------------------------------------------------------------------------------------
-# Notify messages (§4.3, G2)
+# Notify messages (docs/protocol.md#notify-messages, G2)
 # ---------------------------------------------------------------------------------------------
 
 NotifyType = Literal["remote_blocks", "write_done", "release"]
@@ -459,7 +462,7 @@ def release_message(transfer_id: str, consumer_tp_size: int) -> bytes:
 
 
 def parse_notify(frame: bytes) -> dict[str, Any] | str:
-    """§4.2: msgpack map first; otherwise a raw UTF-8 completion string (G1/G1b)."""
+    """docs/protocol.md#notify-listener: msgpack map first; otherwise a raw UTF-8 completion string (G1/G1b)."""
     try:
         data = msgpack.unpackb(frame, raw=False)
     except Exception:

@@ -1,6 +1,6 @@
-"""Contract tests for pd_runtime.protocol against literal formats of moriio-protocol.md.
+"""Contract tests for pd_runtime.protocol against the literal formats of docs/protocol.md.
 
-Expected values are written out by hand from the reference (section numbers in comments), never
+Expected values are written out by hand from docs/protocol.md (its anchors in comments), never
 computed with the module under test, so a mistake in protocol.py cannot hide behind itself.
 """
 
@@ -18,7 +18,7 @@ PREFILL = protocol.Registration("P", "10.0.0.1", 20005, 6301, 6105, 1, 4, "WRITE
 DECODE = protocol.Registration("D", "10.0.0.2", 40005, 7301, 7501, 1, 4, "WRITE", "G2")
 UID = "0123456789abcdef0123456789abcdef"
 
-# §3.2, verbatim from the reference.
+# docs/protocol.md#request-ids, verbatim from vLLM's moriio_common.py.
 REFERENCE_ID = (
     "___prefill_addr_host:10.0.0.1,handshake:6301,notify:6105"
     "___decode_addr_host:10.0.0.2,handshake:7301,notify:7501_0123456789abcdef0123456789abcdef"
@@ -32,7 +32,7 @@ def unpack(frame: bytes) -> Any:
 
 
 def test_seed_default_ports() -> None:
-    # §5.1 and the seed's appendix.
+    # docs/protocol.md#ports and the seed's appendix.
     assert protocol.REGISTRATION_PORT == 36367
     assert (protocol.PREFILL_PORTS.http, protocol.PREFILL_PORTS.handshake, protocol.PREFILL_PORTS.notify) == (
         20005,
@@ -47,7 +47,7 @@ def test_seed_default_ports() -> None:
 
 
 def test_g2_registration_payload_is_exactly_the_reference() -> None:
-    # §2.3
+    # docs/protocol.md#registration-g2
     assert unpack(protocol.encode_frame(protocol.g2_payload(PREFILL))) == {
         "type": "P",
         "http_address": "10.0.0.1:20005",
@@ -59,7 +59,7 @@ def test_g2_registration_payload_is_exactly_the_reference() -> None:
 
 
 def test_g1_registration_payload_is_exactly_the_reference() -> None:
-    # §2.2
+    # docs/protocol.md#registration-g1
     assert unpack(protocol.encode_frame(protocol.g1_payload(DECODE, 17))) == {
         "type": "register",
         "role": "D",
@@ -123,7 +123,7 @@ def test_hello_is_ignored() -> None:
 
 
 def test_ipv6_zmq_address_splits_on_first_colon() -> None:
-    # §2.3: "split on the first colon, so host:::1 works for IPv6"
+    # docs/protocol.md#registration-g2: "split on the first colon, so host:::1 works for IPv6"
     assert protocol.parse_zmq_address("host:::1,handshake:6301,notify:6105") == {
         "host": "::1",
         "handshake": "6301",
@@ -191,12 +191,12 @@ def test_request_id_matches_reference_and_engine_regexes() -> None:
     rid = protocol.make_request_id(PREFILL, DECODE, UID)
     assert rid == REFERENCE_ID
     assert ENGINE_PREFILL_RE.search(rid)[1] == "host:10.0.0.1,handshake:6301,notify:6105"  # type: ignore[index]
-    # vLLM appends "-<n>-<8hex>" suffixes; the decode regex tolerates them (§3.2).
+    # vLLM appends "-<n>-<8hex>" suffixes; the decode regex tolerates them (docs/protocol.md#request-ids).
     assert ENGINE_DECODE_RE.search(rid + "-0-1a2b3c4d")[1] == "host:10.0.0.2,handshake:7301,notify:7501"  # type: ignore[index]
 
 
 def test_peer_lookup_by_role() -> None:
-    # P takes the decode address, D the prefill address (§3.2).
+    # P takes the decode address, D the prefill address (docs/protocol.md#request-ids).
     assert protocol.peer_from_request_id(REFERENCE_ID, "P") == protocol.PeerAddress("10.0.0.2", 7301, 7501)
     assert protocol.peer_from_request_id("cmpl-" + REFERENCE_ID + "-0", "D") == protocol.PeerAddress(
         "10.0.0.1", 6301, 6105
@@ -212,7 +212,7 @@ def test_ids_have_the_required_shapes() -> None:
 
 
 def test_prefill_leg_params() -> None:
-    # §3.3 (G2 keys, plus G1b's explicit peer keys, plus both TP keys per the recommendation).
+    # docs/protocol.md#prefill-leg-params (G2 keys, plus G1b's explicit peer keys, plus both TP keys).
     assert protocol.prefill_leg_params(DECODE, "tx-1") == {
         "do_remote_decode": True,
         "do_remote_prefill": False,
@@ -230,7 +230,7 @@ def test_prefill_leg_params() -> None:
 
 
 def test_decode_leg_params_write_and_read() -> None:
-    # §3.4
+    # docs/protocol.md#decode-leg-params
     write = protocol.decode_leg_params(PREFILL, "tx-1")
     assert write["do_remote_decode"] is False and write["do_remote_prefill"] is True
     assert write["remote_engine_id"] is None and write["remote_block_ids"] is None
@@ -277,7 +277,7 @@ def test_prefill_response_validation(params: Any, reason: str) -> None:
 
 def test_valid_prefill_response_passes() -> None:
     params = protocol.producer_response_params("10.0.0.1", 6301, 6105, [1, 2], 1, 4, "tx-1")
-    # §3.5 G2 keys.
+    # docs/protocol.md#prefill-answer G2 keys.
     assert params == {
         "do_remote_prefill": True,
         "do_remote_decode": False,
@@ -301,7 +301,7 @@ def test_block_ids_grouped_per_kv_cache_group_pass() -> None:
 
 
 def test_notify_messages() -> None:
-    # §4.3 (G2 / G1b)
+    # docs/protocol.md#notify-messages (G2 / G1b)
     assert unpack(protocol.remote_blocks_message("cmpl-x-0", "tx-1", [7, 8], 0)) == {
         "req_id": "cmpl-x-0",
         "transfer_id": "tx-1",
@@ -334,7 +334,7 @@ def test_parse_notify_accepts_maps_and_raw_strings() -> None:
 
 
 def test_side_channel_port_offsets() -> None:
-    # §2.5: base + dp_rank + tp_rank
+    # docs/protocol.md#rank-ports: base + dp_rank + tp_rank
     assert protocol.side_channel_port(6301) == 6301
     assert protocol.side_channel_port(6301, dp_rank=0, tp_rank=3) == 6304
     assert protocol.side_channel_port(6105, dp_rank=2, tp_rank=0) == 6107

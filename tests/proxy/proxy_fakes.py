@@ -1,7 +1,8 @@
 """Recording fake engines and a real ZMQ DEALER, for driving the proxy over loopback.
 
-Formats here are written from moriio-protocol.md (§2.2, §2.3, §3.5), not imported from protocol.py,
-so the contract tests check the proxy against the reference rather than against itself.
+Formats here are written from docs/protocol.md#registration-g1, docs/protocol.md#registration-g2 and
+docs/protocol.md#prefill-answer, not imported from protocol.py, so the contract tests check the proxy against
+the documented formats rather than against itself.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class FakeEngine:
         return f"127.0.0.1:{self.port}"
 
     def g2_registration(self, mode: str = "WRITE") -> dict[str, Any]:
-        """§2.3, literally."""
+        """docs/protocol.md#registration-g2, literally."""
         return {
             "type": self.role,
             "http_address": self.http_address,
@@ -82,7 +83,7 @@ class FakeEngine:
         }
 
     def g1_registration(self, mode: str = "WRITE", index: int = 0) -> dict[str, Any]:
-        """§2.2, literally."""
+        """docs/protocol.md#registration-g1, literally."""
         return {
             "type": "register",
             "role": self.role,
@@ -158,7 +159,7 @@ class FakeEngine:
         params = record.body.get("kv_transfer_params") or {}
         returned = None
         if not self.null_params:
-            # §3.5 (G2): ports as strings, as extra_config often gives them.
+            # docs/protocol.md#prefill-answer (G2): ports as strings, as extra_config often gives them.
             returned = {
                 "do_remote_prefill": True,
                 "do_remote_decode": False,
@@ -217,7 +218,7 @@ class FakeEngine:
 
 
 class Registrar:
-    """A real ZMQ DEALER, as an engine's heartbeat thread uses (§2.1)."""
+    """A real ZMQ DEALER, as an engine's heartbeat thread uses (docs/protocol.md#registration-socket)."""
 
     def __init__(self, address: str) -> None:
         self._context = zmq.asyncio.Context()

@@ -1,6 +1,6 @@
-"""Contract tests: each leg's headers and body against moriio-protocol.md §3, literally.
+"""Contract tests: each leg's headers and body against docs/protocol.md#request-flow, literally.
 
-Expected values are written from the reference (regexes, keys, types), never computed with
+Expected values are written from docs/protocol.md (regexes, keys, types), never computed with
 pd_runtime.protocol, so a mistake shared by the proxy and protocol.py still fails here.
 """
 
@@ -20,7 +20,7 @@ TRANSFER_ID = re.compile(r"^tx-[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-
 P_ZMQ = "host:127.0.0.1,handshake:6301,notify:6105"
 D_ZMQ = "host:127.0.0.1,handshake:7301,notify:7501"
 REQUEST_ID = re.compile(rf"^___prefill_addr_{re.escape(P_ZMQ)}___decode_addr_{re.escape(D_ZMQ)}_({UID})$")
-# §3.2: the engines' own parsing regexes.
+# docs/protocol.md#request-ids: the engines' own parsing regexes.
 ENGINE_PREFILL_RE = re.compile(r"___prefill_addr_(.+?)___decode_addr_")
 ENGINE_DECODE_RE = re.compile(r"___decode_addr_(.+)_[0-9a-f]{32}(?:-.*)?$")
 
@@ -37,7 +37,7 @@ CLIENT_BODY: dict[str, Any] = {
 
 
 def _prefill_params_expected(setup: PdSetup) -> dict[str, Any]:
-    """§3.3 (G2 keys, plus the explicit remote_* keys of G1b) for a D with dp 1, tp 4."""
+    """docs/protocol.md#prefill-leg-params (G2 keys, plus the explicit remote_* keys of G1b) for a D with dp 1, tp 4."""
     return {
         "do_remote_decode": True,
         "do_remote_prefill": False,
@@ -54,7 +54,10 @@ def _prefill_params_expected(setup: PdSetup) -> dict[str, Any]:
 
 
 def _decode_params_expected(setup: PdSetup, read: bool) -> dict[str, Any]:
-    """§3.4 for a P with dp 1, tp 4; read mode copies engine id and block ids from P's answer (§3.5)."""
+    """docs/protocol.md#decode-leg-params for a P with dp 1, tp 4.
+
+    Read mode copies engine id and block ids from P's answer (docs/protocol.md#prefill-answer).
+    """
     return {
         "do_remote_decode": False,
         "do_remote_prefill": True,
@@ -103,7 +106,7 @@ async def test_legs_follow_section_3(pd_setup: SetupFactory, generation: str, mo
 
     (p_req,) = setup.prefill.requests
     (d_req,) = setup.decode.requests
-    # §3.2: one X-Request-Id on both legs, peers embedded, 32 lowercase hex at the end.
+    # docs/protocol.md#request-ids: one X-Request-Id on both legs, peers embedded, 32 lowercase hex at the end.
     request_id = p_req.headers["X-Request-Id"]
     assert d_req.headers["X-Request-Id"] == request_id
     match = REQUEST_ID.match(request_id)
@@ -116,7 +119,7 @@ async def test_legs_follow_section_3(pd_setup: SetupFactory, generation: str, mo
         assert "X-data-parallel-rank" not in req.headers
         assert "request_id" not in req.body
 
-    # §3.1 + §3.3: the prefill leg.
+    # docs/protocol.md#http-legs, docs/protocol.md#prefill-leg-params: the prefill leg.
     assert p_req.body["stream"] is False
     assert p_req.body["max_tokens"] == 1
     assert "stream_options" not in p_req.body
@@ -126,7 +129,7 @@ async def test_legs_follow_section_3(pd_setup: SetupFactory, generation: str, mo
     _check_types(p_params)
     assert {k: v for k, v in p_params.items() if k != "transfer_id"} == _prefill_params_expected(setup)
 
-    # §3.4: the decode leg: the client's stream flag, limits and options kept; the same transfer id.
+    # docs/protocol.md#decode-leg-params: the client's stream flag, limits and options kept; the same transfer id.
     assert d_req.body["stream"] is True
     assert d_req.body["max_tokens"] == 16
     assert d_req.body["min_tokens"] == 4
@@ -143,7 +146,7 @@ async def test_legs_follow_section_3(pd_setup: SetupFactory, generation: str, mo
     else:
         assert setup.events.index("D:recv") < setup.events.index("P:done")
 
-    # §6.4 item 12: the client sees the uid, never engine addresses.
+    # docs/protocol.md#toy-proxy: the client sees the uid, never engine addresses.
     assert "___prefill_addr" not in text and "127.0.0.1" not in text
     assert f"cmpl-{match.group(1)}-0-0a1b2c3d" in text
     assert text.endswith("data: [DONE]\n\n")
@@ -162,7 +165,10 @@ async def test_chat_completions_go_to_the_chat_route_with_both_limits_clamped(pd
 
 
 async def test_data_parallel_ranks_pin_both_legs(pd_setup: SetupFactory) -> None:
-    """§3.3/§3.4: X-data-parallel-rank on P when P.dp > 1, remote_dp_rank on D; D on the same rank when sizes match."""
+    """X-data-parallel-rank on P when P.dp > 1, remote_dp_rank on D; D on the same rank when sizes match.
+
+    docs/protocol.md#prefill-leg-params, docs/protocol.md#decode-leg-params.
+    """
     setup = await pd_setup(register=False, mode="WRITE")
     setup.prefill.dp_size = 2
     setup.decode.dp_size = 2

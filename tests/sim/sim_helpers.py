@@ -1,5 +1,5 @@
 """Shared helpers of the simulator tests: free loopback ports, kv-transfer configs, in-process engines,
-X-Request-Id built from the reference's literal format, metric scraping."""
+X-Request-Id built from docs/protocol.md's literal format, metric scraping."""
 
 from __future__ import annotations
 
@@ -62,12 +62,12 @@ _SAMPLE_RE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\
 
 
 def zmq_address(handshake: int, notify: int, host: str = "127.0.0.1") -> str:
-    # §2.3, written out literally
+    # docs/protocol.md#registration-g2, written out literally
     return f"host:{host},handshake:{handshake},notify:{notify}"
 
 
 def g2_request_id(prefill_zmq: str, decode_zmq: str) -> str:
-    # §3.2: "___prefill_addr_{P.zmq}___decode_addr_{D.zmq}_{uuid4().hex}"
+    # docs/protocol.md#request-ids: "___prefill_addr_{P.zmq}___decode_addr_{D.zmq}_{uuid4().hex}"
     return f"___prefill_addr_{prefill_zmq}___decode_addr_{decode_zmq}_{uuid.uuid4().hex}"
 
 

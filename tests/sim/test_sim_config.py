@@ -118,7 +118,7 @@ def test_defaults_follow_the_connector() -> None:
     conn = parse_args(_with_extra(), env={}).connector
     assert conn is not None
     assert conn.role == "D" and not conn.read_mode
-    assert (conn.handshake_port, conn.notify_port) == (6301, 61005)  # §2.5 defaults
+    assert (conn.handshake_port, conn.notify_port) == (6301, 61005)  # docs/protocol.md#rank-ports defaults
     assert conn.http_port == 40005 and conn.proxy_ip == "" and conn.host_ip == "127.0.0.1"
     assert (conn.transfer_timeout_s, conn.defer_timeout_s) == (30.0, 60.0)
 

@@ -21,7 +21,8 @@ from tests.sim.sim_helpers import metric, scrape
 pytestmark = pytest.mark.timeout(120)
 REQUESTS = 100
 MAX_TOKENS = 8
-TP = 2  # per-rank messages: D and P exchange one notify per TP rank (§2.5, §3.7)
+# Per-rank messages: D and P exchange one notify per TP rank (docs/protocol.md#rank-ports, docs/protocol.md#write-mode).
+TP = 2
 SHAPE = EngineShape(tp=TP, max_batched_tokens=4096, max_num_seqs=64)
 
 

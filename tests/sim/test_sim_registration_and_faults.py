@@ -1,4 +1,7 @@
-"""Heartbeats (§2.1-2.3, literal payloads) and the fault knobs, against real sockets and processes."""
+"""Heartbeats and the fault knobs, against real sockets and processes.
+
+The payloads are literal: docs/protocol.md#registration-socket, docs/protocol.md#registration-g2.
+"""
 
 from __future__ import annotations
 
@@ -76,7 +79,7 @@ async def test_g2_heartbeats_from_one_process_stop_when_it_dies(
     proc = spawn(processes, "m", "-tp", "4", "--port", str(ports.http), "--kv-transfer-config",
                  kv_config("kv_consumer", ports, read=True, proxy_port=port))  # fmt: skip
     first = await next_frame(sock)
-    assert first == {  # §2.3, literally
+    assert first == {  # docs/protocol.md#registration-g2, literally
         "type": "D",
         "http_address": f"127.0.0.1:{ports.http}",
         "zmq_address": f"host:127.0.0.1,handshake:{ports.handshake},notify:{ports.notify}",
@@ -101,7 +104,7 @@ async def test_g1_registration_on_request(
     spawn(processes, "m", "--port", str(ports.http), "--sim-registration", "g1", "--kv-transfer-config",
           kv_config("kv_producer", ports, proxy_port=port))  # fmt: skip
     frame = await next_frame(sock)
-    assert frame == {  # §2.2, literally
+    assert frame == {  # docs/protocol.md#registration-g1, literally
         "type": "register",
         "role": "P",
         "index": "0",

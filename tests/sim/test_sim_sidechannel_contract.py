@@ -1,6 +1,6 @@
-"""Side-channel contract: a simulated engine against hand-written peers that speak §4 literally.
+"""Side-channel contract: a simulated engine against hand-written peers that speak the formats literally.
 
-The peers here are raw ZMQ sockets that build and check frames from the reference's text, not from
+The peers here are raw ZMQ sockets that build and check frames from docs/protocol.md#side-channels, not from
 pd_runtime.protocol, so the simulator cannot agree with itself and disagree with vLLM.
 """
 
@@ -119,7 +119,7 @@ async def test_handshake_answers_get_meta_msg_with_two_messages_on_every_rank(st
     await start_engine(engine_argv("kv_producer", ports, tp=2))
     ctx = zmq.asyncio.Context()
     try:
-        for rank in range(2):  # §2.5: handshake_port + dp_rank + tp_rank
+        for rank in range(2):  # docs/protocol.md#rank-ports: handshake_port + dp_rank + tp_rank
             sock = ctx.socket(zmq.DEALER)
             sock.connect(f"tcp://127.0.0.1:{ports.handshake + rank}")
             await sock.send(b"get_meta_msg")
@@ -163,7 +163,7 @@ async def test_write_mode_consumer_sends_remote_blocks_and_waits_for_write_done(
     }
     request = asyncio.create_task(post(http, d.url, body, xid))
     blocks = await peer.next_notify()
-    # §4.3 G2 remote_blocks, to P.notify_port + remote_dp_rank + i
+    # docs/protocol.md#notify-messages G2 remote_blocks, to P.notify_port + remote_dp_rank + i
     assert set(blocks) == {"req_id", "transfer_id", "block_notify_list", "decode_rank", "type"}
     assert blocks["type"] == "remote_blocks" and blocks["transfer_id"] == tid and blocks["decode_rank"] == 0
     assert blocks["req_id"].startswith("cmpl-") and blocks["block_notify_list"]
@@ -182,7 +182,7 @@ async def test_write_mode_consumer_sends_remote_blocks_and_waits_for_write_done(
 async def test_consumer_accepts_a_raw_transfer_id_as_completion(
     start_engine: EngineFactory, peer: FakePeer, http: aiohttp.ClientSession
 ) -> None:
-    """G1b: the completion notify is the raw transfer id string (§4.3)."""
+    """G1b: the completion notify is the raw transfer id string (docs/protocol.md#notify-messages)."""
     ports = engine_ports()
     d = await start_engine(engine_argv("kv_consumer", ports))
     tid = transfer_id()
@@ -221,7 +221,7 @@ async def test_read_mode_consumer_handshakes_reads_and_releases(
     status, answer = await post(http, d.url, {"prompt": [1] * 40, "max_tokens": 3, "kv_transfer_params": params}, xid)
     assert status == 200 and answer["usage"]["completion_tokens"] == 3
     assert peer.handshakes == 1
-    # §4.3 G2: {"type": "release", "transfer_id", "consumer_tp_size"}
+    # docs/protocol.md#notify-messages G2: {"type": "release", "transfer_id", "consumer_tp_size"}
     assert await peer.next_notify() == {"type": "release", "transfer_id": tid, "consumer_tp_size": 1}
 
 
@@ -245,7 +245,7 @@ async def test_write_mode_producer_returns_params_then_writes_and_sends_write_do
     assert status == 200
     assert answer["choices"][0]["finish_reason"] == "length" and answer["usage"]["completion_tokens"] == 1
     kv = answer["kv_transfer_params"]
-    # §3.5 G2 keys
+    # docs/protocol.md#prefill-answer G2 keys
     assert kv["do_remote_prefill"] is True and kv["do_remote_decode"] is False
     assert kv["remote_engine_id"] == f"127.0.0.1:{ports.handshake}" and kv["remote_host"] == "127.0.0.1"
     assert int(kv["remote_handshake_port"]) == ports.handshake and int(kv["remote_notify_port"]) == ports.notify

@@ -1,4 +1,7 @@
-"""One client request through the engines: write, read and colocated flows (§3.6, §3.7, §9.1).
+"""One client request through the engines: write, read and colocated flows.
+
+docs/protocol.md#request-flow describes the legs; docs/protocol.md#read-mode and docs/protocol.md#write-mode the
+two flows.
 
 The decisions (which instances, which bodies) come from ``routing`` and ``legs``; this module only
 runs the upstream HTTP requests, watches them and relays the answer to a sink.
@@ -140,7 +143,7 @@ class ProxyCore:
         self._background: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        """Pooled connections for all upstream traffic (the toy proxy opens a session per request, §6.4)."""
+        """Pooled connections for all upstream traffic (the toy proxy opens one per leg, docs/protocol.md#toy-proxy)."""
         timeouts = self.config.timeouts
         # Idle connections are dropped before vLLM's own 5 s keep-alive (uvicorn) closes them, so a request
         # never lands on a connection the engine is just closing.
@@ -416,7 +419,7 @@ class ProxyCore:
         )
 
     async def _read_flow(self, exchange: Exchange, sink: Sink) -> bool:
-        """§3.6: strictly serial; D is sent only after P's answer was validated."""
+        """docs/protocol.md#read-mode: strictly serial; D is sent only after P's answer was validated."""
         assert exchange.decode is not None
         answer = await self._prefill(exchange)
         params = answer.kv_transfer_params
@@ -430,7 +433,7 @@ class ProxyCore:
         return True
 
     async def _write_flow(self, exchange: Exchange, sink: Sink) -> bool:
-        """§3.7 + §9.1 item 6: both legs at once, but P is watched; if it fails, D is cancelled.
+        """docs/protocol.md#write-mode: both legs at once, but P is watched; if it fails, D is cancelled.
 
         D goes out first: it must allocate blocks and send them to P before P's KV writes can start.
         """

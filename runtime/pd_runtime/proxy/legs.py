@@ -1,4 +1,4 @@
-"""Pure: a client request -> the exact prefill and decode legs of moriio-protocol.md §3.
+"""Pure: a client request -> the exact prefill and decode legs of docs/protocol.md#request-flow.
 
 No I/O here. ``parse_client_request`` validates what the proxy relies on (anything else is left to the
 engine, whose 4xx is passed through) and strips what clients must not control; the ``*_leg`` builders
@@ -28,7 +28,7 @@ MaxTokensPolicy = Literal["exact", "decrement"]
 TOKEN_LIMIT_KEYS = ("max_tokens", "max_completion_tokens")
 # One encoder for every leg: json.dumps with separators builds a new encoder per call.
 _compact_json = json.JSONEncoder(separators=(",", ":")).encode
-# Fields a client may send that would let it forge the transfer (§9.1 item 2).
+# Fields a client may send that would let it forge the transfer (docs/protocol.md#http-legs).
 CLIENT_FORBIDDEN_KEYS = ("kv_transfer_params", "request_id")
 
 
@@ -58,7 +58,7 @@ class Target:
 
 @dataclass(frozen=True)
 class TransferIds:
-    """The ids of one disaggregated request (§3.2)."""
+    """The ids of one disaggregated request (docs/protocol.md#request-ids)."""
 
     uid: str  # 32 lowercase hex: the tail of X-Request-Id and the id clients see
     transfer_id: str  # tx-<uuid4>
@@ -178,7 +178,7 @@ def _check_messages(messages: Any) -> None:
 
 
 def _check_single_sequence(body: dict[str, Any]) -> None:
-    """§6.4 item 10: several sequences would share one transfer id and one set of KV blocks."""
+    """docs/protocol.md#toy-proxy: several sequences would share one transfer id and one set of KV blocks."""
     for key in ("n", "best_of"):
         if (body.get(key) or 1) > 1:
             raise bad_request(
@@ -194,7 +194,7 @@ def _check_single_sequence(body: dict[str, Any]) -> None:
 
 
 def _headers(request_id: str, dp_rank: int | None, engine_api_key: str | None) -> dict[str, str]:
-    """§3.1: the only headers sent upstream; nothing the client sent is forwarded."""
+    """docs/protocol.md#http-legs: the only headers sent upstream; nothing the client sent is forwarded."""
     headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
     if engine_api_key:
         headers["Authorization"] = f"Bearer {engine_api_key}"
@@ -206,7 +206,10 @@ def _headers(request_id: str, dp_rank: int | None, engine_api_key: str | None) -
 def prefill_leg(
     request: ClientRequest, prefill: Target, decode: Target, ids: TransferIds, engine_api_key: str | None
 ) -> Leg:
-    """§3.1 + §3.3 + §9.1 item 3: one token, not streamed, no minimum length, D's address and sizes."""
+    """One token, not streamed, no minimum length, D's address and sizes.
+
+    docs/protocol.md#http-legs and docs/protocol.md#prefill-leg-params.
+    """
     body = dict(request.body)
     body["stream"] = False
     body.pop("stream_options", None)
@@ -228,7 +231,7 @@ def decode_leg(
     engine_api_key: str | None,
     prefill_params: dict[str, Any] | None = None,
 ) -> Leg:
-    """§3.4 + §9.1 item 4: the client's body (its ``stream`` kept) plus P's address and sizes.
+    """docs/protocol.md#decode-leg-params: the client's body (its ``stream`` kept) plus P's address and sizes.
 
     ``prefill_params`` is P's returned kv_transfer_params in read mode, None in write mode.
     """
@@ -251,7 +254,7 @@ def decode_token_limits(body: dict[str, Any], policy: MaxTokensPolicy) -> dict[s
     """The decode leg's token limits under the configured policy (docs/proxy.md, "max_tokens").
 
     ``exact`` (default) forwards the client's limits unchanged: the decode engine recomputes the last
-    prompt token and samples the first output token itself, P's token is discarded (§3.1), so the
+    prompt token and samples the first output token itself, P's token is discarded (docs/protocol.md#http-legs), so the
     client gets what it asked for. ``decrement`` mimics vLLM's toy proxy (limit - 1), floored at 1 so a
     request for one token never becomes an invalid ``max_tokens=0``. Absent limits stay absent.
     """
@@ -269,7 +272,7 @@ def decode_token_limits(body: dict[str, Any], policy: MaxTokensPolicy) -> dict[s
 
 
 class IdRewriter:
-    """Replaces the internal X-Request-Id (which carries engine addresses, §6.4 item 12) with the uid.
+    """Replaces the internal X-Request-Id (which carries engine addresses, docs/protocol.md#toy-proxy) with the uid.
 
     For streams it rewrites only complete SSE events and holds back a partial one, so an id split
     across two reads is still replaced; reads from vLLM end on event boundaries, so nothing waits.

@@ -1,7 +1,7 @@
 """The registry's inputs: the ZMQ registration socket, the TTL sweep and the /health prober.
 
-Each frame is decoded inside try/except, so no frame can stop the listener (§6.4 item 6 is the toy
-proxy's fault); malformed frames are counted and logged with back-off, then dropped.
+Each frame is decoded inside try/except, so no frame can stop the listener (the toy proxy's can die of one,
+docs/protocol.md#toy-proxy); malformed frames are counted and logged with back-off, then dropped.
 """
 
 from __future__ import annotations

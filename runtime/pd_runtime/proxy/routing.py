@@ -1,8 +1,8 @@
 """Choosing instances and DP ranks. Pure functions plus a small counter-keeping Router (no I/O).
 
 Every (instance, DP rank) pair is a slot. Slots are walked "flat interleaved" (rank 0 of every
-instance, then rank 1, ...) like the newest toy proxy, so no rank is stranded (§6.3); instances with
-different ``dp_size`` are handled, which the toy proxy assumes away.
+instance, then rank 1, ...) like the newest toy proxy, so no rank is stranded (docs/protocol.md#toy-proxy);
+instances with different ``dp_size`` are handled, which the toy proxy assumes away.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def least_load(
 
 
 def decode_dp_rank(prefill_rank: int | None, prefill_dp: int, decode_rank: int | None, decode_dp: int) -> int | None:
-    """§9.1 item 4: D's rank must be in D's range; the same as P's when the DP sizes match
+    """docs/protocol.md#decode-leg-params: D's rank must be in D's range; the same as P's when the DP sizes match
     (both legs on the same rank, PR #46115), otherwise D's own choice."""
     if decode_dp <= 1:
         return None

@@ -22,7 +22,7 @@ from pd_runtime.vllm_pin import DEFAULT_MAX_NUM_SEQS, PINNED_VLLM_VERSION
 # vLLM V1's defaults for the OpenAI server on GPUs with >= 70 GiB (MI300X): see docs/simulator.md.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 DEFAULT_MAX_MODEL_LEN = 32768
-# §2.5 `_set_port_defaults`.
+# docs/protocol.md#rank-ports `_set_port_defaults`.
 DEFAULT_HANDSHAKE_PORT = 6301
 DEFAULT_NOTIFY_PORT = 61005
 
@@ -36,7 +36,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ConnectorConfig:
-    """The MoRIIOConnector part of --kv-transfer-config (§5.2)."""
+    """The MoRIIOConnector part of --kv-transfer-config (docs/protocol.md#extra-config)."""
 
     role: protocol.Role
     read_mode: bool
@@ -65,7 +65,7 @@ class Faults:
     prefill_error: int = 0
     """HTTP status returned to every producer (P-leg) request instead of serving it; 0 = off."""
     eos_first_token: bool = False
-    """The producer's single token is EOS: finish_reason stop and null kv_transfer_params (§3.5)."""
+    """The producer's one token is EOS: finish_reason stop, no kv_transfer_params (docs/protocol.md#prefill-answer)."""
     drop_notify: float = 0.0
     """Fraction of incoming notify messages silently dropped."""
     crash_after: int = 0
@@ -269,7 +269,7 @@ def _connector(raw: str, port: int, env: Mapping[str, str]) -> ConnectorConfig:
 
 
 def _truthy(value: Any) -> bool:
-    """§5.2: ``"true"``/``"1"`` (any case) selects read mode; JSON true and 1 too."""
+    """docs/protocol.md#extra-config: ``"true"``/``"1"`` (any case) selects read mode; JSON true and 1 too."""
     return str(value).strip().lower() in ("true", "1")
 
 

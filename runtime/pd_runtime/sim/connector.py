@@ -1,10 +1,11 @@
 """The simulated MoRIIOConnector: KV handoffs between a producer (P) and a consumer (D) engine.
 
-Every handoff really crosses the ZMQ side channels with the §4.3 messages; only the RDMA data movement
-is replaced by waiting the modelled transfer time. Write mode (§3.7): D sends ``remote_blocks`` to P's
-notify ports and waits; P, once its prefill is done and D's blocks are known, "writes" and sends
-``write_done``; then both free. Read mode (§3.6): D handshakes with P, "reads", and sends ``release``
-so P frees its held blocks. Held producer blocks are reaped after ``defer_timeout`` (G2 behaviour).
+Every handoff really crosses the ZMQ side channels with the messages of docs/protocol.md#notify-messages; only
+the RDMA data movement is replaced by waiting the modelled transfer time. Write mode
+(docs/protocol.md#write-mode): D sends ``remote_blocks`` to P's notify ports and waits; P, once its prefill is
+done and D's blocks are known, "writes" and sends ``write_done``; then both free. Read mode
+(docs/protocol.md#read-mode): D handshakes with P, "reads", and sends ``release`` so P frees its held blocks.
+Held producer blocks are reaped after ``defer_timeout`` (G2 behaviour).
 """
 
 from __future__ import annotations

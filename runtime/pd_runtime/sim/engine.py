@@ -3,7 +3,7 @@
 Legs: ``plain`` (a colocated request, or one without kv_transfer_params), ``producer`` (P leg:
 ``do_remote_decode``; one token, then the blocks are held for the consumer) and ``consumer`` (D leg:
 ``do_remote_prefill``; waits for the KV over the side channels, then decodes). The peer is read from
-X-Request-Id with the engines' regexes, else from the explicit remote_* keys (§3.2).
+X-Request-Id with the engines' regexes, else from the explicit remote_* keys (docs/protocol.md#request-ids).
 """
 
 from __future__ import annotations
@@ -308,7 +308,8 @@ class SimEngine:
         if isinstance(tid, str) and tid:
             return tid
         if self.config.require_transfer_id:
-            # G2 engines read params["transfer_id"] in the scheduler: a KeyError (§3.2).
+            # G2 engines before 0.31 read params["transfer_id"] in the scheduler: a KeyError
+            # (docs/protocol.md#request-ids).
             raise openai.RequestError(
                 500, "kv_transfer_params lacks transfer_id", "kv_transfer_params", "InternalServerError"
             )
@@ -417,7 +418,7 @@ class SimEngine:
 
 
 def _peer(params: dict[str, Any], xid: str, own_role: protocol.Role) -> protocol.PeerAddress | None:
-    """§3.2 (newest order): the X-Request-Id first, then the explicit keys."""
+    """docs/protocol.md#request-ids (newest order): the X-Request-Id first, then the explicit keys."""
     try:
         peer = protocol.peer_from_request_id(xid, own_role)
     except protocol.ProtocolError as exc:
@@ -438,7 +439,7 @@ def _int_or(value: Any, default: int) -> int:
 
 
 def _peer_tp(params: dict[str, Any], own_tp: int) -> int:
-    """The peer's TP size: remote_tp_size, then tp_size (§3.4 connector key quirks), else ours."""
+    """The peer's TP size: remote_tp_size, then tp_size (docs/protocol.md#prefill-leg-params), else ours."""
     for key in ("remote_tp_size", "tp_size"):
         value = _int_or(params.get(key), 0)
         if value > 0:

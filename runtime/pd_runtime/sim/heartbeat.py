@@ -1,4 +1,4 @@
-"""Registration heartbeats to the proxy (§2.1): one DEALER, one msgpack frame per beat.
+"""Registration heartbeats to the proxy (docs/protocol.md#registration-socket): one DEALER, one msgpack frame per beat.
 
 A dedicated thread with its own (synchronous) ZMQ context beats at a fixed cadence whatever the event
 loop is doing, and dies with the process, so a crashed engine stops registering. Exactly one stream

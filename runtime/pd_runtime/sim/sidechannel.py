@@ -1,9 +1,9 @@
-"""The engine-to-engine ZMQ side channels of MoRI-IO (§4 of the protocol reference).
+"""The engine-to-engine ZMQ side channels of MoRI-IO (docs/protocol.md#side-channels).
 
 Each engine binds a ROUTER for the handshake and one for notifies at ``base + dp_rank + tp_rank`` for
-every rank offset it simulates (§2.5), and dials its peers with cached DEALERs. The handshake answers
-``get_meta_msg`` with the two messages a real worker sends (agent metadata, then per-layer memory
-descriptors); the payload is synthetic but has the reference's keys and types. Unlike vLLM, a bad
+every rank offset it simulates (docs/protocol.md#rank-ports), and dials its peers with cached DEALERs. The
+handshake answers ``get_meta_msg`` with the two messages a real worker sends (agent metadata, then per-layer
+memory descriptors); the payload is synthetic but has vLLM's keys and types. Unlike vLLM, a bad
 frame is logged and dropped instead of killing the listener.
 """
 
@@ -33,7 +33,7 @@ class HandshakeError(RuntimeError):
 
 
 def metadata_messages(engine_id: str, num_blocks: int, block_len: int, layers: int) -> tuple[bytes, bytes]:
-    """The two handshake replies (§4.1): MoRIIOAgentMetadata, then {layer: [memory descriptors]}."""
+    """The two handshake replies (docs/protocol.md#handshake): MoRIIOAgentMetadata, then {layer: [descriptors]}."""
     agent = {
         "engine_id": engine_id,
         "agent_metadata": b"sim-engine-desc:" + engine_id.encode(),

@@ -6,7 +6,7 @@ calibrated profile with it; the live processes (scaled time) then confirm the nu
 
 Topologies: ``colocated`` (N engines behind round robin, each doing prefill and decode), ``write`` and
 ``read`` (x prefill and y decode engines, each side in round robin, MoRI-IO write or read mode, as in
-§3.6/§3.7 of the protocol reference and the seed article's TTFT decomposition).
+docs/protocol.md#read-mode, docs/protocol.md#write-mode and the seed article's TTFT decomposition).
 """
 
 from __future__ import annotations
