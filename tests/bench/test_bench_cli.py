@@ -1,10 +1,17 @@
-"""`pdctl bench` end to end over real HTTP on loopback against the calibration server (time-scaled)."""
+"""`pdctl bench` end to end over real HTTP on loopback against the calibration server (time-scaled).
+
+No assertion here depends on how fast the machine is: the SLOs are far above anything the calibration
+server takes, so "good" means "no error", and timings are only checked where causality bounds them (the
+client cannot see a token before the server wrote it). How closely the client's timings match the
+server's is measured by benchmarks/bench_client_accuracy.py; the SLO arithmetic is tested without I/O in
+test_bench_slo.py.
+"""
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
-import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +32,7 @@ def bench(url: str, tmp_path: Path, *extra: str, rate: float = 100, requests: in
     output = tmp_path / "result.json"
     code = main([
         "--url", url, "--model", "test-model", "--rate", str(rate), "--requests", str(requests),
-        "--prompt-tokens", "64", "--output-tokens", "10", "--slo-ttft-ms", "1000", "--slo-itl-ms", "50",
+        "--prompt-tokens", "64", "--output-tokens", "10", "--slo-ttft-ms", "600000", "--slo-itl-ms", "600000",
         "--output", str(output), "--quiet", *extra,
     ])  # fmt: skip
     return code, json.loads(output.read_text()) if output.exists() else {}
@@ -47,8 +54,10 @@ def test_rate_run_sends_exactly_the_requests_with_exact_lengths(
     assert len(seen) == 20
     assert {t.prompt_tokens for t in seen} == {64} and {t.tokens for t in seen} == {10}
     assert all(r["completion_tokens"] == 10 and r["prompt_tokens"] == 64 for r in result["records"])
-    stage = result["stages"][0]
-    assert stage["achieved_rate"] == pytest.approx(100, rel=0.3)
+    # Planned as asked: constant arrivals 10 ms apart. How closely the sends keep to the plan is a
+    # measurement (achieved_rate, lag_ms), which a loaded machine changes.
+    scheduled = sorted(r["sent_s"] - r["lag_ms"] / 1e3 for r in result["records"])
+    assert [b - a for a, b in itertools.pairwise(scheduled)] == pytest.approx([0.01] * 19, abs=1e-4)
 
 
 def test_warmup_requests_are_sent_but_left_out(calibration_server: StartServer, tmp_path: Path) -> None:
@@ -64,7 +73,7 @@ def test_warmup_requests_are_sent_but_left_out(calibration_server: StartServer, 
 
 def test_errors_and_timeouts_count_as_failures(calibration_server: StartServer, tmp_path: Path) -> None:
     server = calibration_server(Behaviour(ttft_s=0.02, itl_s=0.002, fail_every=4, stall_every=5))
-    code, result = bench(server.url, tmp_path, "--timeout-s", "0.5")
+    code, result = bench(server.url, tmp_path, "--timeout-s", "5")  # stalls never end; the rest take ms
     assert code == 0  # the run completed; attainment is a finding, not a failure
     # Of requests 1..20 in arrival order: 4, 8, 12, 16, 20 fail with 500; 5, 10, 15 stall.
     stage = result["stages"][0]
@@ -80,20 +89,16 @@ def test_fail_below_target_sets_the_exit_code(calibration_server: StartServer, t
     assert code == 3 and result["attainment"] == pytest.approx(0.5)
 
 
-def test_client_timing_agrees_with_the_server(calibration_server: StartServer, tmp_path: Path) -> None:
-    """Generous bound for a shared CI machine; benchmarks/bench_client_accuracy.py measures the real error."""
+def test_client_never_sees_a_token_before_the_server_wrote_it(calibration_server: StartServer, tmp_path: Path) -> None:
+    """The size of the error is a measurement (benchmarks/bench_client_accuracy.py), not a test."""
     server = calibration_server(Behaviour(ttft_s=0.03, itl_s=0.004, tokens_per_chunk=1))
     code, result = bench(server.url, tmp_path, rate=50, requests=30)
     assert code == 0
-    ttft_error, itl_error = [], []
     for record in result["records"]:
         truth = server.server.timings[record["id"]]
         assert truth.ttft_s is not None and truth.itl_s is not None
-        ttft_error.append(record["ttft_ms"] - truth.ttft_s * 1e3)
-        itl_error.append(record["itl_ms"] - truth.itl_s * 1e3)
-    assert min(ttft_error) >= 0  # the client cannot see a token before the server wrote it
-    assert statistics.median(ttft_error) < 10
-    assert statistics.median(abs(e) for e in itl_error) < 1
+        assert record["ttft_ms"] >= truth.ttft_s * 1e3, record
+        assert record["itl_ms"] is not None and record["completion_tokens"] == 10, record
 
 
 def test_multi_token_chunks_do_not_inflate_itl(calibration_server: StartServer, tmp_path: Path) -> None:
@@ -101,10 +106,10 @@ def test_multi_token_chunks_do_not_inflate_itl(calibration_server: StartServer, 
     code, result = bench(server.url, tmp_path, "--output-tokens", "20", requests=5)
     assert code == 0
     for record in result["records"]:
-        truth = server.server.timings[record["id"]]
-        assert truth.itl_s is not None
-        assert record["itl_ms"] == pytest.approx(truth.itl_s * 1e3, abs=1.0)
-        assert record["itl_ms"] == pytest.approx(15 * 3 / 19, abs=1.0)  # 4 chunks, 15 ms apart, 20 tokens
+        # 4 chunks of 5 tokens: the ITL is the first-to-last-token span over 19 gaps, not over 3. The span
+        # is at most the time from the first token to the response's end, whatever the machine's load.
+        assert record["completion_tokens"] == 20, record
+        assert record["itl_ms"] * 19 <= record["e2e_ms"] - record["ttft_ms"] + 0.01, record
 
 
 def test_chat_endpoint(calibration_server: StartServer, tmp_path: Path) -> None:
