@@ -3,6 +3,7 @@ X-Request-Id built from docs/protocol.md's literal format, metric scraping."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
@@ -91,3 +92,16 @@ def metric(text: str, name: str, **labels: str) -> float:
 async def scrape(session: aiohttp.ClientSession, url: str) -> str:
     async with session.get(url + "/metrics") as resp:
         return await resp.text()
+
+
+async def until_metric(
+    session: aiohttp.ClientSession, url: str, name: str, value: float, timeout_s: float = 30.0, **labels: str
+) -> str:
+    """The engine's metrics once ``name`` (with ``labels``) reads ``value``, or at the deadline: a liveness
+    wait, generous because a loaded machine runs the engine's background work late."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        text = await scrape(session, url)
+        if metric(text, name, **labels) == value or asyncio.get_running_loop().time() > deadline:
+            return text
+        await asyncio.sleep(0.05)

@@ -35,9 +35,9 @@ async def _start(
 
 
 async def _decode_metrics_once_idle(session: aiohttp.ClientSession, url: str) -> str:
-    """Decode's metrics once no request waits for KV, or after 5 s: an aborted leg leaves the engine when
-    it sees the closed connection, a moment after the proxy answered."""
-    deadline = time.monotonic() + 5
+    """Decode's metrics once no request waits for KV, or after 60 s: an aborted leg leaves the engine when
+    it sees the closed connection, a moment after the proxy answered (longer on a loaded machine)."""
+    deadline = time.monotonic() + 60
     while True:
         text = await scrape(session, url)
         if metric(text, "pd_sim_requests_waiting_for_kv") == 0 or time.monotonic() > deadline:
@@ -80,6 +80,6 @@ async def test_a_transfer_that_never_completes_ends_with_504_and_leaves_decode_i
         async with session.get(stack.admin_url + "/metrics") as resp:
             proxy = await resp.text()
     assert status == 504 and body["error"]["code"] == "kv_transfer_timeout"
-    assert elapsed < 5
+    assert elapsed < 60  # the 1 s kv wait, not the first-byte timeout (300 s); 60 s is slack for load
     assert metric(decode, "pd_sim_requests_waiting_for_kv") == 0
     assert metric(proxy, "pd_proxy_upstream_errors_total", leg="decode", kind="kv_timeout") == 1

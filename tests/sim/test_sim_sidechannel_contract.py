@@ -27,6 +27,7 @@ from tests.sim.sim_helpers import (
     metric,
     scrape,
     transfer_id,
+    until_metric,
     zmq_address,
 )
 
@@ -341,7 +342,8 @@ async def test_write_mode_producer_drops_a_transfer_whose_blocks_come_after_defe
     params = {"do_remote_decode": True, "remote_tp_size": 1, "transfer_id": tid}
     status, _ = await post(http, p.url, {"prompt": [5] * 50, "max_tokens": 1, "kv_transfer_params": params}, xid)
     assert status == 200
-    await asyncio.sleep(0.6)
+    # The transfer expires 0.3 s after the prefill (later on a loaded machine): the block list comes after.
+    await until_metric(http, p.url, "pd_sim_kv_transfers_total", 1, outcome="expired")
     late = {"req_id": "cmpl-d", "transfer_id": tid, "block_notify_list": [7], "decode_rank": 0, "type": "remote_blocks"}
     await peer.send_notify(ports.notify, msgpack.dumps(late))
     with pytest.raises(TimeoutError):
