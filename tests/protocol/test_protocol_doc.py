@@ -11,7 +11,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "protocol.md"
-CITING_DIRS = ("operator", "runtime", "tests", "e2e", "conformance", "benchmarks", "docs")
+CITING_DIRS = ("operator", "runtime", "tests", "e2e", "conformance", "benchmarks", "live", "docs")
 CITATION_RE = re.compile(r"protocol\.md#([A-Za-z0-9_-]+)")
 HEADING_RE = re.compile(r"^#{1,6}\s+(.+?)\s*$", re.MULTILINE)
 SELF = Path(__file__).resolve()
