@@ -188,11 +188,16 @@ def parse_registration(frame: bytes) -> Registration | None:
         data = msgpack.unpackb(frame, raw=False)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise ProtocolError(f"frame is not msgpack: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ProtocolError(f"frame is a {type(data).__name__}, not a map")
-    kind = data.get("type")
-    if kind == "HELLO":
+    if isinstance(data, dict) and data.get("type") == "HELLO":
         return None
+    return registration_from_map(data)
+
+
+def registration_from_map(data: Any) -> Registration:
+    """A decoded G2 or G1/G1b heartbeat body (the proxy's list of expected engines uses the G2 form too)."""
+    if not isinstance(data, dict):
+        raise ProtocolError(f"registration is a {type(data).__name__}, not a map")
+    kind = data.get("type")
     if kind in ("P", "D"):
         return _parse_g2(data, kind)
     if kind == "register":

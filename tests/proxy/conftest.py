@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,8 +36,6 @@ class PdSetup:
         async with self.client.post(self.url + path, json=body, **kwargs) as resp:
             text = await resp.text()
             try:
-                import json
-
                 return resp.status, json.loads(text)
             except ValueError:
                 return resp.status, text
@@ -62,15 +61,20 @@ SetupFactory = Callable[..., Awaitable[PdSetup]]
 
 @pytest.fixture
 async def pd_setup() -> AsyncIterator[SetupFactory]:
-    """Factory: ``await pd_setup(mode="WRITE", generation="G2", **proxy_config_overrides)``."""
+    """Factory: ``await pd_setup(mode="WRITE", generation="G2", **proxy_config_overrides)``; with
+    ``expect=True`` the proxy is told its two engines (``--expected-engine``), as the operator does."""
     created: list[PdSetup] = []
 
-    async def make(mode: str = "WRITE", generation: str = "G2", register: bool = True, **overrides: Any) -> PdSetup:
+    async def make(
+        mode: str = "WRITE", generation: str = "G2", register: bool = True, expect: bool = False, **overrides: Any
+    ) -> PdSetup:
         events: list[str] = []
         prefill = FakeEngine("P", events, handshake_port=6301, notify_port=6105)
         decode = FakeEngine("D", events, handshake_port=7301, notify_port=7501)
         await prefill.start()
         await decode.start()
+        if expect:
+            overrides["expected_engines"] = tuple(json.dumps(e.g2_registration(mode)) for e in (prefill, decode))
         proxy = await start_proxy(proxy_config(**overrides))
         registrar = Registrar(proxy.config.registration_address)
         setup = PdSetup(proxy, prefill, decode, registrar, events, aiohttp.ClientSession())

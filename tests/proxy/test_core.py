@@ -119,7 +119,7 @@ def test_g1_instances_get_a_longer_default_ttl() -> None:
 def test_transfer_mode_conflicts_refuse_only_the_conflicting_instance() -> None:
     registry = Registry("disaggregated", "read", 5.0, [])
     refused = registry.observe(_reg(mode="WRITE"), now=0.0)
-    assert refused.outcome == "refused" and "WRITE" in refused.reason
+    assert refused.outcome == "refused_mismatch" and "WRITE" in refused.reason
     assert registry.observe(_reg("D", 40005, mode="READ"), now=0.0).outcome == "added"
     assert list(registry.instances) == ["10.0.0.1:40005"]
 
@@ -128,7 +128,7 @@ def test_auto_mode_follows_the_first_registration() -> None:
     registry = Registry("disaggregated", "auto", 5.0, [])
     registry.observe(_reg(mode="READ"), now=0.0)
     assert registry.transfer_mode == "READ"
-    assert registry.observe(_reg("D", 40005, mode="WRITE"), now=0.0).outcome == "refused"
+    assert registry.observe(_reg("D", 40005, mode="WRITE"), now=0.0).outcome == "refused_mismatch"
 
 
 def test_health_failures_need_two_in_a_row_and_one_success_heals() -> None:
@@ -149,7 +149,7 @@ def test_static_engines_never_expire_and_cannot_be_hijacked() -> None:
     registry = Registry("colocated", "auto", 1.0, [engine])
     assert registry.sweep(now=1e9) == []
     hijack = Registration("P", "127.0.0.1", 9000, 1, 2, 1, 1, "WRITE", "G2")
-    assert registry.observe(hijack, now=0.0).outcome == "refused"
+    assert registry.observe(hijack, now=0.0).outcome == "refused_unknown"
     with pytest.raises(ValueError):
         static_engine("https://x:1")
 

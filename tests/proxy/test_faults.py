@@ -306,7 +306,7 @@ async def test_conflicting_transfer_mode_is_refused_without_poisoning_others(pd_
     await setup.registrar.send(setup.prefill.g2_registration("READ"))
     await setup.registrar.send(setup.prefill.g2_registration("READ"))
     frames = setup.proxy.metrics.registration_frames
-    await wait_for(lambda: frames.labels("refused")._value.get() == 2, what="refusals")
+    await wait_for(lambda: frames.labels("refused_mismatch")._value.get() == 2, what="refusals")
     assert list(setup.proxy.registry.instances) == [setup.decode.http_address]
     assert setup.proxy.registry.transfer_mode == "WRITE"
     await setup.registrar.send(setup.prefill.g2_registration("WRITE"))

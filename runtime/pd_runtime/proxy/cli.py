@@ -20,6 +20,7 @@ import zmq
 
 from pd_runtime import eventloop
 from pd_runtime.proxy.config import TIMEOUT_SUFFIX, ProxyConfig, Timeouts, flag_fields, flag_name
+from pd_runtime.proxy.gate import expected_by_address, parse_expected_engine
 from pd_runtime.proxy.logs import configure
 from pd_runtime.proxy.registry import static_engine
 from pd_runtime.proxy.router import SERVICE_ACCOUNT, RouterConfig
@@ -115,6 +116,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Proxy
 
     top = settings(ProxyConfig, "")
     top["engines"] = tuple(top["engines"])
+    top["expected_engines"] = tuple(top["expected_engines"])
     return ProxyConfig(
         **top,
         timeouts=Timeouts(**settings(Timeouts, TIMEOUT_SUFFIX)),
@@ -131,6 +133,10 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             static_engine(url)
         except ValueError as exc:
             parser.error(str(exc))
+    try:
+        expected_by_address([parse_expected_engine(text) for text in args.expected_engine])
+    except ValueError as exc:
+        parser.error(str(exc))
     if not args.registration_address.startswith(("tcp://", "ipc://")):
         parser.error("--registration-address wants tcp://HOST:PORT (or ipc://PATH)")
     if args.kv_wait_limit is not None and args.kv_wait_timeout > args.kv_wait_limit:

@@ -19,6 +19,7 @@ from pd_runtime.protocol import (
     KV_WAIT_MARGIN_S,
     REGISTRATION_PORT,
 )
+from pd_runtime.proxy.gate import DEFAULT_MAX_INSTANCES
 from pd_runtime.proxy.legs import MaxTokensPolicy, ProxyMode
 from pd_runtime.proxy.registry import TransferModeSetting
 from pd_runtime.proxy.routing import Policy
@@ -118,6 +119,22 @@ class ProxyConfig:
     engines: tuple[str, ...] = field(
         default=(),
         metadata=flag("static engine http://host:port (colocated; repeat the flag)", name="--engine", metavar="URL"),
+    )
+    expected_engines: tuple[str, ...] = field(
+        default=(),
+        metadata=flag(
+            "accept registrations only from this engine, given as the G2 heartbeat it sends, in JSON (repeat the "
+            "flag; the operator renders one per engine); without any, the proxy discovers its engines from any "
+            "well-formed frame within bounds",
+            name="--expected-engine",
+            metavar="JSON",
+        ),
+    )
+    max_instances: int = field(
+        default=DEFAULT_MAX_INSTANCES,
+        metadata=flag(
+            "most instances when discovering (no --expected-engine); frames of more are refused", parse=positive_int
+        ),
     )
     policy: Policy = field(
         default="round_robin",

@@ -1,7 +1,8 @@
 """The registry's inputs: the ZMQ registration socket, the TTL sweep and the /health prober.
 
 Each frame is decoded inside try/except, so no frame can stop the listener (the toy proxy's can die of one,
-docs/protocol.md#toy-proxy); malformed frames are counted and logged with back-off, then dropped.
+docs/protocol.md#toy-proxy); malformed frames are counted and logged with back-off, then dropped. What a
+frame may change is the registry's decision (gate.py), which also summarises refusals in its log.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
 
 import aiohttp
@@ -18,6 +18,7 @@ import zmq
 import zmq.asyncio
 
 from pd_runtime.protocol import ProtocolError, parse_registration
+from pd_runtime.proxy.gate import FRAMES_BURST, FRAMES_PER_S, TokenBucket
 from pd_runtime.proxy.load import parse_engine_load
 from pd_runtime.proxy.metrics import ProxyMetrics
 from pd_runtime.proxy.registry import Instance, Registry
@@ -48,7 +49,7 @@ class RegistrationListener:
         self._socket = self._context.socket(zmq.ROUTER)
         self._task: asyncio.Task[None] | None = None
         self._malformed = 0
-        self._refused: Counter[str] = Counter()
+        self._frames = TokenBucket(FRAMES_PER_S, FRAMES_BURST)
 
     def start(self) -> None:
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -74,6 +75,9 @@ class RegistrationListener:
                 await asyncio.sleep(0.1)
                 continue
             self.handle(frames)
+            # While frames are queued, recv returns without yielding: a flood would hold the event loop.
+            # This yields after every frame and, past the frame budget, waits with the rest left queued.
+            await asyncio.sleep(self._frames.reserve(self.clock()))
 
     def handle(self, frames: list[bytes]) -> str:
         """Apply one ROUTER message ``[identity, payload]``; returns the result label."""
@@ -93,11 +97,7 @@ class RegistrationListener:
         if registration is None:
             return "hello"
         observation = self.registry.observe(registration, self.clock())
-        if observation.outcome == "refused":
-            self._refused[registration.http_address] += 1
-            if _worth_logging(self._refused[registration.http_address]):
-                log.warning("registration refused: %s", observation.reason)
-        elif observation.outcome == "added":
+        if observation.outcome == "added":
             self.on_added(registration.http_address)
             log.info(
                 "instance registered role=%s http=%s zmq=%s dp=%d tp=%d mode=%s generation=%s",

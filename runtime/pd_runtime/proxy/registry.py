@@ -7,12 +7,24 @@ passed in (``now``, monotonic seconds) so every rule is unit-testable.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
 
 from pd_runtime.protocol import PING_INTERVAL_S, Registration, TransferMode
 from pd_runtime.proxy.breaker import Breaker
+from pd_runtime.proxy.gate import (
+    DEFAULT_MAX_INSTANCES,
+    NEW_INSTANCES_BURST,
+    NEW_INSTANCES_PER_S,
+    Refusal,
+    RefusalSummary,
+    TokenBucket,
+    Verdict,
+    expected_by_address,
+    judge,
+)
 from pd_runtime.proxy.legs import ProxyMode
 from pd_runtime.proxy.load import EngineLoad
 
@@ -89,9 +101,9 @@ def static_engine(url: str) -> Instance:
 
 @dataclass(frozen=True)
 class Observation:
-    """What one registration frame did to the registry."""
+    """What one registration frame did to the registry (the outcome is its metric label)."""
 
-    outcome: Literal["added", "refreshed", "refused"]
+    outcome: Literal["added", "refreshed"] | Refusal
     reason: str = ""
 
 
@@ -103,13 +115,21 @@ class Registry:
         ttl_s: float | None,
         static: list[Instance],
         load_interval_s: float = 0.0,
+        expected: Sequence[Registration] | None = None,
+        max_instances: int = DEFAULT_MAX_INSTANCES,
     ) -> None:
+        """``expected``: the only engines whose frames are accepted (gate.py); None with no static
+        engines: discovery. Static engines never register, so with them every frame is refused."""
         self.mode = mode
         self.load_max_age_s = LOAD_STALE_INTERVALS * load_interval_s
         self.transfer_mode_setting = transfer_mode
         self.ttl_override = ttl_s
         self.instances: dict[str, Instance] = {inst.key: inst for inst in static}
         self._auto_mode: TransferMode | None = None
+        self.expected = expected_by_address(expected) if expected is not None else ({} if static else None)
+        self.max_instances = max_instances
+        self._new_instances = TokenBucket(NEW_INSTANCES_PER_S, NEW_INSTANCES_BURST)
+        self.refusals = RefusalSummary()
 
     @property
     def transfer_mode(self) -> TransferMode | None:
@@ -127,27 +147,43 @@ class Registry:
         return DEFAULT_TTL_BEATS * interval
 
     def observe(self, reg: Registration, now: float) -> Observation:
-        """One heartbeat: upsert by http_address, unless its transfer mode conflicts (then only it is refused)."""
-        conflict = self._mode_conflict(reg)
-        if conflict:
-            return Observation("refused", conflict)
-        if self.mode == "disaggregated" and self.transfer_mode_setting == "auto" and self._auto_mode is None:
-            self._auto_mode = reg.transfer_mode
-            log.info("transfer mode set to %s by the first registration (%s)", reg.transfer_mode, reg.http_address)
+        """One heartbeat: refresh a known instance, or upsert by http_address what the gate (gate.py), the
+        transfer mode and the rate of new instances admit; a refusal leaves every instance as it was."""
         known = self.instances.get(reg.http_address)
-        if known is not None and known.generation == "static":
-            return Observation("refused", f"{reg.http_address} is a statically listed engine")
-        fresh = Instance(
-            reg, role=reg.role, generation=reg.generation, transfer_mode=reg.transfer_mode, last_heartbeat=now
-        )
         if known is not None and known.registration == reg:
             known.last_heartbeat = now
             return Observation("refreshed")
+        verdict = self._refusal(reg, known, now)
+        if verdict is not None:
+            self.refusals.add(verdict)
+            self._log_refusals(now)
+            return Observation(verdict.result, verdict.reason)
+        if self.mode == "disaggregated" and self.transfer_mode_setting == "auto" and self._auto_mode is None:
+            self._auto_mode = reg.transfer_mode
+            log.info("transfer mode set to %s by the first registration (%s)", reg.transfer_mode, reg.http_address)
+        fresh = Instance(
+            reg, role=reg.role, generation=reg.generation, transfer_mode=reg.transfer_mode, last_heartbeat=now
+        )
         if known is not None:
             fresh.health_failures = known.health_failures
             fresh.load, fresh.load_at, fresh.breaker = known.load, known.load_at, known.breaker
         self.instances[reg.http_address] = fresh
         return Observation("added")
+
+    def _refusal(self, reg: Registration, known: Instance | None, now: float) -> Verdict | None:
+        known_reg = None if known is None else known.registration
+        verdict = judge(reg, known_reg, len(self.instances), self.expected, self.max_instances)
+        conflict = "" if verdict is not None else self._mode_conflict(reg)
+        if conflict:
+            return Verdict("refused_mismatch", conflict)
+        if verdict is None and not self._new_instances.take(now):
+            return Verdict("rate_limited", f"{reg.http_address}: over {NEW_INSTANCES_PER_S:g} new or changed a second")
+        return verdict
+
+    def _log_refusals(self, now: float) -> None:
+        line = self.refusals.due(now)
+        if line:
+            log.warning("registration frames refused: %s", line)
 
     def _mode_conflict(self, reg: Registration) -> str:
         expected = self.transfer_mode
@@ -166,6 +202,7 @@ class Registry:
             del self.instances[inst.key]
         if evicted and not any(inst.last_heartbeat is not None for inst in self.instances.values()):
             self._auto_mode = None  # every registered instance is gone: the next one may set the mode again
+        self._log_refusals(now)  # the sweep runs every second at most: a summary is never held back long
         return evicted
 
     def record_health(self, key: str, ok: bool) -> Instance | None:

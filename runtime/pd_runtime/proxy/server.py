@@ -24,6 +24,7 @@ from pd_runtime.proxy.canary import Canary
 from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.errors import ApiError, unavailable
 from pd_runtime.proxy.flows import ProxyCore
+from pd_runtime.proxy.gate import parse_expected_engine
 from pd_runtime.proxy.http1 import ApiServer, Handler, HttpRequest, ResponseSink
 from pd_runtime.proxy.legs import Endpoint, parse_client_request
 from pd_runtime.proxy.listener import Housekeeping, RegistrationListener
@@ -79,8 +80,15 @@ def _listen(host: str, port: int, backlog: int) -> socket.socket:
 class ProxyServer:
     def __init__(self, config: ProxyConfig) -> None:
         static = [static_engine(url) for url in config.engines]
+        expected = [parse_expected_engine(text) for text in config.expected_engines]
         self.registry = Registry(
-            config.mode, config.transfer_mode, config.heartbeat_ttl_s, static, config.load_interval_s
+            config.mode,
+            config.transfer_mode,
+            config.heartbeat_ttl_s,
+            static,
+            config.load_interval_s,
+            expected=expected or None,
+            max_instances=config.max_instances,
         )
         self.metrics = ProxyMetrics(self.registry)
         self.watcher = SettingsWatcher(config, self.metrics) if config.config_file else None
