@@ -26,6 +26,7 @@ from pd_operator.api import (
     sets_compilation_config,
 )
 from pd_operator.rules import gpu_indices
+from pd_runtime import protocol
 from pd_runtime.vllm_pin import DEFAULT_MAX_NUM_SEQS
 
 EngineRoleName = Literal["prefill", "decode", "engine"]
@@ -296,6 +297,8 @@ def proxy_command(spec: PDDeploymentSpec) -> list[str]:
         cmd += ["--canary-interval", _number(p.canary_interval_seconds)]
     if p.heartbeat_ttl_seconds is not None:
         cmd += ["--heartbeat-ttl", _number(p.heartbeat_ttl_seconds)]
+    for eng in engine_containers(spec) if spec.disaggregated else []:
+        cmd += ["--expected-engine", expected_heartbeat(spec, eng)]
     if spec.mode == "disaggregated":
         # Fixed by the engines' settings: the longest wait for KV before prefill has dropped it (a settings
         # file asking for more is refused), and no more requests per decode rank than it runs at once
@@ -304,6 +307,28 @@ def proxy_command(spec: PDDeploymentSpec) -> list[str]:
         max_num_seqs = spec.decode.max_num_seqs or DEFAULT_MAX_NUM_SEQS
         cmd += ["--kv-wait-timeout", limit, "--kv-wait-limit", limit, "--decode-max-in-flight", str(max_num_seqs)]
     return cmd + list(p.extra_args)
+
+
+def expected_heartbeat(spec: PDDeploymentSpec, eng: EngineContainer) -> str:
+    """The heartbeat this engine sends the proxy (vLLM's G2 frame, built from its own kv-transfer config:
+    ``host_ip`` is the pod IP, ``http_port``, the base handshake and notify ports, DP and TP sizes), for
+    ``--expected-engine``: the proxy refuses every frame that is not one of these. In the command line,
+    not the settings file: it changes only with the engines' own command lines, which roll the pod, and
+    the kubelet expands ``$(POD_IP)`` in commands only."""
+    assert eng.handshake_port is not None and eng.notify_port is not None, "an engine with a KV connector"
+    s = eng.settings
+    heartbeat = protocol.Registration(
+        role="P" if eng.role == "prefill" else "D",
+        host=POD_IP_REF,
+        http_port=eng.http_port,
+        handshake_port=eng.handshake_port,
+        notify_port=eng.notify_port,
+        dp_size=s.data_parallel_size,
+        tp_size=s.tensor_parallel_size,
+        transfer_mode="READ" if spec.kv_transfer.transfer_mode == "read" else "WRITE",
+        generation="G2",
+    )
+    return _json(protocol.g2_payload(heartbeat))
 
 
 def proxy_settings(spec: PDDeploymentSpec) -> dict[str, Any]:
@@ -328,8 +353,10 @@ def proxy_settings(spec: PDDeploymentSpec) -> dict[str, Any]:
 
 
 def proxy_env(spec: PDDeploymentSpec) -> list[EnvEntry]:
+    """The client key, and the pod IP the engines advertise (the kubelet puts it in ``--expected-engine``)."""
     secret = spec.proxy.api_key_secret
-    return [_secret_ref(PROXY_API_KEY_ENV, secret.name, secret.key)] if secret else []
+    env = [_secret_ref(PROXY_API_KEY_ENV, secret.name, secret.key)] if secret else []
+    return env + ([_field_ref("POD_IP", "status.podIP")] if spec.disaggregated else [])
 
 
 def bench_command(spec: PDDeploymentSpec, url: str) -> list[str]:

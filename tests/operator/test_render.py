@@ -299,6 +299,13 @@ def test_proxy_command_follows_the_contract() -> None:
         "/etc/pd-proxy/proxy.json",
         "--canary-interval",
         "300",
+        # the only registrations the proxy accepts: each engine's heartbeat, vLLM's G2 frame, literally
+        "--expected-engine",
+        '{"type":"P","http_address":"$(POD_IP):20005","zmq_address":"host:$(POD_IP),handshake:6301,notify:6105",'
+        '"dp_size":1,"tp_size":4,"transfer_mode":"WRITE"}',
+        "--expected-engine",
+        '{"type":"D","http_address":"$(POD_IP):40005","zmq_address":"host:$(POD_IP),handshake:7301,notify:7501",'
+        '"dp_size":1,"tp_size":4,"transfer_mode":"WRITE"}',
         # derived from the engines: kvTransfer defer (60) + transfer (30) timeouts + 5 s, decode's maxNumSeqs
         "--kv-wait-timeout",
         "95",
