@@ -7,6 +7,11 @@ at most 1000 tokens ending at EOS; disaggregation wins by a wide margin: colocat
 SLO on most requests) and 0.5 req/s with 200-token prompts
 and 100-token outputs (every layout meets the SLO, so the tie goes to colocated). Probe rates and SLOs
 are in wall time: the model-time workload times the scale, the SLOs divided by it.
+
+Which layout wins is a claim about latencies, so it is asserted in virtual time: the planner's predicted
+attainments (the simulator's discrete-event model) that the operator records with each trial. The
+probes measure in wall time, which a loaded machine slows; of them the tests assert only that the
+operator kept the trial its own rule (``autotune.best``) ranks first by what was measured.
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ from e2e.cluster import ControlPlane
 from e2e.stack import Stack
 from e2e.tests.kube import Obj, apply, condition, create_namespace, get, pdd, pod, wait_for
 from e2e.tests.test_pddeployment import load_example
+from pd_operator.api import AutotuneTrial
+from pd_operator.autotune import best
+from pd_operator.validation import validate_spec
 
 log = logging.getLogger(__name__)
 TIME_SCALE = 2
@@ -90,7 +98,14 @@ def test_autotune_chooses_a_layout_and_records_its_trials(cp: ControlPlane, tuni
     assert len(trials) == 2 and {t["kind"] for t in trials} == {"colocated", "disaggregated"}, trials
     assert all(t.get("attainment") is not None and t.get("time") and not t.get("error") for t in trials), trials
     winner = next(t for t in trials if t["layout"] == state["tuned"])
-    assert winner["kind"] == CASES[name][4], table
+    target = validate_spec(obj["spec"]).goodput_probe.slo.target
+    assert best([AutotuneTrial.model_validate(t) for t in trials], target).layout == state["tuned"], table
+    predicted = sorted(trials, key=lambda t: (-t["predictedAttainment"], t["kind"] != "colocated"))
+    if CASES[name][4] == "disaggregated":  # the planner: disaggregation wins by a wide margin
+        assert predicted[0]["kind"] == "disaggregated", table
+        assert predicted[0]["predictedAttainment"] >= predicted[1]["predictedAttainment"] + 0.3, table
+    else:  # the planner: every layout meets the target, so the tie goes to colocated
+        assert all(t["predictedAttainment"] >= target for t in trials), table
     assert state["layoutInForce"] == state["tuned"]
     serving = wait_for(lambda: _current_pod(cp, obj), 120, f"the serving pod of {state['tuned']}")
     containers = [c["name"] for c in serving["spec"]["containers"]]
@@ -116,8 +131,10 @@ def test_accept_pins_the_tuned_layout_without_rolling_the_pod(cp: ControlPlane, 
         [str(pdctl), "autotune", "accept", name, "-n", NAMESPACE], env=cp.env(), capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
+    state = obj["status"]["autotune"]
+    kind = next(t["kind"] for t in state["trials"] if t["layout"] == state["tuned"])
     spec = (pdd(cp, NAMESPACE, name) or {})["spec"]
     assert spec["autotune"]["enabled"] is False
-    assert spec.get("mode", "disaggregated") == "disaggregated"
+    assert (spec.get("mode", "disaggregated") == "disaggregated") == (kind == "disaggregated"), spec
     settled = wait_for(lambda: _current_pod(cp, obj), 60, "the pod after accept")
     assert settled["metadata"]["uid"] == before["metadata"]["uid"]
