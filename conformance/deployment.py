@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 
 from conformance.engines import Behaviour, EngineRole, Ledger, RecordingEngine
-from conformance.rendered import disaggregated_spec, engine_cases_of, example_spec, pod_of
+from conformance.rendered import disaggregated_spec, engine_cases_of, example_spec, kubelet_command, pod_of
 from conformance.vllm_code import parse_serve, registering_worker, vllm_config
 from pd_operator.engine_cmd import proxy_settings
 from pd_operator.validation import validate_spec
@@ -93,8 +93,8 @@ def _spec(mode: str) -> dict[str, Any]:
 
 
 def _proxy_argv(pod: dict[str, Any], settings_file: Path) -> list[str]:
-    command = next(c["command"] for c in pod["spec"]["containers"] if c["name"] == "proxy")
-    assert command[:2] == ["pdctl", "proxy"]
+    command = kubelet_command(next(c for c in pod["spec"]["containers"] if c["name"] == "proxy"))
+    assert command[:2] == ["pdctl", "proxy"]  # its --expected-engine flags name the engines' $(POD_IP)
     argv = list(command[2:])
     argv[argv.index("--host") + 1] = "127.0.0.1"  # loopback only on this machine
     argv[argv.index("--config-file") + 1] = str(settings_file)  # the rendered ConfigMap's file, written here

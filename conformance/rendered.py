@@ -57,6 +57,12 @@ def _container_env(container: Mapping[str, Any]) -> dict[str, str]:
     return env
 
 
+def kubelet_command(container: Mapping[str, Any]) -> list[str]:
+    """A container's command as the kubelet starts it: $(VAR) expanded from the container's env."""
+    env = _container_env(container)
+    return [expand(word, env) for word in container.get("command", [])]
+
+
 def serve_args_of(command: list[str]) -> list[str] | None:
     """The arguments the engine receives: after ``vllm serve`` or ``pdctl sim-engine`` (same argv)."""
     for i, word in enumerate(command[:-1]):
