@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import httpx
@@ -145,6 +147,22 @@ class PodWatch:
         self.fewest_ready = len(ready) if self.fewest_ready is None else min(self.fewest_ready, len(ready))
 
 
+def serving_pod(cp: ControlPlane, namespace: str, name: str) -> Obj:
+    """The pod a PDDeployment's status names as its serving pod."""
+    obj = pdd(cp, namespace, name)
+    assert obj is not None, f"PDDeployment {namespace}/{name}"
+    found = pod(cp, namespace, obj["status"]["podName"])
+    assert found is not None, f"the serving pod of {namespace}/{name}"
+    return found
+
+
+def container_pids(agent_dir: Path, serving: Obj, names: Iterable[str]) -> dict[str, int]:
+    """The pid each named container's process has now, as the node agent (state in ``agent_dir``) started it."""
+    meta = serving["metadata"]
+    containers = agent_dir / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}" / "containers"
+    return {name: int((containers / name / "pid").read_text()) for name in names}
+
+
 def ready_pod(cp: ControlPlane, namespace: str, name: str) -> Obj | None:
     """The pod if its Ready condition is True."""
     obj = pod(cp, namespace, name)
@@ -196,6 +214,19 @@ def simulated_example(name: str) -> Obj:
     obj: Obj = yaml.safe_load((REPO_ROOT / "examples" / "simulated-write.yaml").read_text())
     obj["metadata"]["name"] = name
     return obj
+
+
+@contextlib.contextmanager
+def simulated_deployment(cp: ControlPlane, namespace: str, name: str) -> Iterator[str]:
+    """``simulated_example(name)`` without the goodput probe, Ready in a new namespace (Pod Security
+    baseline, as the suite's other namespaces); the namespace is deleted afterwards."""
+    create_namespace(cp, namespace)
+    obj = simulated_example(name)
+    obj["spec"]["goodputProbe"] = {"enabled": False}
+    apply(cp, json.dumps(obj), namespace)
+    wait_pdd_ready(cp, namespace, name, timeout_s=180)
+    yield namespace
+    cp.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 def apply(cp: ControlPlane, manifest: str, namespace: str) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,12 +17,10 @@ import pytest
 from e2e.cluster import ControlPlane
 from e2e.stack import Stack
 from e2e.tests.kube import (
-    apply,
+    container_pids,
     container_status,
-    create_namespace,
-    pdd,
-    pod,
-    simulated_example,
+    serving_pod,
+    simulated_deployment,
     stream_completion,
     wait_for,
     wait_pdd_ready,
@@ -35,30 +32,16 @@ ENGINES = ("prefill", "decode")
 
 @pytest.fixture(scope="module")
 def deployed(operator: Stack) -> Iterator[str]:
-    cp = operator.cp
-    namespace = "pd-reload"
-    create_namespace(cp, namespace)  # Pod Security baseline, as the suite's other namespaces
-    obj = simulated_example(NAME)
-    obj["spec"]["goodputProbe"] = {"enabled": False}
-    apply(cp, json.dumps(obj), namespace)
-    wait_pdd_ready(cp, namespace, NAME, timeout_s=180)
-    yield namespace
-    cp.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    with simulated_deployment(operator.cp, "pd-reload", NAME) as namespace:
+        yield namespace
 
 
 def _serving(cp: ControlPlane, namespace: str) -> dict[str, Any]:
-    obj = pdd(cp, namespace, NAME)
-    assert obj is not None
-    found = pod(cp, namespace, obj["status"]["podName"])
-    assert found is not None
-    return found
+    return serving_pod(cp, namespace, NAME)
 
 
 def _pids(stack: Stack, serving: dict[str, Any]) -> dict[str, int]:
-    """The pid each container's process has now, as the node agent started it."""
-    meta = serving["metadata"]
-    containers = stack.agent_dir() / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}" / "containers"
-    return {name: int(Path(containers / name / "pid").read_text()) for name in (*ENGINES, "proxy")}
+    return container_pids(stack.agent_dir(), serving, (*ENGINES, "proxy"))
 
 
 def _proxy_config(serving: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,33 @@
+"""The done-when of issue 19's registration item, on the rendered pod's containers: a process in the
+serving pod's network namespace that is not one of its engines sends registration frames to the proxy
+(a decode engine of its own, and the real prefill's address with another side-channel host). The proxy
+the operator rendered knows its engines (``--expected-engine``, one per engine, the pod IP expanded by
+the kubelet): it refuses both, counts them, and serves every client request on the real engines; the
+rogue receives nothing (rogue.py; the seed's hostNetwork example runs the same check from the node).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.cluster import ControlPlane
+from e2e.stack import Stack
+from e2e.tests.kube import serving_pod, simulated_deployment
+from e2e.tests.rogue import check_rogue_gets_nothing
+
+NAME = "rogue-frames"
+
+
+@pytest.fixture(scope="module")
+def deployed(operator: Stack) -> Iterator[str]:
+    with simulated_deployment(operator.cp, "pd-registration", NAME) as namespace:
+        yield namespace
+
+
+def test_frames_from_a_process_that_is_not_an_engine_never_receive_a_request(
+    stack: Stack, cp: ControlPlane, deployed: str, tmp_path: Path
+) -> None:
+    check_rogue_gets_nothing(stack, serving_pod(cp, deployed, NAME), tmp_path)
