@@ -214,3 +214,21 @@ async def test_a_dead_engine_core_fails_its_requests_and_health(
         assert resp.status == 503 and "simulated engine-core crash" in await resp.text()
     status, answer = await call(http, eng.url, {"prompt": "x", "max_tokens": 2})
     assert status == 500
+
+
+async def test_greedy_token_ids_follow_from_the_prompt(
+    start_engine: EngineFactory, http: aiohttp.ClientSession
+) -> None:
+    """return_token_ids as vLLM 0.31 answers it; the ids depend on the prompt only, streamed or not."""
+    eng = await start_engine(["m", "--port", str(TEST_PORTS.port())])
+    body = {"prompt": "Why is the sky blue?", "max_tokens": 5, "return_token_ids": True}
+    _, first = await call(http, eng.url, body)
+    _, again = await call(http, eng.url, body)
+    _, other = await call(http, eng.url, {**body, "prompt": "Why is the sea blue?"})
+    _, plain = await call(http, eng.url, {**body, "return_token_ids": False})
+    ids = first["choices"][0]["token_ids"]
+    assert len(ids) == 5 and ids == again["choices"][0]["token_ids"] != other["choices"][0]["token_ids"]
+    assert "token_ids" not in plain["choices"][0] and plain["choices"][0]["text"] == first["choices"][0]["text"]
+    async with http.post(eng.url + "/v1/completions", json={**body, "stream": True}) as resp:
+        events = sse_events(await resp.text())
+    assert [i for e in events for i in e["choices"][0]["token_ids"]] == ids

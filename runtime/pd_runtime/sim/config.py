@@ -70,6 +70,9 @@ class Faults:
     """Fraction of incoming notify messages silently dropped."""
     crash_after: int = 0
     """Exit abruptly after this many finished requests; 0 = never."""
+    corrupt_kv: bool = False
+    """KV this engine receives as a decode engine arrives corrupted: its greedy tokens differ from the ones
+    the prompt gives (what a byte mover writing the wrong bytes does; the transfer itself succeeds)."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     faults.add_argument("--sim-eos-first-token", action="store_true", default=None)
     faults.add_argument("--sim-drop-notify", type=float, default=None, metavar="FRACTION")
     faults.add_argument("--sim-crash-after", type=int, default=None, metavar="N")
+    faults.add_argument("--sim-corrupt-kv", action="store_true", default=None)
     return parser
 
 
@@ -193,6 +197,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Eng
         eos_first_token=knob("eos-first-token", bool, False),
         drop_notify=knob("drop-notify", float, 0.0),
         crash_after=knob("crash-after", int, 0),
+        corrupt_kv=knob("corrupt-kv", bool, False),
     )
     if faults.prefill_error and not 400 <= faults.prefill_error <= 599:
         raise ConfigError(f"--sim-prefill-error must be an HTTP error status (400-599), got {faults.prefill_error}")

@@ -67,6 +67,7 @@ class RequestRecord:
 @dataclass(frozen=True)
 class Output:
     index: int
+    token_id: int
     text: str
     finish_reason: str | None
 
@@ -82,12 +83,22 @@ def output_length(request: openai.GenerationRequest, profile: Profile) -> tuple[
 
 
 class RequestHandle:
-    def __init__(self, engine: SimEngine, core: EngineCore, seq: Sequence, record: RequestRecord, finish: str) -> None:
+    def __init__(
+        self,
+        engine: SimEngine,
+        core: EngineCore,
+        seq: Sequence,
+        record: RequestRecord,
+        finish: str,
+        kv: openai.KvCache,
+    ) -> None:
         self._engine = engine
         self.core = core
         self.seq = seq
         self.record = record
         self._finish = finish
+        self.kv = kv
+        """The KV the sequence decodes from: its tokens follow from it."""
         self._fetch: asyncio.Task[None] | None = None
         self._fetch_job: tuple[Connector, ConsumerJob] | None = None
         self._sink = core.submit(seq, self._start_fetch if seq.remote else None)
@@ -136,13 +147,14 @@ class RequestHandle:
                 self.record.last_token = now
                 self.record.completion_tokens = emitted.index
                 self._engine.observe_token(self.record, now, previous)
+                token = self.kv.token_id(emitted.index)
                 if emitted.finished:
                     self.record.finish_reason = self._finish
                     self._done = True
                     self._engine.finished(self, emitted)
-                    yield Output(emitted.index, openai.token_text(emitted.index), self._finish)
+                    yield Output(emitted.index, token, openai.token_text(token), self._finish)
                     return
-                yield Output(emitted.index, openai.token_text(emitted.index), None)
+                yield Output(emitted.index, token, openai.token_text(token), None)
         finally:
             self.close()
 
@@ -270,7 +282,7 @@ class SimEngine:
         if leg == "plain_without_kv":
             seq.computed = request.prompt_tokens - 1  # claims the prompt's KV as loaded; it never was
             self.metrics.decoded_without_kv.inc()
-        handle = RequestHandle(self, core, seq, record, finish)
+        handle = RequestHandle(self, core, seq, record, finish, self._kv(request, leg))
         self.records.append(record)
         if consumer_job is not None and self.connector is not None:
             handle.fetch_kv(self.connector, consumer_job)
@@ -285,6 +297,12 @@ class SimEngine:
                 peer_tp=_peer_tp(params, self.config.tp),
             )
         return handle
+
+    def _kv(self, request: openai.GenerationRequest, leg: Leg) -> openai.KvCache:
+        """The prompt's KV as this leg holds it: computed here (plain, producer), received (consumer: the
+        corrupt-kv fault spoils it), or claimed loaded but never received (decodes from garbage)."""
+        corrupt = leg == "plain_without_kv" or (leg == "consumer" and self.config.faults.corrupt_kv)
+        return openai.KvCache.of_prompt(request.prompt_key, corrupt)
 
     def _leg(self, request: openai.GenerationRequest) -> Leg:
         params = request.kv_transfer_params or {}

@@ -5,10 +5,15 @@ is approximated the way BPE vocabularies behave on ordinary text: a run of lette
 started 8 letters, a run of digits one per started 3 digits (Qwen splits numbers finely), and every
 other non-space character one token. Chat adds 5 tokens per message (role markers) plus 3 for the
 assistant prompt, like Qwen's chat template.
+
+Generated tokens are greedy and deterministic: the i-th token id is a hash of the prompt's KV (a digest
+of the prompt) and i, so one engine computing a request whole and a P->D pair whose decode engine got
+the right KV answer the same ids, and a decode engine whose KV is wrong answers others (``KvCache``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import time
@@ -20,6 +25,7 @@ _WORDS = (" the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", 
 CHAT_MESSAGE_OVERHEAD = 5
 CHAT_PROMPT_OVERHEAD = 3
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+VOCAB_SIZE = 32000
 
 
 class RequestError(Exception):
@@ -51,6 +57,8 @@ class GenerationRequest:
     kv_transfer_params: dict[str, Any] | None
     prompt_key: str
     """A digest of the prompt: where EOS falls is drawn from it, so P and D of one request agree."""
+    return_token_ids: bool = False
+    """vLLM's ``return_token_ids``: the answer carries the generated ``token_ids``."""
 
 
 def count_text_tokens(text: str) -> int:
@@ -65,9 +73,37 @@ def count_text_tokens(text: str) -> int:
     return total
 
 
-def token_text(index: int) -> str:
-    """The text of the index-th generated token (deterministic filler)."""
-    return _WORDS[(index - 1) % len(_WORDS)]
+def _hash_token(seed: str, index: int) -> int:
+    digest = hashlib.blake2b(f"{seed}#{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % VOCAB_SIZE
+
+
+@dataclass(frozen=True)
+class KvCache:
+    """The KV a sequence decodes from: the prompt's (``seed``, a digest of it), intact or not.
+
+    Greedy decoding over intact KV yields ``_hash_token(seed, i)``; over corrupted KV (a broken transfer,
+    or a decode engine that never loaded the prompt) every token is another one, as a real model's
+    logits over garbage attention keys and values would give."""
+
+    seed: str
+    corrupt: bool = False
+
+    @classmethod
+    def of_prompt(cls, prompt_key: str, corrupt: bool = False) -> KvCache:
+        return cls(hashlib.blake2b(prompt_key.encode(), digest_size=8).hexdigest(), corrupt)
+
+    def token_id(self, index: int) -> int:
+        """The index-th (from 1) greedy token id after the prompt."""
+        token = _hash_token(self.seed, index)
+        if not self.corrupt:
+            return token
+        return (token + 1 + _hash_token(self.seed + "/corrupt", index) % (VOCAB_SIZE - 1)) % VOCAB_SIZE
+
+
+def token_text(token_id: int) -> str:
+    """The text of a token id (a small vocabulary of filler words)."""
+    return _WORDS[token_id % len(_WORDS)]
 
 
 def _is_int_list(value: Any) -> TypeGuard[list[int]]:
@@ -164,6 +200,7 @@ def parse_request(body: Any, chat: bool, max_model_len: int) -> GenerationReques
         continuous_usage=bool(options and options.get("continuous_usage_stats")),
         kv_transfer_params=params,
         prompt_key=prompt_key,
+        return_token_ids=body.get("return_token_ids") is True,
     )
 
 
@@ -200,8 +237,16 @@ class Envelope:
 
 
 def full_response(
-    env: Envelope, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int, kv: dict[str, Any] | None
+    env: Envelope,
+    text: str,
+    finish_reason: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    kv: dict[str, Any] | None,
+    token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
+    """The whole answer; ``token_ids`` only when the request asked (``return_token_ids``), on the choice
+    as vLLM 0.31 puts them (the simulator has no prompt ids: ``prompt_token_ids`` stays out)."""
     if env.chat:
         choice: dict[str, Any] = {
             "index": 0,
@@ -210,20 +255,30 @@ def full_response(
             "finish_reason": finish_reason,
             "stop_reason": None,
         }
+        if token_ids is not None:
+            choice["token_ids"] = token_ids
         head = env._head("chat.completion")
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
-        head = env._head("text_completion")
+        choice, head = _text_choice(text, finish_reason, token_ids), env._head("text_completion")
     return {**head, "choices": [choice], "usage": usage(prompt_tokens, completion_tokens), "kv_transfer_params": kv}
 
 
-def chunk(env: Envelope, text: str, finish_reason: str | None, first: bool) -> dict[str, Any]:
+def _text_choice(text: str, finish_reason: str | None, token_ids: list[int] | None) -> dict[str, Any]:
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+    return choice if token_ids is None else {**choice, "token_ids": token_ids}
+
+
+def chunk(
+    env: Envelope, text: str, finish_reason: str | None, first: bool, token_ids: list[int] | None = None
+) -> dict[str, Any]:
+    """One stream chunk; ``token_ids`` (the chunk's delta tokens) only when the request asked."""
     if env.chat:
         delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
         choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        if token_ids is not None:
+            choice["token_ids"] = token_ids
         return {**env._head("chat.completion.chunk"), "choices": [choice]}
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
-    return {**env._head("text_completion"), "choices": [choice]}
+    return {**env._head("text_completion"), "choices": [_text_choice(text, finish_reason, token_ids)]}
 
 
 def usage_chunk(env: Envelope, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:

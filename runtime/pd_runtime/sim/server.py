@@ -83,12 +83,20 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
 
 async def _complete(handle: RequestHandle, env: openai.Envelope, req: openai.GenerationRequest) -> web.Response:
     parts: list[str] = []
+    token_ids: list[int] = []
     finish = "length"
     async for out in handle.outputs():
         parts.append(out.text)
+        token_ids.append(out.token_id)
         finish = out.finish_reason or finish
     body = openai.full_response(
-        env, "".join(parts), finish, req.prompt_tokens, handle.record.completion_tokens, handle.kv_transfer_params
+        env,
+        "".join(parts),
+        finish,
+        req.prompt_tokens,
+        handle.record.completion_tokens,
+        handle.kv_transfer_params,
+        token_ids if req.return_token_ids else None,
     )
     return web.json_response(body, dumps=_dumps)
 
@@ -104,7 +112,8 @@ async def _stream(
 
     try:
         async for out in handle.outputs():
-            chunk = openai.chunk(env, out.text, out.finish_reason, first=out.index == 1)
+            ids = [out.token_id] if req.return_token_ids else None
+            chunk = openai.chunk(env, out.text, out.finish_reason, first=out.index == 1, token_ids=ids)
             if req.continuous_usage:
                 chunk["usage"] = openai.usage(req.prompt_tokens, out.index)
             await send(chunk)
