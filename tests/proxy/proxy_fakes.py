@@ -62,6 +62,7 @@ class FakeEngine:
     die_after: int | None = None  # close the connection abruptly after this many chunks
     hang: bool = False  # never answer
     first_chunk_delay: float = 0.0
+    token_ids: list[int] = field(default_factory=lambda: [11, 12, 13])  # answered when asked (return_token_ids)
     # observations
     requests: list[Recorded] = field(default_factory=list)
     port: int = 0
@@ -148,8 +149,11 @@ class FakeEngine:
         await asyncio.sleep(self.first_chunk_delay)
         record.answered = time.monotonic()
         self.events.append(f"{self.role}:done")
+        choice: dict[str, Any] = {"text": "hi"}
+        if record.body.get("return_token_ids"):
+            choice["token_ids"] = self.token_ids
         return web.json_response(
-            {"id": f"cmpl-{request_id}-0-0a1b2c3d", "object": "text_completion", "choices": [{"text": "hi"}]}
+            {"id": f"cmpl-{request_id}-0-0a1b2c3d", "object": "text_completion", "choices": [choice]}
         )
 
     async def _prefill_answer(self, record: Recorded, request_id: str) -> web.Response:

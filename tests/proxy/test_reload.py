@@ -23,7 +23,7 @@ def _file(values: dict[str, Any]) -> bytes:
 
 def test_reloadable_keys_are_the_routing_and_timeout_flags() -> None:
     assert set(reload.SETTINGS) == {
-        "policy", "max-tokens-policy", "no-kv-fallback",
+        "policy", "max-tokens-policy", "no-kv-fallback", "on-kv-mismatch",
         "connect-timeout", "prefill-timeout", "first-byte-timeout", "kv-wait-timeout",
         "idle-timeout", "response-timeout", "health-timeout",
     }  # fmt: skip

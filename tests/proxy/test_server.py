@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -43,7 +44,10 @@ async def test_health_ready_and_status_follow_contract_3(pd_setup: SetupFactory)
     assert set(doc) == {"mode", "transfer_mode", "policy", "instances", "counts", "last_transfer", "canary", "config"}
     assert doc["mode"] == "disaggregated" and doc["transfer_mode"] == "write"
     assert doc["last_transfer"] is None
-    assert doc["canary"] == {"enabled": False, "ok": None, "at": None, "error": None}
+    assert doc["canary"] == {
+        "enabled": False, "ok": None, "at": None, "error": None,
+        "kv_match": None, "kv_mismatch": None, "serving_stopped": False,
+    }  # fmt: skip
     assert doc["counts"] == {"prefill": 1, "decode": 1, "engines": 2, "in_flight": 0}
     by_role = {inst["role"]: inst for inst in doc["instances"]}
     prefill, decode = by_role["P"], by_role["D"]
@@ -197,12 +201,78 @@ async def test_canary_verifies_a_transfer_and_reports_it(pd_setup: SetupFactory)
     await wait_for(lambda: setup.proxy.canary.state.ok is True, what="canary success")
     _, doc = await _get_json(setup.client, setup.admin_url + "/status")
     assert doc["canary"]["enabled"] is True and doc["canary"]["error"] is None
+    assert doc["canary"]["kv_match"] is True and doc["canary"]["kv_mismatch"] is None
     assert RFC3339.match(doc["canary"]["at"])
     assert doc["last_transfer"]["source"] == "canary"
-    assert setup.prefill.requests[0].body["model"] == "fake-model"
+    prefill_leg, reference = setup.prefill.requests[0].body, setup.prefill.requests[1].body
+    assert prefill_leg["model"] == "fake-model" and "kv_transfer_params" in prefill_leg
+    # the reference: the same greedy request on the same prefill engine, without KV transfer parameters
+    assert "kv_transfer_params" not in reference
+    assert reference["temperature"] == 0 and reference["return_token_ids"] is True
+    assert setup.decode.requests[0].body["max_tokens"] == reference["max_tokens"]
     setup.prefill.null_params = True
     await wait_for(lambda: setup.proxy.canary.state.ok is False, what="canary failure")
     assert "verified" in (setup.proxy.canary.state.error or "")
+
+
+async def _kv_canary_count(setup: Any, result: str) -> float:
+    async with setup.client.get(setup.admin_url + "/metrics") as resp:
+        text = await resp.text()
+    line = f'pd_proxy_kv_canary_total{{result="{result}"}} '
+    return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(line))
+
+
+async def test_canary_kv_mismatch_is_reported_and_kept(pd_setup: SetupFactory) -> None:
+    """Decode answers 200 with other tokens than prefill computes whole: reported, with the position."""
+    setup = await pd_setup(mode="WRITE", canary_interval_s=0.1)
+    assert setup.proxy.canary is not None
+    setup.decode.token_ids = [11, 99, 13]
+    await wait_for(lambda: setup.proxy.canary.state.kv_match is False, what="canary mismatch")
+    _, doc = await _get_json(setup.client, setup.admin_url + "/status")
+    canary = doc["canary"]
+    assert canary["ok"] is False and "KV mismatch" in canary["error"]
+    mismatch = canary["kv_mismatch"]
+    assert (mismatch["position"], mismatch["expected"], mismatch["got"], mismatch["compared"]) == (1, 12, 99, 3)
+    assert mismatch["prefill"] == setup.prefill.http_address and mismatch["decode"] == setup.decode.http_address
+    assert mismatch["transfer_id"].startswith("tx-") and "at token 1" in mismatch["message"]
+    assert canary["serving_stopped"] is False  # report (the default): clients are still served
+    assert (await setup.post("/v1/completions", BODY))[0] == 200
+    assert await _kv_canary_count(setup, "mismatch") >= 1
+    setup.decode.token_ids = [11, 12, 13]  # a later match does not clear it: the first mismatch is kept
+    await wait_for(lambda: setup.proxy.canary.state.kv_match is True, what="canary match")
+    assert setup.proxy.canary.state.kv_mismatch == mismatch
+    assert await _kv_canary_count(setup, "match") >= 1
+
+
+async def test_canary_kv_mismatch_stops_serving_when_told(pd_setup: SetupFactory) -> None:
+    setup = await pd_setup(mode="WRITE", canary_interval_s=0.1, on_kv_mismatch="stopServing")
+    assert setup.proxy.canary is not None
+    await wait_for(lambda: setup.proxy.canary.state.kv_match is True, what="canary match")
+    assert (await _get_json(setup.client, setup.url + "/ready"))[0] == 200
+    setup.decode.token_ids = [7, 12, 13]
+    await wait_for(lambda: setup.proxy.canary.state.serving_stopped, what="serving stopped")
+    status, ready = await _get_json(setup.client, setup.url + "/ready")
+    assert status == 503 and "KV mismatch" in ready["reason"]
+    status, body = await setup.post("/v1/completions", BODY)
+    assert status == 503
+    error = body["error"]
+    assert error["code"] == "kv_mismatch" and "at token 0" in error["message"]
+    # report again (the settings file reloads it): serving resumes, the mismatch stays in /status
+    setup.proxy.reconfigure(replace(setup.proxy.config, on_kv_mismatch="report"))
+    assert (await setup.post("/v1/completions", BODY))[0] == 200
+    assert setup.proxy.canary.state.kv_mismatch is not None
+
+
+async def test_canary_without_token_ids_is_not_a_success(pd_setup: SetupFactory) -> None:
+    """Fail closed: an engine that ignores return_token_ids leaves the KV unchecked, and the canary says so."""
+    setup = await pd_setup(mode="WRITE", canary_interval_s=0.1)
+    assert setup.proxy.canary is not None
+    setup.prefill.token_ids = []
+    await wait_for(lambda: "KV not checked" in (setup.proxy.canary.state.error or ""), what="an unchecked canary")
+    state = setup.proxy.canary.state
+    assert state.ok is False and state.kv_match is None and state.kv_mismatch is None
+    assert "token_ids" in (state.error or "")
+    assert await _kv_canary_count(setup, "unverified") >= 1
 
 
 async def test_shutdown_drains_in_flight_streams(pd_setup: SetupFactory) -> None:

@@ -20,6 +20,7 @@ from pd_runtime.protocol import (
     REGISTRATION_PORT,
 )
 from pd_runtime.proxy.gate import DEFAULT_MAX_INSTANCES
+from pd_runtime.proxy.kvcheck import OnKvMismatch
 from pd_runtime.proxy.legs import MaxTokensPolicy, ProxyMode
 from pd_runtime.proxy.registry import TransferModeSetting
 from pd_runtime.proxy.routing import Policy
@@ -208,6 +209,15 @@ class ProxyConfig:
         default=None, metadata=flag("model for the canary (default: first one a decode engine lists)")
     )
     canary_prompt: str = field(default="Hello", metadata=flag("prompt of the canary request"))
+    on_kv_mismatch: OnKvMismatch = field(
+        default="report",
+        metadata=flag(
+            "when the canary's tokens through P->D differ from prefill's own (wrong KV reached decode): report = "
+            "in /status, the log and pd_proxy_kv_canary_total only; stopServing = also answer client requests "
+            "503 and /ready 503 from then on, until the proxy restarts or this is set back to report",
+            reload=True,
+        ),
+    )
     drain_timeout_s: float = field(
         default=30.0, metadata=flag("seconds to let streams finish on SIGTERM", parse=non_negative_float)
     )

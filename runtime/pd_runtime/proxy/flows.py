@@ -123,6 +123,8 @@ class Exchange:
 class Result:
     outcome: str
     verified_transfer: bool = False
+    exchange: Exchange | None = None
+    """The exchange that answered (its instances and ids), once routed."""
 
 
 class ProxyCore:
@@ -220,7 +222,7 @@ class ProxyCore:
                 detail,
                 extra={"transfer_id": exchange.ids.transfer_id, "outcome": outcome},
             )
-        return Result(outcome, verified)
+        return Result(outcome, verified, exchange)
 
     # -- failover ------------------------------------------------------------------------------
 

@@ -142,6 +142,13 @@ class ProxyMetrics:
             "pd_proxy_decode_queue", "Requests waiting for a decode DP rank below --decode-max-in-flight", registry=r
         )
         self.canary_ok = Gauge("pd_proxy_canary_ok", "1 if the last canary transfer succeeded", registry=r)
+        self.kv_canary = Counter(
+            "pd_proxy_kv_canary",
+            "Canary KV checks (decode's tokens after the transfer against prefill's own), by result: match, "
+            "mismatch, unverified (the transfer or the reference failed, or an answer had no token ids)",
+            ["result"],
+            registry=r,
+        )
         self.last_transfer = Gauge(
             "pd_proxy_last_transfer_timestamp_seconds", "Unix time of the last verified P->D transfer", registry=r
         )

@@ -210,9 +210,20 @@ class ProxyServer:
     async def _chat_completions(self, request: HttpRequest, sink: ResponseSink) -> None:
         await self._relay(request, sink, "chat/completions")
 
+    def _refuse_after_kv_mismatch(self) -> None:
+        """--on-kv-mismatch stopServing: wrong answers with HTTP 200 are worse than none."""
+        if self.canary is not None and self.canary.stops_serving:
+            assert self.canary.mismatch is not None
+            raise unavailable(
+                "the proxy stopped serving: its canary found wrong KV reaching decode: "
+                + self.canary.mismatch.describe(),
+                "kv_mismatch",
+            )
+
     async def _relay(self, request: HttpRequest, sink: ResponseSink, endpoint: Endpoint) -> None:
         try:
             self._authorize(request)
+            self._refuse_after_kv_mismatch()
             self._admit()
             client_request = parse_client_request(
                 request.read(), endpoint, self.config.mode, self.config.max_tokens_limit
@@ -252,6 +263,8 @@ class ProxyServer:
     def not_ready_reason(self) -> str:
         if self.core.draining:
             return "shutting down"
+        if self.canary is not None and self.canary.stops_serving:
+            return "stopped serving after a KV mismatch (on-kv-mismatch stopServing)"
         now = time.monotonic()
         if self.config.mode == "colocated":
             return "" if self.registry.live(None, now) else "no live engine"

@@ -40,6 +40,11 @@ class CanaryState:
     ok: bool | None = None
     at: datetime | None = None
     error: str | None = None
+    kv_match: bool | None = None
+    """The last run's token comparison (kvcheck.py); None when it could not compare."""
+    kv_mismatch: dict[str, Any] | None = None
+    """The first mismatch since the proxy started (``KvMismatch.to_json``): kept, later matches do not clear it."""
+    serving_stopped: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -47,6 +52,9 @@ class CanaryState:
             "ok": self.ok,
             "at": None if self.at is None else rfc3339(self.at),
             "error": self.error,
+            "kv_match": self.kv_match,
+            "kv_mismatch": self.kv_mismatch,
+            "serving_stopped": self.serving_stopped,
         }
 
 
