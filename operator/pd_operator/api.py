@@ -1009,8 +1009,20 @@ class ProxySpec(ApiModel):
         ge=0,
         le=86400,
         description=(
-            "Disaggregated mode: seconds between the proxy's canary requests (one token through prefill and "
-            "decode), which keep KVTransferVerified meaningful without user traffic; 0 disables the canary."
+            "Disaggregated mode: seconds between the proxy's canary requests, which keep KVTransferVerified "
+            "meaningful without user traffic: a greedy request through prefill and decode whose tokens must "
+            "equal the prefill engine's own for the same request (False with reason KVMismatch when not); it "
+            "also runs at start and whenever the routable engines change; 0 disables the canary."
+        ),
+    )
+    on_kv_mismatch: Literal["report", "stopServing"] = Field(
+        "report",
+        description=(
+            "When the canary finds decode's tokens after a KV transfer differ from prefill's own (wrong KV "
+            "reached decode): report = KVTransferVerified False (KVMismatch), a Warning Event and the proxy's "
+            "pd_proxy_kv_canary_total; stopServing = also make the proxy answer 503 and fail its readiness, so "
+            "the Service stops sending it traffic, until the pod is replaced or this is set back to report "
+            "(no restart: the proxy reloads it). Needs the canary (canaryIntervalSeconds > 0)."
         ),
     )
     api_key_secret: SecretKeyRef | None = Field(
@@ -1022,6 +1034,16 @@ class ProxySpec(ApiModel):
     resources: Resources = Field(default_factory=Resources, description="CPU and memory of the proxy.")
     extra_args: list[Arg] = Field(
         default_factory=list, max_length=32, description="More `pdctl proxy` arguments, appended verbatim."
+    )
+
+    _rules = (
+        Rule(
+            cel="!has(self.onKvMismatch) || self.onKvMismatch != 'stopServing' || "
+            "!has(self.canaryIntervalSeconds) || self.canaryIntervalSeconds > 0",
+            message="onKvMismatch stopServing needs the canary: canaryIntervalSeconds must be > 0",
+            check=lambda s: s.on_kv_mismatch != "stopServing" or s.canary_interval_seconds > 0,
+            field_path=".onKvMismatch",
+        ),
     )
 
 

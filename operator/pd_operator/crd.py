@@ -292,7 +292,10 @@ spec, or the pod ended).
 Conditions: `SpecValid`; `PrefillReady` and `DecodeReady` (disaggregated) or `EngineReady` (colocated);
 `ProxyReady`; `Ready`; `KVTransferVerified` (True once the proxy's admin `/status` reports a transfer
 whose prefill and decode legs both succeeded, from user traffic, the proxy canary or a probe; it stays
-True for the life of the pod; `Unknown`/`NotApplicable` in colocated mode); `GoodputMet` (attainment of
+True for the life of the pod unless the canary finds decode's greedy tokens after a transfer differ
+from the prefill engine's own for the same request: then False, reason `KVMismatch`, with the first
+differing token position, for as long as that proxy reports it (see `spec.proxy.onKvMismatch`);
+`Unknown`/`NotApplicable` in colocated mode); `GoodputMet` (attainment of
 the last probe >= `spec.goodputProbe.slo.target` at the configured rate; `Unknown` until a probe ran);
 `NodeLost`, shown from the first time the serving pod's node is NotReady or unreachable: False
 (`NodeNotReady`) within the grace, True (`NodeLost`) once the grace has passed and the pod is
@@ -313,7 +316,8 @@ replacement to be Ready and KVTransferVerified; with one replica the pod is dele
 A PodDisruptionBudget (`minAvailable: replicas - maxUnavailable`) guards node drains.
 
 Events: one per phase change (`Pending`, `Progressing`, `Ready`, `Degraded`, `Failed`), `CreatedPod`,
-`RollingPod`, `ReplacingPod`, `ScalingDown`, `InvalidSpec`, `KVTransferVerified`, `GoodputProbeStarted`,
+`RollingPod`, `ReplacingPod`, `ScalingDown`, `InvalidSpec`, `KVTransferVerified`, `KVMismatch` (Warning),
+`GoodputProbeStarted`,
 `GoodputMeasured`, `GoodputProbeFailed`, `GoodputMet`, `GoodputMissed`, `NodeNotReady`, `NodeLost`.
 
 Goodput probes: with `spec.goodputProbe.enabled`, a Job `<name>-goodput-<time>` runs `pdctl bench` against

@@ -385,7 +385,8 @@ def _owner(d: Deployment) -> layout.Owner:
 
 def proxy_urls(snap: Snapshot) -> dict[str, str]:
     """Pod name -> the proxy admin /status to read before deciding: disaggregated replicas whose pod has
-    an IP and has not verified a KV transfer yet."""
+    an IP and has not verified a KV transfer yet, and with the canary on all of them (a KV path that
+    breaks later is noticed: its canary reports a mismatch)."""
     spec = snap.deployment.valid_spec
     if spec is None:
         return {}
@@ -399,7 +400,10 @@ def proxy_urls(snap: Snapshot) -> dict[str, str]:
         if (
             pod is not None
             and pod.ip
-            and not observe.kv_transfer_verified(observe.previous_replica(previous, index), pod)
+            and (
+                spec.proxy.canary_interval_seconds > 0
+                or not observe.kv_transfer_verified(observe.previous_replica(previous, index), pod)
+            )
         ):
             urls[pod.name] = f"http://{pod.ip}:{spec.proxy.admin_port}/status"
     return urls

@@ -348,7 +348,11 @@ def proxy_settings(spec: PDDeploymentSpec) -> dict[str, Any]:
     }
     settings |= {key: value for key, value in timeouts.items() if value is not None}
     if spec.disaggregated:
-        settings |= {"kv-wait-timeout": spec.proxy_kv_wait_seconds(), "no-kv-fallback": p.no_kv_fallback}
+        settings |= {
+            "kv-wait-timeout": spec.proxy_kv_wait_seconds(),
+            "no-kv-fallback": p.no_kv_fallback,
+            "on-kv-mismatch": p.on_kv_mismatch,
+        }
     return settings
 
 

@@ -47,6 +47,7 @@ CRASH_REASONS = frozenset(
     }
 )
 KV_VERIFIED = "KVTransferVerified"
+KV_MISMATCH = "KVMismatch"
 CHILDREN_ADMITTED = "ChildrenAdmitted"
 CHILD_REFUSED = "ChildRefused"
 # `pdctl engine` exits with this code (EX_CONFIG) when its preflight refuses to start the engine; its
@@ -360,14 +361,29 @@ def kv_transfer_verified(prior: ReplicaStatus | None, pod: PodView | None) -> bo
     return kept is not None and kept.status == "True"
 
 
+def kv_mismatch(report: ProxyReport | None) -> Mapping[str, Any] | None:
+    """The proxy canary's first KV mismatch (``/status.canary.kv_mismatch``), if it found one."""
+    canary = report.status.get("canary") if report is not None and report.status is not None else None
+    found = canary.get("kv_mismatch") if isinstance(canary, Mapping) else None
+    return found if isinstance(found, Mapping) else None
+
+
 def kv_transfer_condition(spec: PDDeploymentSpec, rep: ReplicaObservation, prior: ReplicaStatus | None) -> Condition:
-    """True once the proxy saw one transfer id succeed on both legs; sticky for the life of the pod."""
+    """True once the proxy saw one transfer id succeed on both legs; sticky for the life of the pod, unless
+    the proxy's canary finds decode's tokens after a transfer differ from prefill's own: then False
+    (KVMismatch) for as long as that proxy reports it, a True before it notwithstanding (fail closed)."""
     if not spec.disaggregated:
         return condition(KV_VERIFIED, None, "NotApplicable", "colocated mode moves no KV cache between engines")
     kept = _kept_kv(prior, rep.pod)
+    report = rep.proxy
+    mismatch = kv_mismatch(report)
+    if mismatch is not None and rep.pod is not None:
+        message = f"the proxy's canary at {mismatch.get('at')}: {mismatch.get('message')}"
+        return condition(KV_VERIFIED, False, KV_MISMATCH, message)
     if kept is not None and kept.status == "True":
         return kept.model_copy()
-    report = rep.proxy
+    if kept is not None and kept.reason == KV_MISMATCH and (report is None or report.status is None):
+        return kept.model_copy()  # an unreadable proxy clears nothing
     if report is None or rep.pod is None:
         return condition(KV_VERIFIED, False, "NoProxy", "the proxy is not running yet")
     if report.status is None:
@@ -555,9 +571,13 @@ def replica_facts(
     return ReplicaFacts(rep, roles, role_conds, phase, message, kv, ready, status)
 
 
-def _summary_condition(kind: str, per: Sequence[ReplicaFacts], conds: Sequence[Condition], ok_reason: str) -> Condition:
-    """A condition over several replicas: True when True on each; else the replicas that hold it back."""
+def _summary_condition(
+    kind: str, per: Sequence[ReplicaFacts], conds: Sequence[Condition], ok_reason: str, worst: str = ""
+) -> Condition:
+    """A condition over several replicas: True when True on each; else the replicas that hold it back,
+    those with reason ``worst`` first (its reason is then the summary's)."""
     failing = [(f, c) for f, c in zip(per, conds, strict=True) if c.status != "True"]
+    failing.sort(key=lambda item: item[1].reason != worst)
     if not failing:
         return condition(kind, True, ok_reason, f"on all {len(per)} replicas")
     detail = "; ".join(f"{f.status.pod_name or f'replica {f.obs.index}'}: {c.message}" for f, c in failing)
@@ -592,7 +612,7 @@ def _summary_conditions(per: Sequence[ReplicaFacts]) -> tuple[list[Condition], C
     roles = [_summary_condition(kind, per, conds, "ContainersReady") for kind, conds in by_kind.items()]
     kv = per[0].kv
     if kv.reason != "NotApplicable":
-        kv = _summary_condition(KV_VERIFIED, per, [f.kv for f in per], "TransferCompleted")
+        kv = _summary_condition(KV_VERIFIED, per, [f.kv for f in per], "TransferCompleted", KV_MISMATCH)
     return roles, kv
 
 
@@ -664,7 +684,7 @@ def events(old: PDDeploymentStatus, new: PDDeploymentStatus) -> list[Event]:
     messages_before = {c.type: c.message for c in old.conditions}
     for cond in new.conditions:
         kind, value = cond.type, cond.status
-        for reason in (PREFLIGHT_FAILED, NODE_NOT_READY):
+        for reason in (PREFLIGHT_FAILED, NODE_NOT_READY, KV_MISMATCH):
             if cond.reason == reason and reasons_before.get(kind) != reason:
                 found.append(Event("Warning", reason, cond.message))
         if kind == CHILDREN_ADMITTED and value == "False" and messages_before.get(kind) != cond.message:

@@ -39,7 +39,20 @@ def running_pod(
     return out
 
 
-def proxy_status(transfer: bool = True) -> dict[str, Any]:
+KV_MISMATCH = {
+    "at": "2026-11-29T08:05:00.000Z",
+    "transfer_id": "tx-9",
+    "prefill": "10.1.2.3:20005",
+    "decode": "10.1.2.3:40005",
+    "position": 3,
+    "expected": 17,
+    "got": 4,
+    "compared": 8,
+    "message": "decode's tokens after KV transfer tx-9 differ from prefill's own at token 3 (counting from 0; ...)",
+}
+
+
+def proxy_status(transfer: bool = True, mismatch: bool = False) -> dict[str, Any]:
     last = {
         "transfer_id": "tx-1",
         "completed_at": "2026-11-29T08:00:00Z",
@@ -53,7 +66,7 @@ def proxy_status(transfer: bool = True) -> dict[str, Any]:
         "instances": [],
         "counts": {},
         "last_transfer": last if transfer else None,
-        "canary": {"enabled": False},
+        "canary": {"enabled": True, "kv_mismatch": KV_MISMATCH} if mismatch else {"enabled": False},
     }
 
 

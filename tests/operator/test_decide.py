@@ -151,12 +151,28 @@ def test_a_refused_network_policy_shows_although_the_pod_was_created() -> None:
     assert cond(wire(kept.status), "ChildrenAdmitted") == admitted
 
 
-def test_proxy_is_read_until_the_transfer_is_verified_for_this_pod() -> None:
-    pod = serving()
-    assert decide.proxy_urls(snapshot(pods=[pod])) == {NAME: "http://10.1.2.3:8001/status"}
-    ready = decide.decide(snapshot(pods=[pod], proxies=one_proxy(status=proxy_status())))
+def test_without_the_canary_the_proxy_is_read_until_the_transfer_is_verified_for_this_pod() -> None:
+    spec = {"model": "m", "engine": "simulated", "proxy": {"canaryIntervalSeconds": 0}}
+    pod = serving(spec)
+    assert decide.proxy_urls(snapshot(spec, pods=[pod])) == {NAME: "http://10.1.2.3:8001/status"}
+    ready = decide.decide(snapshot(spec, pods=[pod], proxies=one_proxy(status=proxy_status())))
     assert cond(ready.patch, "KVTransferVerified")["status"] == "True"
-    assert not decide.proxy_urls(snapshot(status=stored({}, ready), pods=[pod]))
+    assert not decide.proxy_urls(snapshot(spec, status=stored({}, ready), pods=[pod]))
+
+
+def test_with_the_canary_a_verified_kv_path_that_breaks_later_turns_false_with_an_event() -> None:
+    pod = serving()
+    ready = decide.decide(snapshot(pods=[pod], proxies=one_proxy(status=proxy_status())))
+    verified = stored({}, ready)
+    assert decide.proxy_urls(snapshot(status=verified, pods=[pod])) == {NAME: "http://10.1.2.3:8001/status"}
+    broken = decide.decide(snapshot(status=verified, pods=[pod], proxies=one_proxy(status=proxy_status(mismatch=True))))
+    kv = cond(broken.patch, "KVTransferVerified")
+    assert (kv["status"], kv["reason"]) == ("False", "KVMismatch") and "at token 3" in kv["message"]
+    assert [(e.type, e.reason) for e in broken.events if e.reason == "KVMismatch"] == [("Warning", "KVMismatch")]
+    again = decide.decide(
+        snapshot(status=stored(verified, broken), pods=[pod], proxies=one_proxy(status=proxy_status(mismatch=True)))
+    )
+    assert "KVMismatch" not in {e.reason for e in again.events}  # one Event per flip
 
 
 def test_ready_pod_starts_a_probe() -> None:
@@ -234,8 +250,7 @@ def test_steady_state_writes_nothing_and_does_nothing() -> None:
     pod = serving(spec)
     first = decide.decide(snapshot(spec, pods=[pod], proxies=one_proxy(status=proxy_status())))
     later = snapshot(spec, status=stored({}, first), pods=[pod], repair_children=False, now=T0 + timedelta(hours=1))
-    assert not decide.proxy_urls(later)
-    second = decide.decide(later)
+    second = decide.decide(dataclasses.replace(later, proxies=one_proxy(status=proxy_status())))
     assert second.patch == {} and second.actions == ()
 
 

@@ -126,6 +126,24 @@ def test_kv_transfer_verified_needs_both_legs_and_sticks_for_the_pod() -> None:
     assert cond(fresh, "KVTransferVerified")["reason"] == "ProxyUnreachable"
 
 
+def test_a_kv_mismatch_turns_kv_transfer_verified_false_and_an_unreadable_proxy_keeps_it() -> None:
+    pod = running_pod(rendered(SIM))
+    verified = status(obs(pod=pod, proxy=ProxyReport(status=proxy_status())))
+    broken = status(obs(pod=pod, proxy=ProxyReport(status=proxy_status(mismatch=True)), previous=verified))
+    kv = cond(broken, "KVTransferVerified")
+    assert (kv["status"], kv["reason"]) == ("False", "KVMismatch")
+    assert kv["message"].startswith("the proxy's canary at 2026-11-29T08:05:00.000Z: decode's tokens")
+    assert broken["replicaStatuses"][0]["available"] is False  # not serving for rollouts
+    assert broken["phase"] == "Ready"  # the pod serves (report); KVTransferVerified says what is wrong
+    events = observe.events(observe.parse(verified), observe.parse(broken))
+    assert [(e.type, e.reason) for e in events] == [("Warning", "KVMismatch")]
+    unreadable = status(obs(pod=pod, proxy=ProxyReport(error="timeout"), previous=broken))
+    assert cond(unreadable, "KVTransferVerified")["reason"] == "KVMismatch"
+    # a proxy that reports no mismatch (it restarted) is back to the transfers it saw
+    restarted = status(obs(pod=pod, proxy=ProxyReport(status=proxy_status()), previous=broken))
+    assert cond(restarted, "KVTransferVerified")["status"] == "True"
+
+
 def test_an_unreachable_proxy_writes_no_new_status_when_only_the_error_text_changes() -> None:
     """Under load one poll times out and the next is refused: the same news, so no status patch."""
     pod = running_pod(rendered(SIM))

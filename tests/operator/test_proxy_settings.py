@@ -58,6 +58,13 @@ def test_no_kv_fallback_is_passed_through() -> None:
     assert proxy_settings(validate_spec(spec))["no-kv-fallback"] == "error"
 
 
+def test_on_kv_mismatch_is_passed_through_and_needs_the_canary() -> None:
+    spec = load_example("qwen3-235b-write.yaml")["spec"]
+    assert proxy_settings(validate_spec(spec))["on-kv-mismatch"] == "report"
+    spec["proxy"] = {**spec.get("proxy", {}), "onKvMismatch": "stopServing"}
+    assert proxy_settings(validate_spec(spec))["on-kv-mismatch"] == "stopServing"
+
+
 def _rendered(spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The pod's spec hash and the proxy's settings file."""
     children = render.children(layout.build(layout.Owner("qwen"), validate_spec(spec)))
@@ -71,6 +78,7 @@ def _rendered(spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     [
         {"policy": "least_outstanding"},
         {"noKvFallback": "error"},
+        {"onKvMismatch": "stopServing"},
         {"timeouts": {"kvWaitSeconds": 30, "idleSeconds": 20, "connectSeconds": 2, "prefillSeconds": 100}},
         {"timeouts": {"decodeFirstByteSeconds": 50, "responseSeconds": 600}},
     ],

@@ -185,15 +185,17 @@ def test_status_summarises_the_replicas() -> None:
     assert "replicaStatuses" in wire(st)
 
 
-def test_each_replicas_proxy_is_read_until_it_verified_a_transfer() -> None:
-    pods = pods_of(SPEC)
-    assert decide.proxy_urls(snapshot(SPEC, pods)) == {
+def test_without_the_canary_each_replicas_proxy_is_read_until_it_verified_a_transfer() -> None:
+    spec = {**SPEC, "proxy": {"canaryIntervalSeconds": 0}}
+    pods = pods_of(spec)
+    assert decide.proxy_urls(snapshot(spec, pods)) == {
         NAME: "http://10.1.2.3:8001/status",
         f"{NAME}-1": "http://10.1.2.4:8001/status",
         f"{NAME}-2": "http://10.1.2.5:8001/status",
     }
-    only_first = decide.decide(snapshot(SPEC, pods, proxies=verified(pods[:1])))
+    only_first = decide.decide(snapshot(spec, pods, proxies=verified(pods[:1])))
     status = merged({}, only_first.patch)
-    assert list(decide.proxy_urls(snapshot(SPEC, pods, status))) == [f"{NAME}-1", f"{NAME}-2"]
+    assert list(decide.proxy_urls(snapshot(spec, pods, status))) == [f"{NAME}-1", f"{NAME}-2"]
+    assert list(decide.proxy_urls(snapshot(SPEC, pods, status))) == NAMES  # with the canary: every replica
     kv = next(c for c in only_first.status.conditions if c.type == "KVTransferVerified")
     assert kv.status == "False" and kv.message.startswith("1/3 replicas: demo-1: the proxy is not running yet")
