@@ -20,14 +20,14 @@ from conformance.vllm_code import (
     extra_config_keys_read,
     normalized_flag,
     parse_serve,
-    serve_option_strings,
+    serve_option_dests,
     side_channel_ports,
 )
 
 VARIANTS, REFUSED = variant_cases()
 CASES = example_cases() + seed_cases() + VARIANTS
 KV_CASES = [c for c in CASES if "--kv-transfer-config" in c.serve_args]
-OPTIONS = serve_option_strings()
+OPTIONS = set(serve_option_dests())
 
 
 def rendered_value(case: EngineCase, flag: str) -> str | None:

@@ -69,30 +69,39 @@ class ParsedServe:
     kv_transfer: KVTransferConfig | None
 
 
-def parse_serve(serve_args: list[str]) -> ParsedServe:
-    """``vllm serve <serve_args>`` as vLLM's CLI main parses and validates it, then ``EngineArgs``."""
+def _serve_parsers() -> tuple[FlexibleArgumentParser, ServeSubcommand, FlexibleArgumentParser]:
+    """vLLM's CLI parser with its `serve` subcommand, as vLLM's main builds them, and the serve subparser."""
     parser = FlexibleArgumentParser(prog="vllm")
-    subparsers = parser.add_subparsers(required=False, dest="subparser")
     serve = ServeSubcommand()
-    serve.subparser_init(subparsers).set_defaults(dispatch_function=serve.cmd)
+    subparser = serve.subparser_init(parser.add_subparsers(required=False, dest="subparser"))
+    subparser.set_defaults(dispatch_function=serve.cmd)
+    return parser, serve, subparser
+
+
+def serve_namespace(serve_args: list[str]) -> Any:
+    """The argparse namespace of ``vllm serve <serve_args>``, before any validation of the values."""
+    parser = _serve_parsers()[0]
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
-            args = parser.parse_args(["serve", *serve_args])
+            return parser.parse_args(["serve", *serve_args])
     except SystemExit as exc:
         raise ServeArgsRejected(f"vllm serve rejected the arguments (exit {exc.code}):\n{stderr.getvalue()}") from None
-    serve.validate(args)
+
+
+def parse_serve(serve_args: list[str]) -> ParsedServe:
+    """``vllm serve <serve_args>`` as vLLM's CLI main parses and validates it, then ``EngineArgs``."""
+    args = serve_namespace(serve_args)
+    ServeSubcommand().validate(args)
     if getattr(args, "model_tag", None) is not None:  # as ServeSubcommand.cmd does before starting
         args.model = args.model_tag
     engine = AsyncEngineArgs.from_cli_args(args)
     return ParsedServe(args, engine, engine.kv_transfer_config)
 
 
-def serve_option_strings() -> set[str]:
-    """Every option spelling the `vllm serve` parser defines (``--max-num-seqs``, ``-tp``, ...)."""
-    parser = FlexibleArgumentParser(prog="vllm")
-    serve = ServeSubcommand().subparser_init(parser.add_subparsers(dest="subparser"))
-    return set(serve._option_string_actions)
+def serve_option_dests() -> dict[str, str]:
+    """Every option spelling the `vllm serve` parser defines (``--max-num-seqs``, ``-tp``, ...) -> its dest."""
+    return {option: action.dest for option, action in _serve_parsers()[2]._option_string_actions.items()}
 
 
 def normalized_flag(word: str) -> str:

@@ -148,28 +148,29 @@ def test_printer_columns(cp: ControlPlane, modes_namespace: str) -> None:
 # ---- admission ------------------------------------------------------------------------------------------
 
 
-def _spec_table() -> Any:
-    path = REPO_ROOT / "tests" / "operator" / "spec_table.py"
-    spec = importlib.util.spec_from_file_location("pd_spec_table", path)
+def _operator_test_table(name: str) -> Any:
+    """A table module the unit suite shares with this one (tests/operator/<name>.py)."""
+    path = REPO_ROOT / "tests" / "operator" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"pd_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-SPEC_TABLE = _spec_table()
+SPEC_TABLE = _operator_test_table("spec_table")
+FLAG_SPELLINGS = _operator_test_table("flag_spellings")
+
+
+def _dry_run_create(operator: Stack, name: str, spec: dict[str, Any]) -> Any:
+    body = {"apiVersion": "pd.serving.dev/v1alpha1", "kind": "PDDeployment", "metadata": {"name": name}, "spec": spec}
+    with operator.cp.http() as client:
+        return client.post(f"{GROUP_PATH}/namespaces/default/pddeployments?dryRun=All", json=body)
 
 
 @pytest.mark.parametrize("case", SPEC_TABLE.load_cases(), ids=lambda c: c["name"])
 def test_invalid_spec_rejected_by_api_server(operator: Stack, case: dict[str, Any]) -> None:
-    body = {
-        "apiVersion": "pd.serving.dev/v1alpha1",
-        "kind": "PDDeployment",
-        "metadata": {"name": SPEC_TABLE.name_of(case)},
-        "spec": SPEC_TABLE.patched(case),
-    }
-    with operator.cp.http() as client:
-        resp = client.post(f"{GROUP_PATH}/namespaces/default/pddeployments?dryRun=All", json=body)
+    resp = _dry_run_create(operator, SPEC_TABLE.name_of(case), SPEC_TABLE.patched(case))
     assert resp.status_code == 422, f"{case['name']}: accepted ({resp.status_code})"
     status = resp.json()
     causes = status.get("details", {}).get("causes", [])
@@ -177,6 +178,23 @@ def test_invalid_spec_rejected_by_api_server(operator: Stack, case: dict[str, An
     assert any(line.startswith(case["field"]) and case["message"] in line for line in lines), (
         f"{case['name']}: no error on {case['field']} containing {case['message']!r} in {lines}"
     )
+
+
+def _dry_run_with_prefill_args(operator: Stack, words: tuple[str, ...]) -> Any:
+    spec = {**SPEC_TABLE.load_table()["base"], "prefill": {"extraArgs": list(words)}}
+    return _dry_run_create(operator, "flags", spec)
+
+
+@pytest.mark.parametrize("words", list(FLAG_SPELLINGS.REFUSED), ids=" ".join)
+def test_api_server_refuses_a_managed_flag_in_each_spelling_vllm_reads(operator: Stack, words: tuple[str, ...]) -> None:
+    resp = _dry_run_with_prefill_args(operator, words)
+    assert resp.status_code == 422 and "extraArgs must not set flags the operator renders" in resp.text, resp.text
+
+
+@pytest.mark.parametrize("words", FLAG_SPELLINGS.ACCEPTED, ids=" ".join)
+def test_api_server_takes_extra_args_of_other_flags(operator: Stack, words: tuple[str, ...]) -> None:
+    resp = _dry_run_with_prefill_args(operator, words)
+    assert resp.status_code == 201, resp.text
 
 
 # ---- lifecycle of one deployment ----------------------------------------------------------------------------

@@ -21,9 +21,11 @@ from pd_operator.rules import (
     cel_count,
     cel_first,
     cel_last,
+    cel_names_flag,
     cel_range_ok,
     cel_ranges_disjoint,
     gpu_count,
+    names_flag,
     parse_gpu_range,
     ranges_disjoint,
     violations,
@@ -57,18 +59,15 @@ EnvName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern
 Timestamp = Annotated[str, StringConstraints(max_length=64)]
 
 # Flags and variables the operator renders itself; setting them through extraArgs/env would fight it.
+# Flags by their canonical names: rules.names_flag matches every spelling vLLM's parser reads as them.
 MANAGED_FLAGS = (
     "--port",
-    "-tp",
     "--tensor-parallel-size",
-    "--tensor_parallel_size",
-    "-dp",
+    "-tp",
     "--data-parallel-size",
-    "--data_parallel_size",
+    "-dp",
     "--kv-transfer-config",
-    "--kv_transfer_config",
     "--served-model-name",
-    "--served_model_name",
 )
 MANAGED_ENV = (
     "CUDA_VISIBLE_DEVICES",
@@ -80,9 +79,10 @@ MANAGED_ENV = (
     "VLLM_MORIIO_CONNECTOR_READ_MODE",
     "VLLM_ENGINE_READY_TIMEOUT_S",
 )
-# Spellings of vLLM's compilation config flag (also dotted: -cc.cudagraph_mode=PIECEWISE). A user's
-# compilation config replaces the one the operator renders in read mode (see engine_cmd).
-COMPILATION_CONFIG_FLAGS = ("--compilation-config", "--compilation_config", "-cc")
+# vLLM's compilation config flag (also dotted: -cc.cudagraph_mode=PIECEWISE, and in every spelling
+# rules.names_flag matches). A user's compilation config replaces the one the operator renders in read
+# mode (see engine_cmd).
+COMPILATION_CONFIG_FLAGS = ("--compilation-config", "-cc")
 # Linux's default net.ipv4.ip_local_port_range: where the kernel picks a port for bind(port 0), which
 # is how vLLM's get_open_port() draws the ports of its other listeners (MoRI engine, side channels).
 EPHEMERAL_PORTS = (32768, 60999)
@@ -106,11 +106,11 @@ def _cel_list(values: tuple[str, ...]) -> str:
 
 def sets_compilation_config(args: list[str]) -> bool:
     """Whether ``vllm serve`` arguments set a compilation config in any spelling vLLM accepts."""
-    return any(a.split("=")[0].split(".")[0] in COMPILATION_CONFIG_FLAGS for a in args)
+    return any(names_flag(a, COMPILATION_CONFIG_FLAGS) for a in args)
 
 
 def _cel_sets_compilation_config(args: str) -> str:
-    return f"{args}.exists(a, a.split('=')[0].split('.')[0] in {_cel_list(COMPILATION_CONFIG_FLAGS)})"
+    return f"{args}.exists(a, {cel_names_flag('a', COMPILATION_CONFIG_FLAGS)})"
 
 
 class ApiModel(BaseModel):
@@ -188,10 +188,11 @@ _GPUS_MATCH_PARALLELISM = Rule(
 )
 _ARGS_AND_ENV_RULES = (
     Rule(
-        cel=f"!has(self.extraArgs) || self.extraArgs.all(a, !(a.split('=')[0] in {_cel_list(MANAGED_FLAGS)}))",
+        cel=f"!has(self.extraArgs) || !self.extraArgs.exists(a, {cel_names_flag('a', MANAGED_FLAGS)})",
         message="extraArgs must not set flags the operator renders (--port, -tp, --data-parallel-size, "
-        "--kv-transfer-config, --served-model-name): use their fields",
-        check=lambda s: all(a.split("=")[0] not in MANAGED_FLAGS for a in s.extra_args),
+        "--kv-transfer-config, --served-model-name), in any spelling vLLM reads as them (underscores, "
+        "a prefix, --flag.key=value): use their fields",
+        check=lambda s: not any(names_flag(a, MANAGED_FLAGS) for a in s.extra_args),
         field_path=".extraArgs",
     ),
     Rule(
@@ -246,7 +247,8 @@ class EngineSettings(ApiModel):
         max_length=64,
         description=(
             "More `vllm serve` arguments, appended verbatim. Flags the operator renders itself (--port, -tp, "
-            "--kv-transfer-config, ...) are refused."
+            "--kv-transfer-config, ...) are refused in every spelling vLLM reads as them (--tensor_parallel-size, "
+            "--tensor-par, --kv-transfer-config.kv_role=...)."
         ),
     )
     env: list[EnvVar] = Field(

@@ -6,10 +6,11 @@ from typing import Any
 
 import pytest
 
-from pd_operator.api import API_VERSION, KIND, PDDeploymentSpec
+from pd_operator.api import API_VERSION, KIND, PDDeploymentSpec, sets_compilation_config
 from pd_operator.commands.render import objects_for
 from pd_operator.validation import SpecError, validate_spec
 from tests.operator.conftest import EXAMPLES, load_example
+from tests.operator.flag_spellings import ACCEPTED, COMPILATION_CONFIG, REFUSED
 from tests.operator.spec_table import load_cases, load_table, merge_patch, name_of, patched
 
 CASES = load_cases()
@@ -111,3 +112,27 @@ def test_ephemeral_rank_ports_are_fine_for_simulated_engines() -> None:
     validate_spec(
         {"model": "m", "engine": "simulated", "decode": {"ports": {"http": 40005, "handshake": 40100, "notify": 40200}}}
     )
+
+
+def _with_prefill_args(words: tuple[str, ...]) -> dict[str, Any]:
+    return {**load_table()["base"], "prefill": {"extraArgs": list(words)}}
+
+
+@pytest.mark.parametrize("words", list(REFUSED), ids=" ".join)
+def test_extra_args_setting_a_managed_flag_are_refused_in_every_spelling_vllm_reads(words: tuple[str, ...]) -> None:
+    with pytest.raises(SpecError) as err:
+        validate_spec(_with_prefill_args(words))
+    assert any(
+        line.startswith("spec.prefill.extraArgs:") and "must not set flags the operator renders" in line
+        for line in err.value.problems
+    ), err.value.problems
+
+
+@pytest.mark.parametrize("words", ACCEPTED, ids=" ".join)
+def test_extra_args_of_other_flags_are_taken(words: tuple[str, ...]) -> None:
+    validate_spec(_with_prefill_args(words))
+
+
+@pytest.mark.parametrize("words", COMPILATION_CONFIG, ids=" ".join)
+def test_a_compilation_config_is_seen_in_every_spelling_vllm_reads(words: tuple[str, ...]) -> None:
+    assert sets_compilation_config(list(words))
