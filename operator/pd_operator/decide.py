@@ -22,10 +22,10 @@ from pd_operator import autotune, goodput, layout, observe, render
 from pd_operator.api import RUN_PROBE_ANNOTATION, GoodputStatus, PDDeploymentSpec, PDDeploymentStatus, ProbeState
 from pd_operator.layout import Layout
 from pd_operator.observe import Event, NodeTrouble, Observation, ProxyReport, ReplicaObservation, RouterRead
-from pd_operator.refusals import ApiFailure, Refusal, refusal
+from pd_operator.refusals import NAME_CONFLICT, ApiFailure, Refusal, refusal
 from pd_operator.settings import Settings
 from pd_operator.validation import SpecError, validate_spec
-from pd_operator.views import ClaimView, JobView, NodeView, PodView, pod_view
+from pd_operator.views import ClaimView, JobView, NodeView, ObjectView, PodView, pod_view
 
 Obj = dict[str, Any]
 ERROR_LIMIT = 1024
@@ -74,7 +74,11 @@ class Snapshot:
     probe_image: str | None = None  # the goodput probe Job's image (the operator's); None: the runtime image
     claim_templates: Sequence[str] = ()  # the deployment's ResourceClaimTemplates, listed when claim_reads() asks
     claims: Mapping[str, ClaimView] = field(default_factory=dict)  # ResourceClaim name -> view, from claim_reads()
-    leftovers_found: frozenset[str] = frozenset()  # LEFTOVERS keys whose lookup found its object (on repairs)
+    seen: Mapping[str, ObjectView | None] = field(
+        default_factory=dict
+    )  # Kind/name -> read (None: absent), object_reads()
+    unread: frozenset[str] = frozenset()  # Kind/name object_reads() asked for whose read failed
+    known: Mapping[str, str] = field(default_factory=dict)  # Kind/name -> uid of a child this operator applied as ours
     plan: autotune.Plan | None = None  # autotune's trials for a new workload, planned when plan_for() asks
     router: RouterRead | None = None  # the router Deployment, read when router_read() asks (status.router)
 
@@ -108,9 +112,12 @@ class Create(_ObjectAction):
 
 @dataclass(frozen=True)
 class Delete:
+    """Delete an object; with ``uid``, only that object (a precondition: never one that replaced it)."""
+
     kind: str
     name: str
     grace_seconds: int | None = None  # 0: force, for a pod whose kubelet will never confirm its end
+    uid: str | None = None
 
     @property
     def key(self) -> str:
@@ -216,18 +223,20 @@ class PodStep:
 
 
 def _force_step(snap: Snapshot, live: PodView, trouble: NodeTrouble) -> PodStep:
-    force = Delete("Pod", live.name, grace_seconds=0)
+    force = Delete("Pod", live.name, grace_seconds=0, uid=live.uid)
     if (failure := snap.failed.get(force.key)) is not None:
         why = _refusal(force.key, failure).describe()
         return PodStep(live, False, error=f"cannot force-delete the serving pod on lost node {trouble.node}: {why}")
     return PodStep(live, False, (force, Emit(Event("Warning", "NodeLost", trouble.message))))
 
 
-def _pod_step(snap: Snapshot, desired: Obj, live: PodView | None, verb: PodAction) -> PodStep:
+def _pod_step(snap: Snapshot, desired: Obj, live: PodView | None, verb: PodAction, blocked: str | None) -> PodStep:
     if verb in ("keep", "wait", "hold"):
         return PodStep(live, verb == "keep")
     name = desired["metadata"]["name"]
-    act: Action = Create(desired) if verb == "create" else Delete("Pod", name)
+    if verb == "create" and blocked is not None:
+        return PodStep(live, False, error=f"the serving pod is not created: {blocked}")
+    act: Action = Create(desired) if verb == "create" else Delete("Pod", name, uid=live.uid if live else None)
     failure = snap.failed.get(act.key)
     if failure is not None:
         return PodStep(live, False, error=f"cannot {verb} the serving pod: {_refusal(act.key, failure).describe()}")
@@ -248,9 +257,15 @@ class ServingStep:
 
 
 def _serving_step(
-    snap: Snapshot, spec: PDDeploymentSpec, lay: Layout, desired: Sequence[Obj], previous: PDDeploymentStatus
+    snap: Snapshot,
+    spec: PDDeploymentSpec,
+    lay: Layout,
+    desired: Sequence[Obj],
+    previous: PDDeploymentStatus,
+    blocked: str | None = None,
 ) -> ServingStep:
-    """Every replica's pod step, rolled per :func:`rollout`, and the deletion of pods beyond spec.replicas."""
+    """Every replica's pod step, rolled per :func:`rollout`, and the deletion of pods beyond spec.replicas;
+    no pod is created while ``blocked`` says why not (a child it needs is held by another owner)."""
     live = _serving_pods(snap)
     names = [d["metadata"]["name"] for d in desired]
     verbs = [pod_action(live.get(n), d) for n, d in zip(names, desired, strict=True)]
@@ -269,7 +284,7 @@ def _serving_step(
         if pod is not None and trouble is not None and trouble.lost:
             step = _force_step(snap, pod, trouble)
         else:
-            step = _pod_step(snap, obj, pod, verb)
+            step = _pod_step(snap, obj, pod, verb, blocked)
         replicas.append(ReplicaObservation(i, step.pod, step.current, step.error, snap.proxies.get(name), trouble))
         actions += step.actions
     surplus = [p for n, p in sorted(live.items()) if n not in names]
@@ -278,7 +293,7 @@ def _serving_step(
         if trouble is not None and trouble.lost:
             actions += _force_step(snap, pod, trouble).actions
             continue
-        delete = Delete("Pod", pod.name)
+        delete = Delete("Pod", pod.name, uid=pod.uid)
         if not pod.deleting and delete.key not in snap.failed:
             message = f"spec.replicas is {spec.replicas}: deleting the serving pod {pod.name}"
             actions += [delete, Emit(Event("Normal", "ScalingDown", message))]
@@ -324,7 +339,7 @@ def _collect(snap: Snapshot, spec: PDDeploymentSpec, lay: Layout, previous: Prob
         if job.name == step.probe.job_name:
             finished = step.probe.model_copy(update={"job_name": None, "last_finished_at": goodput.rfc3339(snap.now)})
             step = _record(spec, lay, job, pods, ProbeStep(finished, step.goodput, step.actions))
-        deletes = (Delete("Job", job.name), *(Delete("Pod", p.name) for p in pods))
+        deletes = (Delete("Job", job.name, uid=job.uid), *(Delete("Pod", p.name, uid=p.uid) for p in pods))
         step = ProbeStep(step.probe, step.goodput, (*step.actions, *deletes))
     return step, running
 
@@ -468,7 +483,10 @@ def _decision(previous: Mapping[str, Any], status: PDDeploymentStatus, actions: 
     return Decision(status, observe.merge_patch(previous, observe.wire(status)), tuple(actions))
 
 
-def _router_lookup(spec: PDDeploymentSpec, owner: layout.Owner) -> tuple[str, str] | None:
+Target = tuple[str, str]  # (kind, name) of an object the shell reads for the core
+
+
+def _router_lookup(spec: PDDeploymentSpec, owner: layout.Owner) -> Target | None:
     """The router Deployment when the router is off (the rest goes with it), its PodDisruptionBudget with one pod."""
     name = render.router_name(owner)
     if not spec.router.enabled:
@@ -476,48 +494,184 @@ def _router_lookup(spec: PDDeploymentSpec, owner: layout.Owner) -> tuple[str, st
     return ("PodDisruptionBudget", name) if spec.router.replicas == 1 else None
 
 
-def _router_deletes(lay: Layout) -> list[Action]:
-    if lay.router_replicas > 1:
-        return []
-    kinds = ("PodDisruptionBudget",) if lay.router_replicas else render.ROUTER_KINDS
-    return [Delete(kind, render.router_name(lay.owner)) for kind in kinds]
+def _router_takes(spec: PDDeploymentSpec, owner: layout.Owner) -> list[Target]:
+    kinds = render.ROUTER_KINDS if not spec.router.enabled else ("PodDisruptionBudget",)
+    return [(kind, render.router_name(owner)) for kind in kinds]
 
 
-def _pool_lookup(spec: PDDeploymentSpec, owner: layout.Owner) -> tuple[str, str] | None:
+def _pool_lookup(spec: PDDeploymentSpec, owner: layout.Owner) -> Target | None:
     return None if spec.inference_pool.enabled else ("InferencePool", render.inference_pool_name(owner))
 
 
-def _pool_deletes(lay: Layout) -> list[Action]:
-    return [] if lay.endpoint_picker else [Delete("InferencePool", render.inference_pool_name(lay.owner))]
+def _pool_takes(spec: PDDeploymentSpec, owner: layout.Owner) -> list[Target]:
+    return [("InferencePool", render.inference_pool_name(owner))]
 
 
 @dataclass(frozen=True)
 class Leftover:
     """Children an earlier spec rendered and this one does not: on repairs the shell reads the one object
-    ``lookup`` names (a read per reconcile, not a delete per tick); while it is found, ``deletes`` removes
-    what the spec no longer renders, that object last, so the lookup finds something until all are gone."""
+    ``lookup`` names (a read per reconcile, not a delete per tick); once that object is seen to be this
+    PDDeployment's (an owner reference with its uid), the shell reads what it ``takes`` along, and each of
+    those that is this PDDeployment's too is deleted with its uid as precondition, the lookup object
+    last, so the lookup finds something until all are gone. What another owner holds is never deleted."""
 
-    lookup: Callable[[PDDeploymentSpec, layout.Owner], tuple[str, str] | None]
-    deletes: Callable[[Layout], list[Action]]
+    lookup: Callable[[PDDeploymentSpec, layout.Owner], Target | None]
+    takes: Callable[[PDDeploymentSpec, layout.Owner], list[Target]]
 
 
 LEFTOVERS = {
-    "router": Leftover(_router_lookup, _router_deletes),
-    "inferencePool": Leftover(_pool_lookup, _pool_deletes),
+    "router": Leftover(_router_lookup, _router_takes),
+    "inferencePool": Leftover(_pool_lookup, _pool_takes),
 }
 
 
-def leftover_lookups(snap: Snapshot) -> dict[str, tuple[str, str]]:
-    """LEFTOVERS key -> the (kind, name) to read, on repairs of a valid spec (an invalid one: decide says so)."""
+def _key(kind: str, name: str) -> str:
+    return f"{kind}/{name}"
+
+
+def owned(view: ObjectView | None, d: Deployment) -> bool:
+    """Whether an owner reference of the object names this PDDeployment's uid."""
+    return view is not None and any(ref.uid == d.uid for ref in view.owners)
+
+
+def adoptable(view: ObjectView, d: Deployment) -> bool:
+    """No owner at all, and labelled as this PDDeployment's by pd-operator: what ``pdctl render | kubectl
+    apply`` made (render without a uid writes no owner reference). The operator applies it as its own."""
+    labels = view.labels
+    managed = labels.get(render.LABEL_MANAGED_BY) == render.MANAGER
+    return not view.owners and managed and labels.get(render.LABEL_DEPLOYMENT) == d.name
+
+
+def _found_leftovers(snap: Snapshot, spec: PDDeploymentSpec, owner: layout.Owner) -> list[Leftover]:
+    """The leftovers whose lookup object was read and is this PDDeployment's."""
+    found = []
+    for left in LEFTOVERS.values():
+        target = left.lookup(spec, owner)
+        if target is not None and owned(snap.seen.get(_key(*target)), snap.deployment):
+            found.append(left)
+    return found
+
+
+def _leftover_deletes(snap: Snapshot, spec: PDDeploymentSpec, owner: layout.Owner) -> list[Action]:
+    deletes: list[Action] = []
+    for left in _found_leftovers(snap, spec, owner):
+        for kind, name in left.takes(spec, owner):
+            view = snap.seen.get(_key(kind, name))
+            if view is not None and owned(view, snap.deployment):
+                deletes.append(Delete(kind, name, uid=view.uid))
+    return deletes
+
+
+def applied_children(snap: Snapshot) -> list[Target]:
+    """The children :func:`decide` will apply, on repairs of a valid spec (the layout built once for them)."""
     spec = snap.deployment.valid_spec
     if not snap.repair_children or spec is None:
-        return {}
+        return []
+    return [(o["kind"], o["metadata"]["name"]) for o in render.children(_now(snap, spec).in_force.layout).applied]
+
+
+def object_reads(snap: Snapshot, children: Sequence[Target]) -> list[Target]:
+    """What the shell reads (GET, at once) before deciding, on repairs of a valid spec, that it has not read
+    yet this reconcile: every applied child (``children``, from :func:`applied_children`) not known to be
+    this PDDeployment's (``snap.known``), each leftover lookup, and what a leftover seen to be ours takes
+    along. The shell reads until this is empty (two rounds at most: the second only while a leftover of
+    ours is there to delete)."""
+    spec = snap.deployment.valid_spec
+    if not snap.repair_children or spec is None:
+        return []
     owner = _owner(snap.deployment)
-    return {key: found for key, left in LEFTOVERS.items() if (found := left.lookup(spec, owner)) is not None}
+    wanted = [t for t in children if _key(*t) not in snap.known]
+    wanted += [t for left in LEFTOVERS.values() if (t := left.lookup(spec, owner)) is not None]
+    wanted += [t for left in _found_leftovers(snap, spec, owner) for t in left.takes(spec, owner)]
+    return list(dict.fromkeys(t for t in wanted if _key(*t) not in snap.seen and _key(*t) not in snap.unread))
 
 
-def _leftover_deletes(snap: Snapshot, lay: Layout) -> list[Action]:
-    return [action for key, left in LEFTOVERS.items() if key in snap.leftovers_found for action in left.deletes(lay)]
+# What a child held by another owner costs; a child not named here costs only itself.
+_BLOCKS_THE_POD = {
+    "ConfigMap": "its proxy would read the settings of that ConfigMap",
+    "ResourceClaimTemplate": "its GPUs would be claimed through that template",
+}
+
+
+def _conflict(view: ObjectView, consequence: str) -> Refusal:
+    holder = ", ".join(f"{ref} (uid {ref.uid})" for ref in view.owners) or "no owner reference"
+    fields = (f"{view.key} (uid {view.uid}) exists and belongs to {holder}", consequence)
+    return Refusal(view.key, NAME_CONFLICT, "a name conflict", fields, f"{view.key} held by {holder}")
+
+
+@dataclass(frozen=True)
+class ChildrenStep:
+    """The applies of the children this PDDeployment may write, and the conflicts over the others."""
+
+    applies: tuple[Action, ...] = ()
+    conflicts: tuple[Refusal, ...] = ()
+    blocked: str | None = None  # why the serving pod is not created
+    complete: bool = True  # every child was applied or found held (none left out for a failed read)
+
+
+def _apply_children(snap: Snapshot, applied: Sequence[Obj]) -> ChildrenStep:
+    """Server-side apply of every rendered child that is absent or this PDDeployment's (with its uid as a
+    precondition: a replaced object fails the apply instead of being taken over). A child of a rendered name
+    that another owner holds is left alone, and the whole router with one of its objects."""
+    d = snap.deployment
+    held: dict[str, ObjectView] = {}
+    for obj in applied:
+        view = snap.seen.get(_key(obj["kind"], obj["metadata"]["name"]))
+        if view is not None and not owned(view, d) and not adoptable(view, d):
+            held[view.key] = view
+    router_held = any(_is_router(obj) and _key(obj["kind"], obj["metadata"]["name"]) in held for obj in applied)
+    applies: list[Action] = []
+    conflicts: list[Refusal] = []
+    blocked: list[str] = []
+    complete = True
+    for obj in applied:
+        kind, key = obj["kind"], _key(obj["kind"], obj["metadata"]["name"])
+        if key in held:
+            why = _BLOCKS_THE_POD.get(kind)
+            router = "the router is not applied" if _is_router(obj) else None
+            consequence = router or (
+                f"the serving pod is not created: {why}" if why else f"serving goes on without its {kind}"
+            )
+            conflicts.append(_conflict(held[key], consequence))
+            if why and not _is_router(obj):
+                blocked.append(f"{key} belongs to another owner and {why}")
+            continue
+        if router_held and _is_router(obj):
+            continue
+        view = snap.seen.get(key)
+        uid = view.uid if view is not None else snap.known.get(key)
+        if key in snap.unread and uid is None:
+            complete = False  # who holds it is not known: read again on the next repair
+            continue
+        applies.append(Apply(_with_uid(obj, uid) if uid else obj))
+    return ChildrenStep(tuple(applies), tuple(conflicts), "; ".join(blocked) or None, complete)
+
+
+def _is_router(obj: Obj) -> bool:
+    return bool(obj["metadata"].get("labels", {}).get(render.LABEL_COMPONENT) == render.COMPONENT_ROUTER)
+
+
+def _with_uid(obj: Obj, uid: str) -> Obj:
+    return {**obj, "metadata": {**obj["metadata"], "uid": uid}}
+
+
+@dataclass(frozen=True)
+class Now:
+    """This reconcile's autotune step, probe Jobs collected, and the spec and layout in force after them."""
+
+    tuning: autotune.Step
+    collected: ProbeStep
+    running: int
+    in_force: InForce
+
+
+def _now(snap: Snapshot, spec: PDDeploymentSpec) -> Now:
+    previous = observe.parse(snap.deployment.status)
+    tuning = autotune.begin(spec, previous.autotune, snap.plan)
+    measured = _in_force(snap.deployment, spec, tuning)  # what a probe finishing now has measured
+    collected, running = _collect(snap, measured.spec, measured.layout, previous.probe)
+    tuning = _trial_result(tuning, previous.probe, collected, goodput.rfc3339(snap.now), spec)
+    return Now(tuning, collected, running, _in_force(snap.deployment, spec, tuning, measured))
 
 
 def decide(snap: Snapshot) -> Decision:
@@ -530,18 +684,16 @@ def decide(snap: Snapshot) -> Decision:
         obs = Observation(generation=d.generation, now=now, spec=None, spec_problems=spec.problems, previous=previous)
         new = observe.status(obs)
         return _decision(d.status, new, [Emit(e) for e in observe.events(previous, new)])
-    tuning = autotune.begin(spec, previous.autotune, snap.plan)
-    measured = _in_force(d, spec, tuning)  # what a probe finishing now has measured
-    collected, running = _collect(snap, measured.spec, measured.layout, previous.probe)
-    tuning = _trial_result(tuning, previous.probe, collected, now, spec)
-    in_force = _in_force(d, spec, tuning, measured)
+    step = _now(snap, spec)
+    tuning, collected, running, in_force = step.tuning, step.collected, step.running, step.in_force
     spec, lay = in_force.spec, in_force.layout
     children = render.children(lay)
-    repairs: list[Action] = [Apply(obj) for obj in children.applied] if snap.repair_children else []
+    written = _apply_children(snap, children.applied) if snap.repair_children else ChildrenStep()
+    repairs = list(written.applies)
     template = render.claim_template_name(lay) if lay.dra_device_class is not None else None
     repairs += _unused_claim_templates(snap, template)
-    repairs += _leftover_deletes(snap, lay)
-    serving = _serving_step(snap, spec, lay, children.pods, previous)
+    repairs += _leftover_deletes(snap, spec, lay.owner)
+    serving = _serving_step(snap, spec, lay, children.pods, previous, written.blocked)
     obs = Observation(
         generation=d.generation,
         now=now,
@@ -551,8 +703,8 @@ def decide(snap: Snapshot) -> Decision:
         surplus=serving.surplus,
         previous=previous,
         goodput=collected.goodput,
-        refusals=tuple(_refusal(key, failure) for key, failure in snap.failed.items()),
-        children_written=snap.repair_children,
+        refusals=(*written.conflicts, *(_refusal(key, failure) for key, failure in snap.failed.items())),
+        children_written=snap.repair_children and written.complete,
         autotune=tuning.state,
         claims=snap.claims,
         router=snap.router,

@@ -31,19 +31,32 @@ from pd_operator.kube import Kube, KubeError
 from pd_operator.observe import ProxyReport, RouterRead
 from pd_operator.refusals import ApiFailure
 from pd_operator.settings import Settings
-from pd_operator.views import JobView, NodeView, PodView, claim_view, deployment_view, job_view, node_view, pod_view
+from pd_operator.views import (
+    JobView,
+    NodeView,
+    ObjectView,
+    PodView,
+    claim_view,
+    deployment_view,
+    job_view,
+    node_view,
+    object_view,
+    pod_view,
+)
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 T = TypeVar("T")
-MANAGED_BY = {"app.kubernetes.io/managed-by": "pd-operator"}
+MANAGED_BY = {render.LABEL_MANAGED_BY: render.MANAGER}
 _PROBE_METRICS = {"GoodputProbeStarted": "started", "GoodputMeasured": "succeeded", "GoodputProbeFailed": "failed"}
 
 
 class KubeLike(Protocol):
     async def apply(self, obj: Obj) -> Obj: ...
     async def create(self, obj: Obj) -> Obj | None: ...
-    async def delete(self, kind: str, namespace: str, name: str, grace_seconds: int | None = None) -> bool: ...
+    async def delete(
+        self, kind: str, namespace: str, name: str, grace_seconds: int | None = None, uid: str | None = None
+    ) -> bool: ...
     async def get(self, kind: str, namespace: str, name: str) -> Obj | None: ...
     async def names(self, kind: str, namespace: str, label_selector: str) -> list[str]: ...
 
@@ -84,36 +97,45 @@ class ObjectState:
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     children_applied: float = -math.inf  # time.monotonic() of the last drift repair
+    known: dict[str, str] = field(default_factory=dict)  # Kind/name -> uid of each child applied as ours
 
 
 # ---- reconcile ---------------------------------------------------------------------------------------------
 
 
-async def _execute(kube: KubeLike, namespace: str, action: Action) -> bool:
-    """Whether it wrote: an apply that changed nothing and a delete of what was gone are no writes."""
+async def _execute(kube: KubeLike, d: decide.Deployment, action: Action, known: dict[str, str]) -> bool:
+    """Whether it wrote: an apply that changed nothing and a delete of what was gone are no writes. An
+    applied child the answer shows to be ours is remembered in ``known`` (its uid)."""
     if isinstance(action, Apply):
-        await kube.apply(action.obj)
+        applied = object_view(action.obj["kind"], await kube.apply(action.obj))
+        if decide.owned(applied, d):
+            known[applied.key] = applied.uid
         return False
     if isinstance(action, Create):
         await kube.create(action.obj)
         return True
     assert isinstance(action, Delete)
-    return await kube.delete(action.kind, namespace, action.name, action.grace_seconds)
+    return await kube.delete(action.kind, d.namespace, action.name, action.grace_seconds, action.uid)
 
 
-async def execute(kube: KubeLike, snap: Snapshot, actions: tuple[Action, ...]) -> dict[str, ApiFailure]:
-    """Run the API actions in order; returns the failures by action key (Events are posted by kopf)."""
-    d, failed = snap.deployment, {}
+async def execute(
+    kube: KubeLike, snap: Snapshot, actions: tuple[Action, ...], known: dict[str, str] | None = None
+) -> dict[str, ApiFailure]:
+    """Run the API actions in order; returns the failures by action key (Events are posted by kopf).
+    ``known`` (Kind/name -> uid of the children applied as ours) follows what the applies answered."""
+    d, failed, known = snap.deployment, {}, {} if known is None else known
     for action in actions:
         if isinstance(action, decide.Emit):
             continue
         kind = action.kind if isinstance(action, Delete) else action.obj["kind"]
         try:
-            wrote = await _execute(kube, d.namespace, action)
+            wrote = await _execute(kube, d, action, known)
         except KubeError as exc:
             metrics.RECONCILE_ERRORS.labels(kind).inc()
             log.warning("%s/%s: cannot %s: %s", d.namespace, d.name, action.key, exc)
             failed[action.key] = exc.failure
+            if isinstance(action, Apply):
+                known.pop(action.key.split(" ", 1)[1], None)  # read again on the next repair
             continue
         if wrote:
             metrics.CHILD_WRITES.labels(kind, action.key.split()[0]).inc()
@@ -160,10 +182,27 @@ async def read_router(kube: KubeLike, snap: Snapshot) -> Snapshot:
     return dataclasses.replace(snap, router=read if read is not None else RouterRead(failed=True))
 
 
-async def _exists(kube: KubeLike, snap: Snapshot, kind: str, name: str) -> bool:
-    """A failed read counts as absent: the next repair asks again."""
-    d = snap.deployment
-    return await _read(d, kind, f"{kind}/{name}", kube.get(kind, d.namespace, name)) is not None
+async def read_objects(kube: KubeLike, snap: Snapshot) -> Snapshot:
+    """GET what ``decide.object_reads`` asks for, each round at once, until it asks for nothing more. A failed
+    read is ``unread``: the core applies such a child only if known to be ours, and deletes nothing unread."""
+    d, children = snap.deployment, decide.applied_children(snap)
+    while reads := decide.object_reads(snap, children):
+        got = await asyncio.gather(*(_read(d, k, f"{k}/{n}", _get_or_absent(kube, d, k, n)) for k, n in reads))
+        keys = [f"{k}/{n}" for k, n in reads]
+        seen = {key: obj.view for key, obj in zip(keys, got, strict=True) if obj is not None}
+        unread = {key for key, obj in zip(keys, got, strict=True) if obj is None}
+        snap = dataclasses.replace(snap, seen={**snap.seen, **seen}, unread=snap.unread | unread)
+    return snap
+
+
+@dataclass(frozen=True)
+class _Got:
+    view: ObjectView | None  # None: absent
+
+
+async def _get_or_absent(kube: KubeLike, d: decide.Deployment, kind: str, name: str) -> _Got:
+    obj = await kube.get(kind, d.namespace, name)
+    return _Got(object_view(kind, obj) if obj is not None else None)
 
 
 async def plan(snap: Snapshot) -> Snapshot:
@@ -175,9 +214,11 @@ async def plan(snap: Snapshot) -> Snapshot:
     return dataclasses.replace(snap, plan=await asyncio.to_thread(autotune.plan, spec))
 
 
-async def reconcile(snap: Snapshot, deps: Deps) -> Decision:
-    """Read what the core asks for (the proxies, the DRA claims, the router Deployment, the leftover children:
-    each kind at once), plan (once, in a worker thread), decide, act; decide again if an action failed."""
+async def reconcile(snap: Snapshot, deps: Deps, known: dict[str, str] | None = None) -> Decision:
+    """Read what the core asks for (the proxies, the DRA claims, the router Deployment, the children and
+    leftovers not known to be ours: each kind at once), plan (once, in a worker thread), decide, act; decide
+    again if an action failed. ``known`` (the children applied as ours, by Kind/name) is kept current."""
+    known = {} if known is None else known
     urls = decide.proxy_urls(snap)
     if urls:
         reports = await asyncio.gather(*(deps.fetch_proxy_status(url) for url in urls.values()))
@@ -186,12 +227,9 @@ async def reconcile(snap: Snapshot, deps: Deps) -> Decision:
                 metrics.RECONCILE_ERRORS.labels("proxy").inc()
         snap = dataclasses.replace(snap, proxies=dict(zip(urls, reports, strict=True)))
     snap = await plan(await read_router(deps.kube, await read_claims(deps.kube, snap)))
-    lookups = decide.leftover_lookups(snap)
-    if lookups:
-        found = await asyncio.gather(*(_exists(deps.kube, snap, kind, name) for kind, name in lookups.values()))
-        snap = dataclasses.replace(snap, leftovers_found=frozenset(k for k, f in zip(lookups, found, strict=True) if f))
+    snap = await read_objects(deps.kube, snap)
     decision = decide.decide(snap)
-    failed = await execute(deps.kube, snap, decision.actions)
+    failed = await execute(deps.kube, snap, decision.actions, known)
     if failed:
         decision = decide.decide(dataclasses.replace(snap, failed=failed))
     for event in decision.events:
@@ -282,9 +320,11 @@ async def _handle(trigger: str, kwargs: Mapping[str, Any]) -> None:
         )
         if repair:
             state.children_applied = time.monotonic()
-        snap = _snapshot(kwargs, operator.deps.now(), repair, operator.settings)
+        snap = dataclasses.replace(
+            _snapshot(kwargs, operator.deps.now(), repair, operator.settings), known=dict(state.known)
+        )
         with metrics.RECONCILE_SECONDS.labels(trigger).time():
-            decision = await reconcile(snap, operator.deps)
+            decision = await reconcile(snap, operator.deps, state.known)
     kwargs["patch"].status.update(decision.patch)
     d = snap.deployment
     metrics.set_phase(d.namespace, d.name, decision.status.phase)

@@ -153,19 +153,25 @@ class Kube:
         return created
 
     async def apply(self, obj: Obj) -> Obj:
-        """Server-side apply: the operator's field manager owns what ``obj`` sets (forced on conflict)."""
+        """Server-side apply: the operator's field manager owns what ``obj`` sets (forced on conflict). A
+        ``metadata.uid`` in ``obj`` makes it a precondition: another object of that name fails with 422."""
         meta = obj["metadata"]
         path = f"{collection_path(obj['kind'], meta['namespace'])}/{meta['name']}"
         query = {"fieldManager": self.field_manager, "force": "true"}
         applied: Obj = await self.call("PATCH", path, body=obj, query=query, content_type=APPLY_PATCH)
         return applied
 
-    async def delete(self, kind: str, namespace: str, name: str, grace_seconds: int | None = None) -> bool:
+    async def delete(
+        self, kind: str, namespace: str, name: str, grace_seconds: int | None = None, uid: str | None = None
+    ) -> bool:
         """Delete with background propagation (a Job takes its pods along); False if it was gone.
-        `grace_seconds=0` removes a pod at once, without waiting for its kubelet (a lost node's pod)."""
+        `grace_seconds=0` removes a pod at once, without waiting for its kubelet (a lost node's pod);
+        `uid` deletes only that object (a precondition: an object that replaced it fails with 409)."""
         body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
+        if uid is not None:
+            body["preconditions"] = {"uid": uid}
         try:
             await self.call("DELETE", f"{collection_path(kind, namespace)}/{name}", body=body)
         except KubeError as exc:

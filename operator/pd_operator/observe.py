@@ -30,7 +30,7 @@ from pd_operator.api import (
     RouterStatus,
 )
 from pd_operator.layout import EngineInstance, Layout
-from pd_operator.refusals import Refusal
+from pd_operator.refusals import NAME_CONFLICT, Refusal
 from pd_operator.render import DRA_CLAIM, PROXY_CONTAINER, router_name, selector_string
 from pd_operator.views import MESSAGE_LIMIT, ClaimView, ContainerView, DeploymentView, PodView
 
@@ -688,7 +688,9 @@ def events(old: PDDeploymentStatus, new: PDDeploymentStatus) -> list[Event]:
             if cond.reason == reason and reasons_before.get(kind) != reason:
                 found.append(Event("Warning", reason, cond.message))
         if kind == CHILDREN_ADMITTED and value == "False" and messages_before.get(kind) != cond.message:
-            found.append(Event("Warning", CHILD_REFUSED, cond.message))
+            found.append(
+                Event("Warning", NAME_CONFLICT if cond.reason == NAME_CONFLICT else CHILD_REFUSED, cond.message)
+            )
         if before.get(kind) == value or value == "Unknown":
             continue
         if kind == "SpecValid" and value == "False":

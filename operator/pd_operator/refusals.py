@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 DETAIL_LIMIT = 1024
+NAME_CONFLICT = "NameConflict"  # a child of a rendered name exists and another owner holds it
 _POD_SECURITY = re.compile(r'violates PodSecurity "(?P<level>[^"]+)": (?P<checks>.*)$', re.S)
 _RBAC = re.compile(r'User "(?P<user>[^"]+)" cannot (?P<verb>\S+) resource "(?P<resource>[^"]+)"')
 _WEBHOOK = re.compile(r'admission webhook "(?P<name>[^"]+)" denied the request: (?P<why>.*)$', re.S)
@@ -101,6 +102,10 @@ def refusal(obj: str, failure: ApiFailure) -> Refusal:
     message = failure.message.strip()
     if failure.code == 403:
         return _forbidden(obj, message)
+    if failure.code == 422 and any(field == "metadata.uid" for field, _ in failure.causes):
+        # the apply named the uid the operator last saw (a precondition): someone replaced the object
+        why = "replaced by another object since the operator applied it; it is read again on the next repair"
+        return Refusal(obj, NAME_CONFLICT, "a name conflict", (why,), message)
     if failure.code == 422:
         fields = tuple(f"{field}: {why}" if field else why for field, why in failure.causes) or (message,)
         return Refusal(obj, "Invalid", "API validation", fields, message)

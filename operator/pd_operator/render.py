@@ -33,6 +33,8 @@ Obj = dict[str, Any]
 
 LABEL_DEPLOYMENT = f"{api.GROUP}/deployment"
 LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "pd-operator"
 ANNOTATION_SPEC_HASH = f"{api.GROUP}/spec-hash"
 ANNOTATION_GENERATION = f"{api.GROUP}/generation"
 COMPONENT_SERVING = "serving"
@@ -74,7 +76,7 @@ def labels(owner: Owner, component: str) -> dict[str, str]:
         "app.kubernetes.io/name": "pddeployment",
         "app.kubernetes.io/instance": owner.name,
         LABEL_COMPONENT: component,
-        "app.kubernetes.io/managed-by": "pd-operator",
+        LABEL_MANAGED_BY: MANAGER,
         "app.kubernetes.io/part-of": "pd-serving",
         LABEL_DEPLOYMENT: owner.name,
     }

@@ -93,6 +93,7 @@ class JobView:
     """A probe Job: its name, whether it ended, and why it failed."""
 
     name: str
+    uid: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     finished: bool = False
     failure: str = NO_SUMMARY
@@ -209,6 +210,7 @@ def job_view(obj: Mapping[str, Any]) -> JobView:
     ended = any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions)
     return JobView(
         name=str(meta.get("name", "")),
+        uid=meta.get("uid"),
         labels=dict(meta.get("labels") or {}),
         finished=bool(status.get("succeeded") or status.get("failed") or ended),
         failure=_job_failure(conditions),
@@ -262,4 +264,44 @@ def deployment_view(obj: Mapping[str, Any]) -> DeploymentView:
         generation=int(meta.get("generation") or 0),
         observed_generation=int(status.get("observedGeneration") or 0),
         ready_replicas=int(status.get("readyReplicas") or 0),
+    )
+
+
+@dataclass(frozen=True)
+class OwnerRef:
+    kind: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+
+@dataclass(frozen=True)
+class ObjectView:
+    """Who holds an object of a name the operator renders: its uid, its owner references and its labels."""
+
+    kind: str
+    name: str
+    uid: str
+    owners: tuple[OwnerRef, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+
+def object_view(kind: str, obj: Mapping[str, Any]) -> ObjectView:
+    meta = obj.get("metadata") or {}
+    owners = tuple(
+        OwnerRef(str(r.get("kind", "")), str(r.get("name", "")), str(r.get("uid", "")))
+        for r in meta.get("ownerReferences") or []
+    )
+    return ObjectView(
+        kind=kind,
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        owners=owners,
+        labels=dict(meta.get("labels") or {}),
     )

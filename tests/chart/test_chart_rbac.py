@@ -15,7 +15,7 @@ NAMESPACED_NEEDS: dict[tuple[str, str], str] = {
     ("pd.serving.dev", "pddeployments/finalizers"): "update",  # blockOwnerDeletion on every child
     ("", "pods"): "get list watch create delete patch",
     ("", "services"): "get list watch create patch delete",
-    ("", "configmaps"): "create patch",  # the proxy's settings, kept by server-side apply only
+    ("", "configmaps"): "get create patch",  # the proxy's settings: read before applied (who holds it), applied
     ("", "events"): "create patch",
     ("events.k8s.io", "events"): "create patch",
     ("networking.k8s.io", "networkpolicies"): "get list watch create patch delete",
@@ -23,9 +23,9 @@ NAMESPACED_NEEDS: dict[tuple[str, str], str] = {
     ("policy", "poddisruptionbudgets"): "get create patch delete",  # applied; the router's read and deleted
     # spec.router: applied, deleted when disabled; EndpointSlices only to grant them to the router (escalation)
     ("apps", "deployments"): "get create patch delete",
-    ("", "serviceaccounts"): "create patch delete",
-    ("rbac.authorization.k8s.io", "roles"): "create patch delete",
-    ("rbac.authorization.k8s.io", "rolebindings"): "create patch delete",
+    ("", "serviceaccounts"): "get create patch delete",
+    ("rbac.authorization.k8s.io", "roles"): "get create patch delete",
+    ("rbac.authorization.k8s.io", "rolebindings"): "get create patch delete",
     ("discovery.k8s.io", "endpointslices"): "get list watch",
     ("inference.networking.k8s.io", "inferencepools"): "get create patch delete",  # spec.inferencePool
 }

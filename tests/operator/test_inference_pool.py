@@ -12,6 +12,7 @@ from pd_operator.crd import spec_schema
 from pd_operator.decide import Apply, Delete, Deployment, Snapshot
 from pd_operator.refusals import ApiFailure, failure_from_status, refusal
 from pd_operator.validation import SpecError, validate_spec
+from tests.operator import test_router
 from tests.operator.test_decide import T0
 
 NS, NAME, UID = "ns1", "demo", "uid-1"
@@ -113,8 +114,14 @@ def test_another_404_stays_an_api_error() -> None:
     assert refusal("Pod/demo", ApiFailure(404, "NotFound", 'namespaces "gone" not found')).reason == "APIError"
 
 
-def snapshot(spec: dict[str, Any], repair: bool = True, found: frozenset[str] = frozenset()) -> Snapshot:
-    return Snapshot(Deployment(NAME, NS, UID, 1, spec, {}, {}), T0, repair_children=repair, leftovers_found=found)
+def snapshot(spec: dict[str, Any], repair: bool = True, found: str | None = None) -> Snapshot:
+    """``found``: the uid of the owner of the InferencePool NAME the shell read (None: not read)."""
+    seen = test_router.seen([("InferencePool", NAME)], owner_uid=found) if found else {}
+    return Snapshot(Deployment(NAME, NS, UID, 1, spec, {}, {}), T0, repair_children=repair, seen=seen)
+
+
+def reads(snap: Snapshot) -> list[tuple[str, str]]:
+    return decide.object_reads(snap, decide.applied_children(snap))
 
 
 def test_enabled_the_pool_is_applied_with_the_other_children_and_never_looked_up() -> None:
@@ -122,12 +129,17 @@ def test_enabled_the_pool_is_applied_with_the_other_children_and_never_looked_up
     assert [
         a.obj["metadata"]["name"] for a in decision.actions if isinstance(a, Apply) and a.obj["kind"] == "InferencePool"
     ] == [NAME]
-    assert "inferencePool" not in decide.leftover_lookups(snapshot(POOLED))
+    assert ("InferencePool", NAME) in decide.applied_children(snapshot(POOLED))  # read as a child, not a leftover
 
 
 def test_disabled_the_pool_is_looked_up_on_repairs_and_deleted_while_found() -> None:
-    assert decide.leftover_lookups(snapshot(PLAIN))["inferencePool"] == ("InferencePool", NAME)
-    assert decide.leftover_lookups(snapshot(PLAIN, repair=False)) == {}
+    assert ("InferencePool", NAME) in reads(snapshot(PLAIN))
+    assert reads(snapshot(PLAIN, repair=False)) == []
     assert not [a for a in decide.decide(snapshot(PLAIN)).actions if isinstance(a, Delete)]
-    decision = decide.decide(snapshot(PLAIN, found=frozenset({"inferencePool"})))
-    assert [(a.kind, a.name) for a in decision.actions if isinstance(a, Delete)] == [("InferencePool", NAME)]
+    decision = decide.decide(snapshot(PLAIN, found=UID))
+    deletes = [(a.kind, a.name, a.uid) for a in decision.actions if isinstance(a, Delete)]
+    assert deletes == [("InferencePool", NAME, f"uid-InferencePool-{NAME}")]
+
+
+def test_another_owners_pool_of_that_name_is_never_deleted() -> None:
+    assert not [a for a in decide.decide(snapshot(PLAIN, found="another-uid")).actions if isinstance(a, Delete)]

@@ -3,6 +3,7 @@ and anti-affinity, the serving NetworkPolicy's rule for it, and its removal when
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from pd_operator import decide, kube, layout, render
 from pd_operator.decide import Apply, Delete, Deployment, Snapshot
 from pd_operator.validation import SpecError, validate_spec
+from pd_operator.views import ObjectView, OwnerRef
 from tests.chart.test_chart_rbac import NAMESPACED_NEEDS
 from tests.operator.test_decide import T0
 
@@ -25,10 +27,22 @@ def applied(spec: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
     return {(o["kind"], o["metadata"]["name"]): o for o in children.applied}
 
 
+def seen(targets: list[tuple[str, str]], owner_uid: str = UID) -> dict[str, ObjectView | None]:
+    """What the shell read of ``targets``: each object there, owned by the PDDeployment of ``owner_uid``."""
+    owner = (OwnerRef("PDDeployment", NAME, owner_uid),)
+    return {f"{k}/{n}": ObjectView(k, n, f"uid-{k}-{n}", owner) for k, n in targets}
+
+
+ROUTER_OBJECTS = [(kind, "demo-router") for kind in render.ROUTER_KINDS]
+
+
 def snapshot(spec: dict[str, Any], repair: bool = True, router_found: bool = False) -> Snapshot:
     deployment = Deployment(NAME, NS, UID, 1, spec, {}, {})
-    found = frozenset({"router"} if router_found else ())
-    return Snapshot(deployment, T0, repair_children=repair, leftovers_found=found)
+    return Snapshot(deployment, T0, repair_children=repair, seen=seen(ROUTER_OBJECTS) if router_found else {})
+
+
+def reads(snap: Snapshot) -> list[tuple[str, str]]:
+    return decide.object_reads(snap, decide.applied_children(snap))
 
 
 def test_disabled_by_default_renders_no_router_and_no_router_ingress() -> None:
@@ -138,20 +152,47 @@ def test_enabled_router_is_applied_on_repairs() -> None:
 
 
 def test_the_router_is_looked_up_only_on_repairs_of_a_spec_that_renders_less() -> None:
-    assert decide.leftover_lookups(snapshot(PLAIN))["router"] == ("Deployment", "demo-router")
-    assert decide.leftover_lookups(snapshot(PLAIN, repair=False)) == {}
-    assert "router" not in decide.leftover_lookups(snapshot(ROUTED))
-    assert decide.leftover_lookups(snapshot(ONE_ROUTER))["router"] == ("PodDisruptionBudget", "demo-router")
-    assert decide.leftover_lookups(snapshot({**PLAIN, "replicas": -1})) == {}  # invalid: decide reports it
+    assert ("Deployment", "demo-router") in reads(snapshot(PLAIN))
+    assert reads(snapshot(PLAIN, repair=False)) == []
+    assert not [t for t in reads(snapshot(ROUTED)) if t[1] == "demo-router" and t not in applied(ROUTED)]
+    assert ("PodDisruptionBudget", "demo-router") in reads(snapshot(ONE_ROUTER))
+    assert reads(snapshot({**PLAIN, "replicas": -1})) == []  # invalid: decide reports it
+
+
+def router_reads(snap: Snapshot) -> list[tuple[str, str]]:
+    return [t for t in reads(snap) if t[1] == "demo-router"]
+
+
+def test_a_router_deployment_of_ours_is_read_with_everything_it_takes_along() -> None:
+    deployment_only = dataclasses.replace(snapshot(PLAIN), seen=seen([("Deployment", "demo-router")]))
+    assert router_reads(deployment_only) == ROUTER_OBJECTS[:-1]  # the Deployment was read already
+    foreign = dataclasses.replace(snapshot(PLAIN), seen=seen([("Deployment", "demo-router")], owner_uid="other"))
+    assert router_reads(foreign) == []
+
+
+def deletes_of(seen_objects: dict[str, ObjectView | None]) -> list[tuple[str, str, str | None]]:
+    decision = decide.decide(dataclasses.replace(snapshot(PLAIN), seen=seen_objects))
+    return [(a.kind, a.name, a.uid) for a in decision.actions if isinstance(a, Delete)]
 
 
 def test_disabling_deletes_every_router_object_the_deployment_last() -> None:
     assert not [a for a in decide.decide(snapshot(PLAIN)).actions if isinstance(a, Delete)]
-    decision = decide.decide(snapshot(PLAIN, router_found=True))
-    deletes = [(a.kind, a.name) for a in decision.actions if isinstance(a, Delete)]
-    assert deletes == [(k, "demo-router") for k in render.ROUTER_KINDS]
-    assert deletes[-1] == ("Deployment", "demo-router")
-    assert {kind for kind, _ in deletes} == {kind for kind, _ in applied(ROUTED) if _ == "demo-router"}
+    deletes = deletes_of(seen(ROUTER_OBJECTS))
+    assert deletes == [(k, "demo-router", f"uid-{k}-demo-router") for k in render.ROUTER_KINDS]  # uid: precondition
+    assert deletes[-1][0] == "Deployment"
+    assert {kind for kind, _, _ in deletes} == {kind for kind, name in applied(ROUTED) if name == "demo-router"}
+
+
+def test_another_teams_router_objects_are_never_deleted() -> None:
+    """Router disabled, and a Deployment NAME-router of someone else's: neither it nor the objects of that
+    name are deleted; of those, only ours are (each with its uid as precondition)."""
+    theirs = seen(ROUTER_OBJECTS, owner_uid="other-team")
+    assert deletes_of(theirs) == []
+    mixed = {**theirs, **seen([("Deployment", "demo-router"), ("Service", "demo-router")])}
+    assert [d[0] for d in deletes_of(mixed)] == ["Service", "Deployment"]
+    # no owner at all, even with our labels: a leftover is deleted only when its owner reference says ours
+    labelled = ObjectView("Deployment", "demo-router", "u", (), render.labels(OWNER, "router"))
+    assert deletes_of({"Deployment/demo-router": labelled}) == []
 
 
 def test_the_operator_may_read_and_delete_what_it_cleans_up() -> None:
@@ -160,7 +201,7 @@ def test_the_operator_may_read_and_delete_what_it_cleans_up() -> None:
         group = api_version.rpartition("/")[0]
         verbs = set(NAMESPACED_NEEDS[(group, resource)].split())
         assert "delete" in verbs, kind
-        assert kind not in ("Deployment", "PodDisruptionBudget") or "get" in verbs, kind  # router_lookup reads
+        assert "get" in verbs, kind  # read before applied or deleted: whose it is
 
 
 # ---- what a cluster operator expects around the router pods ----------------------------------------------
