@@ -31,12 +31,15 @@ import secrets
 import socket
 import subprocess
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
 
 _POOL = ipaddress.IPv4Network("10.213.0.0/16")
 _CLONE_NEWNET = 0x40000000
 NODE_NETNS_INDEX = 0  # pods count from 1
+T = TypeVar("T")
 
 
 class NetError(RuntimeError):
@@ -192,6 +195,45 @@ class PodNetwork:
         return socket_in_netns(self.node_netns, (self.node_ip, port))
 
 
+def _enter(netns: str) -> None:
+    """Move the calling thread into `netns` (setns changes only that thread)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/run/netns/{netns}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.setns(fd, _CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into {netns}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+async def run_in_netns(netns: str, work: Callable[[], T]) -> T:
+    """``work()`` on a thread of its own inside `netns` (a socket it opens belongs there), awaited."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def enter_and_run() -> None:
+        try:
+            _enter(netns)
+            result = work()
+        except BaseException as err:  # handed to the caller
+            loop.call_soon_threadsafe(_settle, done, None, err)
+        else:
+            loop.call_soon_threadsafe(_settle, done, result, None)
+
+    threading.Thread(target=enter_and_run, name=f"netns {netns}", daemon=True).start()
+    return await done
+
+
+def _settle(future: asyncio.Future[T], result: T | None, err: BaseException | None) -> None:
+    if future.done():
+        return  # the caller gave up (cancelled)
+    if err is not None:
+        future.set_exception(err)
+    else:
+        future.set_result(result)  # type: ignore[arg-type]
+
+
 def socket_in_netns(netns: str, address: tuple[str, int]) -> socket.socket:
     """A bound TCP socket that belongs to `netns`: made by a thread that enters the namespace (setns changes
     only the calling thread), so the agent's own threads stay in the machine's namespace."""
@@ -199,14 +241,7 @@ def socket_in_netns(netns: str, address: tuple[str, int]) -> socket.socket:
 
     def enter_and_bind() -> None:
         try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            fd = os.open(f"/run/netns/{netns}", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if libc.setns(fd, _CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns into {netns}: {os.strerror(err)}")
-            finally:
-                os.close(fd)
+            _enter(netns)
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(address)

@@ -395,7 +395,8 @@ class PodWorker:
 
     async def _attempt(self, c: Container, probe: Probe) -> tuple[bool, str]:
         pid = c.process.pid if c.process else None
-        return await probe_once(probe, self.pod_ip, pid, c.env)
+        node_netns = self.ctx.network.node_netns if self.ctx.network is not None else None
+        return await probe_once(probe, self.pod_ip, pid, c.env, node_netns)
 
     async def _probe_until(self, c: Container, probe: Probe, what: str) -> bool:
         """Startup probe: True after successThreshold successes, False after failureThreshold failures."""

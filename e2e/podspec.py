@@ -321,6 +321,8 @@ class Probe:
 
     kind: str  # "httpGet" | "tcpSocket" | "exec"
     port: int = 0
+    host: str = ""
+    """httpGet.host: connect there from the node's host network instead of to the pod IP."""
     path: str = "/"
     scheme: str = "HTTP"
     headers: tuple[tuple[str, str], ...] = ()
@@ -357,6 +359,7 @@ def parse_probe(container: Obj, spec: Obj | None) -> Probe | None:
         return Probe(
             kind="httpGet",
             port=named_port(container, http["port"]),
+            host=http.get("host", ""),
             path=http.get("path", "/"),
             scheme=http.get("scheme", "HTTP"),
             headers=headers,

@@ -1,4 +1,5 @@
-"""Run one probe attempt the way the kubelet does: HTTP GET and TCP from the node to the pod IP, exec inside.
+"""Run one probe attempt the way the kubelet does: HTTP GET and TCP from the node to the pod IP (an
+httpGet ``host`` from the node's host network namespace, where the kubelet runs), exec inside.
 
 Success rules follow the kubelet: HTTP 200-399, a TCP connection that opens, an exec that exits 0; a probe
 that does not answer within timeoutSeconds fails.
@@ -12,14 +13,20 @@ import signal
 
 import httpx
 
+from e2e.netns import run_in_netns
 from e2e.podspec import Probe
 
 
-async def probe_once(probe: Probe, pod_ip: str, pid: int | None, env: dict[str, str]) -> tuple[bool, str]:
-    """One attempt; returns (success, detail for events and logs)."""
+async def probe_once(
+    probe: Probe, pod_ip: str, pid: int | None, env: dict[str, str], node_netns: str | None = None
+) -> tuple[bool, str]:
+    """One attempt; returns (success, detail for events and logs). ``node_netns``: the node's host
+    network namespace (None: the agent's own is the node's)."""
     try:
+        if probe.kind == "httpGet" and probe.host and node_netns is not None:
+            return await run_in_netns(node_netns, lambda: _http_sync(probe))
         if probe.kind == "httpGet":
-            return await _http(probe, pod_ip)
+            return await _http(probe, probe.host or pod_ip)
         if probe.kind == "tcpSocket":
             return await _tcp(probe, pod_ip)
         return await _exec(probe, pid, env)
@@ -27,14 +34,28 @@ async def probe_once(probe: Probe, pod_ip: str, pid: int | None, env: dict[str, 
         return False, f"{probe.kind} failed: {type(err).__name__}: {err}"
 
 
-async def _http(probe: Probe, pod_ip: str) -> tuple[bool, str]:
+def _request(probe: Probe, host: str) -> tuple[str, dict[str, str]]:
     scheme = "https" if probe.scheme.upper() == "HTTPS" else "http"
-    url = f"{scheme}://{pod_ip}:{probe.port}{probe.path}"
-    headers = {"User-Agent": "kube-probe/1.36", **dict(probe.headers)}
+    return f"{scheme}://{host}:{probe.port}{probe.path}", {"User-Agent": "kube-probe/1.36", **dict(probe.headers)}
+
+
+def _verdict(url: str, status: int) -> tuple[bool, str]:
+    return 200 <= status < 400, f"HTTP probe {url}: status {status}"
+
+
+async def _http(probe: Probe, host: str) -> tuple[bool, str]:
+    url, headers = _request(probe, host)
     async with httpx.AsyncClient(verify=False, trust_env=False) as client:
         resp = await client.get(url, headers=headers, timeout=probe.timeout_s)
-    ok = 200 <= resp.status_code < 400
-    return ok, f"HTTP probe {url}: status {resp.status_code}"
+    return _verdict(url, resp.status_code)
+
+
+def _http_sync(probe: Probe) -> tuple[bool, str]:
+    """The same GET on the calling thread (one that entered the node's network namespace)."""
+    url, headers = _request(probe, probe.host)
+    with httpx.Client(verify=False, trust_env=False) as client:
+        resp = client.get(url, headers=headers, timeout=probe.timeout_s)
+    return _verdict(url, resp.status_code)
 
 
 async def _tcp(probe: Probe, pod_ip: str) -> tuple[bool, str]:

@@ -19,6 +19,7 @@ import functools
 import json
 from collections.abc import Iterator
 
+import httpx
 import pytest
 import yaml
 
@@ -55,6 +56,17 @@ def seed_example(mode: str) -> Obj:
     assert storage.pop("persistentVolumeClaim") == "models", "the seed examples keep the weights on a PVC"
     storage["hostPath"] = "/models"
     return obj
+
+
+def engine_http_ports(serving: Obj) -> list[int]:
+    """The engines' vLLM HTTP ports (named <prefix>-http) of the serving pod."""
+    return [
+        port["containerPort"]
+        for c in serving["spec"]["containers"]
+        if c["name"] != "proxy"
+        for port in c.get("ports", [])
+        if port["name"].endswith("-http")
+    ]
 
 
 def engine_names(obj: Obj) -> list[str]:
@@ -117,9 +129,12 @@ def test_seed_example_serves_through_the_real_preflight(operator: Stack, cp: Con
         serving = pod(cp, namespace, status["podName"])
         assert serving is not None and serving["spec"]["nodeName"] == NODE_NAME
         address = serving["status"]["podIP"]
+        assert stream_completion(address, obj["spec"].get("proxy", {}).get("port", 8000))
         if serving["spec"].get("hostNetwork"):
             assert address == serving["status"]["hostIP"], "a hostNetwork pod has the node's address"
-        assert stream_completion(address, obj["spec"].get("proxy", {}).get("port", 8000))
+            for port in engine_http_ports(serving):  # on the node's loopback only (docs/security.md)
+                with pytest.raises(httpx.ConnectError):
+                    httpx.get(f"http://{address}:{port}/health", timeout=5, trust_env=False)
         for kind in SERVING_CONDITIONS[mode]:
             wait_for(functools.partial(condition_true, cp, namespace, name, kind), 60, f"{kind} True")
         for engine in engine_names(obj):

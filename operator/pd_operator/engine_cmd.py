@@ -33,6 +33,9 @@ EngineRoleName = Literal["prefill", "decode", "engine"]
 EnvEntry = dict[str, Any]
 
 PROXY_IP = "127.0.0.1"  # the proxy's registration socket binds loopback; engines dial it there
+# With hostNetwork the pod's loopback is the node's: the engines' HTTP servers listen there only, and the
+# proxy (same pod) dials them there (its --engine-host); their KV side channels stay on the node's address.
+LOOPBACK = "127.0.0.1"
 # Read mode on a kv_consumer: the connector's per-layer wait for KV reads returns at once inside a full
 # CUDA graph, so decode could attend to blocks not yet read (vLLM 0.29 warns and asks for PIECEWISE).
 READ_MODE_COMPILATION_CONFIG = {"cudagraph_mode": "PIECEWISE"}
@@ -138,6 +141,8 @@ def vllm_serve_args(spec: PDDeploymentSpec, eng: EngineContainer) -> list[str]:
     if s.enable_expert_parallel:
         args.append("--enable-expert-parallel")
     args += ["--port", str(eng.http_port)]
+    if spec.host_network:
+        args += ["--host", LOOPBACK]
     if spec.served_model_name:
         args += ["--served-model-name", spec.served_model_name]
     if s.max_num_batched_tokens is not None:
@@ -289,6 +294,8 @@ def proxy_command(spec: PDDeploymentSpec) -> list[str]:
     ]
     if spec.disaggregated:
         cmd += ["--transfer-mode", spec.kv_transfer.transfer_mode]
+        if spec.host_network:
+            cmd += ["--engine-host", LOOPBACK]
     else:
         for eng in engine_containers(spec):
             cmd += ["--engine", f"http://127.0.0.1:{eng.http_port}"]

@@ -26,7 +26,7 @@ from typing import Any
 
 from pd_operator import api
 from pd_operator.api import PROXY_SETTINGS_DIR
-from pd_operator.engine_cmd import PROXY_SETTINGS_KEY, TERMINATION_LOG
+from pd_operator.engine_cmd import LOOPBACK, PROXY_SETTINGS_KEY, TERMINATION_LOG
 from pd_operator.layout import EngineInstance, Layout, Owner
 
 Obj = dict[str, Any]
@@ -149,9 +149,11 @@ def claim_template(lay: Layout) -> Obj:
 # ---- containers ---------------------------------------------------------------------------------------
 
 
-def _http_probe(path: str, port: str, period: int, failures: int, timeout: int) -> Obj:
+def _http_probe(path: str, port: str, period: int, failures: int, timeout: int, host: str | None = None) -> Obj:
+    """An httpGet probe; ``host`` for a server on the pod's loopback, which with hostNetwork is the node's,
+    where the kubelet probes from."""
     return {
-        "httpGet": {"path": path, "port": port},
+        "httpGet": {"path": path, "port": port, **({"host": host} if host else {})},
         "periodSeconds": period,
         "failureThreshold": failures,
         "timeoutSeconds": timeout,
@@ -192,6 +194,7 @@ def _engine_container(lay: Layout, eng: EngineInstance) -> Obj:
     if eng.device_selector is not None:
         resources["claims"] = [{"name": DRA_CLAIM, "request": eng.name}]
     http = f"{eng.port_prefix}-http"
+    loopback = LOOPBACK if lay.host_network else None  # the engines' HTTP servers listen there only
     mounts: list[Obj] = [
         {"name": f"dshm-{eng.name}", "mountPath": "/dev/shm"},
         {"name": lay.cache.volume["name"], "mountPath": lay.cache.mount_path},
@@ -209,9 +212,9 @@ def _engine_container(lay: Layout, eng: EngineInstance) -> Obj:
         "resources": resources,
         "volumeMounts": mounts,
         "securityContext": _engine_security(lay),
-        "startupProbe": _http_probe("/health", http, 10, lay.startup_failure_threshold, 5),
-        "readinessProbe": _http_probe("/health", http, 5, 3, 5),
-        "livenessProbe": _http_probe("/health", http, 15, 6, 10),
+        "startupProbe": _http_probe("/health", http, 10, lay.startup_failure_threshold, 5, loopback),
+        "readinessProbe": _http_probe("/health", http, 5, 3, 5, loopback),
+        "livenessProbe": _http_probe("/health", http, 15, 6, 10, loopback),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 

@@ -108,6 +108,8 @@ def test_engine_command_matches_the_seed_flag_for_flag(role: str, mode: str) -> 
     args = serve_args(container(write_example_in(mode), role)["command"])
     assert args[0] == seed_args[0] == "Qwen/Qwen3-235B-A22B-FP8"
     rendered, seed = pairs(args), pairs(seed_args)
+    assert ("--host", "127.0.0.1") in rendered, "hostNetwork: the HTTP server on the pod's loopback only"
+    rendered.remove(("--host", "127.0.0.1"))
     if role == "decode" and mode == "read":
         assert rendered[-1] == PIECEWISE, "the one flag beyond the appendix, after the kv-transfer config"
         rendered = rendered[:-1]
@@ -293,6 +295,8 @@ def test_proxy_command_follows_the_contract() -> None:
         "disaggregated",
         "--transfer-mode",
         "write",
+        "--engine-host",
+        "127.0.0.1",  # hostNetwork: the engines listen on the pod's loopback only
         "--admin-port",
         "8001",
         "--config-file",
@@ -356,6 +360,28 @@ def test_pod_shape_probes_and_security() -> None:
     proxy = pod["spec"]["containers"][2]
     assert proxy["securityContext"]["runAsNonRoot"] is True and proxy["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert pod["metadata"]["annotations"][render.ANNOTATION_SPEC_HASH] == render.spec_hash(pod["spec"])
+
+
+def test_with_host_network_the_engines_listen_on_loopback_and_are_probed_there() -> None:
+    """hostNetwork: the pod's loopback is the node's. The engines' HTTP servers bind it only (the proxy,
+    in the same pod, dials them there), the kubelet probes them there; the side channels keep the node's
+    address, which the connector advertises to the peer engine."""
+    pod = render.pod(lay(spec_of("qwen3-235b-write.yaml")))
+    *engines, proxy = pod["spec"]["containers"]
+    for engine in engines:
+        args = serve_args(engine["command"])
+        assert args[args.index("--host") + 1] == "127.0.0.1"
+        assert '"host_ip":"$(POD_IP)"' in args[args.index("--kv-transfer-config") + 1]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert engine[probe]["httpGet"]["host"] == "127.0.0.1"
+    assert proxy["command"][proxy["command"].index("--engine-host") + 1] == "127.0.0.1"
+    assert "host" not in proxy["readinessProbe"]["httpGet"]  # the proxy's API port answers on the node
+    plain = render.pod(lay(spec_of("qwen3-235b-read.yaml")))  # no hostNetwork
+    *engines, proxy = plain["spec"]["containers"]
+    assert all(
+        "--host" not in serve_args(e["command"]) and "host" not in e["readinessProbe"]["httpGet"] for e in engines
+    )
+    assert "--engine-host" not in proxy["command"]
 
 
 def test_only_rdma_engines_lock_memory() -> None:

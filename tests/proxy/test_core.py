@@ -144,6 +144,18 @@ def test_health_failures_need_two_in_a_row_and_one_success_heals() -> None:
     assert len(registry.live("P", 0.0)) == 1
 
 
+def test_engine_host_dials_engines_on_loopback_and_keeps_their_side_channel_host() -> None:
+    """hostNetwork: the engines' HTTP servers listen on 127.0.0.1, their registrations carry the node's
+    address (their KV side channels listen there for the peer engine)."""
+    registry = Registry("disaggregated", "auto", None, [], engine_host="127.0.0.1")
+    assert registry.observe(_reg(), now=0.0).outcome == "added"
+    assert registry.observe(_reg(), now=1.0).outcome == "refreshed"
+    (inst,) = registry.instances.values()
+    assert inst.key == "10.0.0.1:20005", "keyed, gated and listed by what the engine registered"
+    assert inst.http_host == "127.0.0.1" and inst.base_url == "http://127.0.0.1:20005"
+    assert inst.registration.zmq_address.startswith("host:10.0.0.1,") and inst.last_heartbeat == 1.0
+
+
 def test_static_engines_never_expire_and_cannot_be_hijacked() -> None:
     engine = static_engine("http://127.0.0.1:9000/")
     registry = Registry("colocated", "auto", 1.0, [engine])

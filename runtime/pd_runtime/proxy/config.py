@@ -137,6 +137,14 @@ class ProxyConfig:
             "most instances when discovering (no --expected-engine); frames of more are refused", parse=positive_int
         ),
     )
+    engine_host: str | None = field(
+        default=None,
+        metadata=flag(
+            "dial every registered engine's HTTP server at this host, on the port it registered (the operator "
+            "sets 127.0.0.1 with hostNetwork: the engines then listen on loopback only, and register the node's "
+            "address, which their KV side channels need)"
+        ),
+    )
     policy: Policy = field(
         default="round_robin",
         metadata=flag(

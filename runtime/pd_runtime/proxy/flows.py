@@ -533,10 +533,9 @@ class ProxyCore:
     # -- legs ----------------------------------------------------------------------------------
 
     def _post(self, target: Target, leg: Leg) -> UpstreamRequest:
-        instance = target.instance
-        return self.upstream.post(
-            instance.http_host or instance.host, instance.http_port, leg.path, leg.headers, leg.encoded()
-        )
+        instance, known = target.instance, self._instance(target)
+        host = known.http_host if known is not None else instance.http_host or instance.host
+        return self.upstream.post(host, instance.http_port, leg.path, leg.headers, leg.encoded())
 
     async def _prefill_with_kv(self, exchange: Exchange) -> None:
         """Write mode: a P answer without kv_transfer_params means no KV will ever reach D."""

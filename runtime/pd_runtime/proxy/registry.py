@@ -60,14 +60,23 @@ class Instance:
     load: dict[int, EngineLoad] = field(default_factory=dict)  # DP rank -> its last /metrics report
     load_at: float | None = None  # monotonic time of that report
     breaker: Breaker = field(default_factory=Breaker)  # open: out of rotation after failed or timed-out legs
+    dial_host: str = ""  # --engine-host: its HTTP server is reached there, not at the registered host
     key: str = field(init=False)  # http_address, computed once: routing reads it on every request
 
     def __post_init__(self) -> None:
         self.key = self.registration.http_address
 
     @property
+    def http_host(self) -> str:
+        """The host its HTTP server is dialled at (the registered one unless ``dial_host``)."""
+        reg = self.registration
+        return self.dial_host or reg.http_host or reg.host
+
+    @property
     def base_url(self) -> str:
-        return self.registration.base_url
+        return (
+            f"http://{self.dial_host}:{self.registration.http_port}" if self.dial_host else self.registration.base_url
+        )
 
     @property
     def healthy(self) -> bool:
@@ -117,10 +126,13 @@ class Registry:
         load_interval_s: float = 0.0,
         expected: Sequence[Registration] | None = None,
         max_instances: int = DEFAULT_MAX_INSTANCES,
+        engine_host: str | None = None,
     ) -> None:
         """``expected``: the only engines whose frames are accepted (gate.py); None with no static
-        engines: discovery. Static engines never register, so with them every frame is refused."""
+        engines: discovery. Static engines never register, so with them every frame is refused.
+        ``engine_host``: where registered engines' HTTP servers are dialled (``Instance.dial_host``)."""
         self.mode = mode
+        self.engine_host = engine_host or ""
         self.load_max_age_s = LOAD_STALE_INTERVALS * load_interval_s
         self.transfer_mode_setting = transfer_mode
         self.ttl_override = ttl_s
@@ -162,7 +174,7 @@ class Registry:
             self._auto_mode = reg.transfer_mode
             log.info("transfer mode set to %s by the first registration (%s)", reg.transfer_mode, reg.http_address)
         fresh = Instance(
-            reg, role=reg.role, generation=reg.generation, transfer_mode=reg.transfer_mode, last_heartbeat=now
+            reg, reg.role, reg.generation, reg.transfer_mode, last_heartbeat=now, dial_host=self.engine_host
         )
         if known is not None:
             fresh.health_failures = known.health_failures

@@ -89,6 +89,7 @@ class ProxyServer:
             config.load_interval_s,
             expected=expected or None,
             max_instances=config.max_instances,
+            engine_host=config.engine_host,
         )
         self.metrics = ProxyMetrics(self.registry)
         self.watcher = SettingsWatcher(config, self.metrics) if config.config_file else None
