@@ -1,4 +1,4 @@
-"""The API port's HTTP/1.1 server, on asyncio protocols.
+"""The API port's HTTP/1.1 server, on asyncio protocols; requests are parsed by llhttp (httptools).
 
 Why not aiohttp's server here: profiled per request (docs/benchmarks.md, "Proxy"), its request, router,
 middleware and response machinery cost about a third of the proxy's CPU, and a wave of requests that
@@ -8,6 +8,12 @@ wait their turn), Content-Length and chunked request bodies up to a size limit, 
 100-continue``, exact-path routes, and answers written straight to the socket (a stream's head goes out
 with its first chunk, in one write). A handler runs in its own task, cancelled when the client goes
 away, which is how a disconnect reaches the upstream legs. The admin port stays on aiohttp.
+
+The bytes are parsed by llhttp, Node.js's parser (through httptools, as uvicorn does), in its strict
+mode: what RFC 9110/9112 say a server MUST reject is a 400 (an unsupported transfer coding a 501) and
+closes the connection. This module keeps the connection and flow logic: the limits, checked on every
+read before any handler runs (request line and headers, a body's size, a chunked body's framing and
+trailers), the queue of pipelined requests, the answers, and a client that half-closes after sending.
 """
 
 from __future__ import annotations
@@ -16,22 +22,40 @@ import asyncio
 import logging
 import socket
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from pd_runtime.proxy.chunked import ChunkedDecoder
+import httptools
+
 from pd_runtime.proxy.errors import ApiError
 from pd_runtime.proxy.sinks import ClientGone
 
 log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 64 * 1024
+"""Request line and header fields: 431 past it."""
+MAX_CHUNK_GAP_BYTES = 16 * 1024
+"""Bytes in a row of a chunked body that carry no body byte (a chunk-size line with its extensions, the
+trailer section): 400 past it, as Node.js bounds chunk extensions."""
+MAX_FRAMING_PER_BODY_BYTE = 8
+"""A chunked body's framing (size lines, extensions, CRLFs) may be this many times its decoded size, plus
+MAX_CHUNK_GAP_BYTES; 1-byte chunks need 5. Past it: 400, so parsing work stays linear in the body."""
+FEED_SLICE_BYTES = 4096
+"""The parser is fed at most this much at a time (a Content-Length body: to its end in one go)."""
+MAX_QUEUED_REQUESTS = 64
+"""Pipelined requests parsed ahead of their answers before the connection stops being read."""
+EOF_PROBE_S = 1.0
+"""How often a request of a half-closed connection is probed while its answer has not started."""
+LINGER_S = 2.0
+"""After a refusal that closes, how long what the client still sends is read and dropped."""
 IDLE_TIMEOUT_S = 75.0
 """A keep-alive connection with no request in progress for this long is closed (aiohttp's default)."""
 REASONS = {
     200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-    413: "Payload Too Large", 429: "Too Many Requests", 500: "Internal Server Error", 502: "Bad Gateway",
-    503: "Service Unavailable", 504: "Gateway Timeout",
+    413: "Payload Too Large", 429: "Too Many Requests", 431: "Request Header Fields Too Large",
+    500: "Internal Server Error", 501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable",
+    504: "Gateway Timeout", 505: "HTTP Version Not Supported",
 }  # fmt: skip
 
 
@@ -41,12 +65,8 @@ class HttpRequest:
     path: str
     headers: dict[str, str]  # names lowercased; repeated headers joined with ", "
     body: bytes
-    refused: ApiError | None = None  # a body over the limit: reading it raises this (413)
-
-    def read(self) -> bytes:
-        if self.refused is not None:
-            raise self.refused
-        return self.body
+    keep_alive: bool = True  # the connection may carry another request after this one
+    http10: bool = False
 
 
 Handler = Callable[[HttpRequest, "ResponseSink"], Awaitable[None]]
@@ -111,15 +131,57 @@ class ResponseSink:
         self._conn.send(head if self._head_only else head + body)
 
 
+@dataclass
+class _Refusal:
+    """An answer the connection gives itself, in its turn among the pipelined requests."""
+
+    error: ApiError
+    close: bool = True  # the connection ends after it (not after a Content-Length body dropped whole)
+
+
+class _Message:
+    """The request being parsed: its head so far, then its body."""
+
+    def __init__(self) -> None:
+        self.target = b""
+        self.headers: dict[str, str] = {}
+        self.hosts = 0
+        self.in_body = False  # the head is complete
+        self.chunked = False
+        self.close_after = False  # Transfer-Encoding in HTTP/1.0: served, then the connection closes
+        self.drop_body = False  # refused at its head (413): the body is read and dropped
+        self.pieces: list[bytes] = []
+        self.length = 0  # Content-Length
+        self.received = 0  # decoded body bytes, a dropped body's included
+        self.size = 0  # decoded body bytes kept
+        self.spans = 0  # head bytes the parser reported (request target, names and values)
+        self.head_fed = 0  # head bytes counted per slice fed (see _ApiConnection._account)
+        self.raw = 0  # bytes fed of a chunked body, framing included
+        self.gap = 0  # bytes fed in a row of a chunked body without a body byte
+        self.wants_continue = False
+
+
 class _ApiConnection(asyncio.Protocol):
-    """One client connection: parse a request, run its handler, answer, then the next one."""
+    """One client connection: parse requests into a queue, serve them one at a time, in order.
+
+    Also the callback object of its llhttp parser (``on_*``). A callback refuses a request by raising
+    ApiError: llhttp stops, and the refusal is answered in its turn, then the connection closes.
+    """
 
     def __init__(self, server: ApiServer) -> None:
         self._server = server
-        self._buffer = b""
-        self._discard = 0
+        self._parser = httptools.HttpRequestParser(self)
+        self._queue: deque[HttpRequest | _Refusal] = deque()
+        self._queued_bytes = 0
+        self._message: _Message | None = None
+        self._completed = 0  # requests parsed on this connection
+        self._between = 0  # bytes read between requests (empty lines)
+        self._stopped = False  # nothing more is parsed: after an error, an upgrade or Connection: close
+        self._eof = False  # the client half-closed: answer what is queued, then close
         self._transport: asyncio.Transport | None = None
         self._task: asyncio.Task[None] | None = None
+        self._sink: ResponseSink | None = None  # the answer being written
+        self._probe_timer: asyncio.TimerHandle | None = None
         self._writable: asyncio.Future[None] | None = None
         self.write_paused = False
         self._reading_paused = False
@@ -141,6 +203,29 @@ class _ApiConnection(asyncio.Protocol):
         if self._task is not None:
             self._task.cancel()  # the client went away: the handler's legs close on the way out
 
+    def eof_received(self) -> bool:
+        """The client shut down its sending side: it still gets the answers to what it sent.
+
+        A client that closed for good sends the same FIN, so a request still waiting for its answer is
+        probed (``_probe``): a write to a closed socket fails, and that cancels the handler.
+        """
+        self._eof = True
+        if self.closed or (self._task is None and not self._queue):
+            return False  # nothing to answer: the transport closes
+        self._probe()
+        return True  # keep the transport open for writing
+
+    def _probe(self) -> None:
+        """A 100 (Continue) every EOF_PROBE_S until the answer starts (HTTP/1.1: clients parse any 1xx)."""
+        if self._probe_timer is not None:
+            self._probe_timer.cancel()
+            self._probe_timer = None
+        sink = self._sink
+        if self.closed or self._transport is None or sink is None or sink.started or self.http10:
+            return
+        self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        self._probe_timer = asyncio.get_running_loop().call_later(EOF_PROBE_S, self._probe)
+
     def pause_writing(self) -> None:
         self.write_paused = True
 
@@ -149,106 +234,208 @@ class _ApiConnection(asyncio.Protocol):
         self._wake_writer()
 
     def data_received(self, data: bytes) -> None:
-        if self._discard:  # the rest of a refused body
-            drop = min(len(data), self._discard)
-            self._discard -= drop
-            data = data[drop:]
-        self._buffer += data
-        if self._task is None:
-            self._next_request()
-        elif len(self._buffer) > MAX_HEAD_BYTES + self._server.max_body_bytes and self._transport is not None:
+        """Feed the parser in slices, so that the limits below are counted to within one slice."""
+        if self._stopped:
+            return
+        if len(data) <= FEED_SLICE_BYTES:
+            self._feed(data)
+        else:
+            view, pos = memoryview(data), 0
+            while pos < len(data) and not self._stopped:
+                message = self._message
+                step = FEED_SLICE_BYTES
+                if message is not None and message.in_body and not message.chunked:
+                    step = max(step, message.length - message.received)  # exactly to the body's end
+                self._feed(view[pos : pos + step])
+                pos += step
+        self._serve_next()
+        far_ahead = len(self._queue) > MAX_QUEUED_REQUESTS or self._queued_bytes > self._server.max_body_bytes
+        if far_ahead and self._transport is not None:
             self._reading_paused = True
             self._transport.pause_reading()  # a client pipelining far ahead waits for its answers
 
+    def _feed(self, data: bytes | memoryview) -> None:
+        if self._stopped:
+            return
+        before, completed = self._message, self._completed
+        was_in_body, size = (False, 0) if before is None else (before.in_body, before.size)
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:  # served as a plain request (no route upgrades), then closed
+            self._stopped = True
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            if isinstance(cause, ApiError):
+                self._refuse(cause)
+            else:
+                log.error("HTTP parser callback failed: %r", cause, exc_info=cause)
+                self._refuse(_internal_error())
+        except httptools.HttpParserError as exc:
+            if not self._stopped:  # after Connection: close llhttp refuses more bytes: they are ignored
+                self._refuse(ApiError(400, f"malformed HTTP/1.1 request: {exc}", code="bad_request"))
+        else:
+            self._account(len(data), before, was_in_body, size, self._completed > completed)
+
+    def _account(self, fed: int, before: _Message | None, was_in_body: bool, size_before: int, ended: bool) -> None:
+        """The limits the parser's callbacks cannot see, counted per slice fed.
+
+        A slice spent wholly inside a head (or a chunked body) counts whole; in a slice where a head
+        begins after another request ended, only what the parser reported of it counts. So each limit
+        holds to within one slice, and nothing is buffered past them: llhttp keeps no more than the field
+        it is in, and the body pieces are bounded by the body limit.
+        """
+        message = self._message
+        if message is None:
+            self._between = self._between + fed if before is None and not ended else 0
+            if self._between > MAX_HEAD_BYTES:  # empty lines between requests
+                self._refuse(_head_too_large())
+            return
+        self._between = 0
+        same = message is before
+        if not message.in_body:
+            if same:
+                message.head_fed += fed
+            else:
+                message.head_fed = message.spans if ended else fed
+            if message.head_fed > MAX_HEAD_BYTES:
+                self._refuse(_head_too_large())
+        elif message.chunked:
+            whole = same and was_in_body
+            message.raw = message.raw + fed if whole else message.size
+            message.gap = message.gap + fed if whole and message.size == size_before else 0
+            if message.gap > MAX_CHUNK_GAP_BYTES:
+                self._refuse(ApiError(400, "chunk extension or trailer section too long", code="bad_request"))
+            elif message.raw - message.size > MAX_FRAMING_PER_BODY_BYTE * message.size + MAX_CHUNK_GAP_BYTES:
+                self._refuse(ApiError(400, "chunked framing far larger than the body", code="bad_request"))
+
+    # -- parser callbacks (llhttp, through httptools) ------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._message = _Message()
+
+    def on_url(self, url: bytes) -> None:
+        message = self._current()
+        message.target += url
+        message.spans += len(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        message = self._current()
+        if message.in_body:  # a trailer field (bounded by MAX_CHUNK_GAP_BYTES): ignored
+            return
+        message.spans += len(name) + len(value) + 4
+        key, text = name.decode("latin-1").lower(), value.decode("latin-1")
+        if key == "host":
+            message.hosts += 1
+        headers = message.headers
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+
+    def on_headers_complete(self) -> None:
+        message = self._current()
+        message.in_body = True
+        version = self._parser.get_http_version()
+        if version not in ("1.0", "1.1"):
+            raise ApiError(505, f"HTTP/{version} is not supported", code="bad_request")
+        if message.hosts > 1 or (message.hosts == 0 and version == "1.1"):  # RFC 9112 3.2
+            raise ApiError(400, "an HTTP/1.1 request needs exactly one Host header", code="bad_request")
+        headers = message.headers
+        codings = headers.get("transfer-encoding")
+        if codings is not None:  # llhttp refused chunked twice and framing it cannot read; we decode chunked
+            if codings.rsplit(",", 1)[-1].strip().lower() != "chunked":  # RFC 9112 6.3: no length
+                raise ApiError(400, f"Transfer-Encoding {codings!r} does not end in chunked", code="bad_request")
+            if codings.strip().lower() != "chunked":  # gzip, chunked: a coding we do not decode (RFC 9112 6.1)
+                raise ApiError(501, f"Transfer-Encoding {codings!r} is not supported", code="not_implemented")
+            message.close_after = version == "1.0"  # RFC 9112 6.1: the framing may be faulty, close after
+            message.chunked = True
+        message.wants_continue = headers.get("expect", "").lower() == "100-continue"
+        message.length = length = int(headers.get("content-length", "0"))  # llhttp admits 1*DIGIT only
+        limit = self._server.max_body_bytes
+        if length > limit:  # answered now; the body is dropped as it comes unless the client waits for 100
+            message.drop_body = True
+            self._stopped = message.wants_continue
+            self._queue.append(_Refusal(_body_too_large(limit), close=message.wants_continue))
+
+    def on_body(self, body: bytes) -> None:
+        message = self._current()
+        message.received += len(body)
+        if message.drop_body:
+            return
+        message.size += len(body)
+        if message.size > self._server.max_body_bytes:
+            raise _body_too_large(self._server.max_body_bytes)
+        message.pieces.append(body)
+
+    def on_message_complete(self) -> None:
+        message = self._current()
+        self._message = None
+        self._completed += 1
+        parser = self._parser
+        keep_alive = parser.should_keep_alive() and not parser.should_upgrade() and not message.close_after
+        if not keep_alive:
+            self._stopped = True
+        if message.drop_body:
+            return
+        body = message.pieces[0] if len(message.pieces) == 1 else b"".join(message.pieces)
+        try:
+            path = httptools.parse_url(message.target).path or b""
+        except httptools.HttpParserInvalidURLError as exc:
+            raise ApiError(400, "malformed request target", code="bad_request") from exc
+        request = HttpRequest(
+            parser.get_method().decode("latin-1"),
+            path.decode("latin-1"),
+            message.headers,
+            body,
+            keep_alive,
+            parser.get_http_version() == "1.0",
+        )
+        self._queued_bytes += len(body)
+        self._queue.append(request)
+
+    def _current(self) -> _Message:
+        assert self._message is not None  # llhttp calls on_message_begin first
+        return self._message
+
     # -- requests ------------------------------------------------------------------------------
 
-    def _next_request(self) -> None:
-        """Start the handler of the next complete request in the buffer, if there is one."""
-        try:
-            request = self._parse()
-        except ApiError as err:  # malformed or too large: answered, and the connection is not reused
-            self.keep_alive = False
-            ResponseSink(self, head_only=False).answer(err.status, err.headers(), err.json_bytes())
-            self.close()
-            return
-        if request is not None:
-            self._task = asyncio.get_running_loop().create_task(self._serve(request))
+    def _refuse(self, error: ApiError) -> None:
+        """Answer ``error`` once the requests before it are answered, then close; read nothing more."""
+        self._stopped = True
+        self._queue.append(_Refusal(error))
 
-    def _parse(self) -> HttpRequest | None:
-        buffer = self._buffer
-        end = buffer.find(b"\r\n\r\n")
-        if end < 0:
-            if len(buffer) > MAX_HEAD_BYTES:
-                raise ApiError(400, "request head over 64 KiB", code="head_too_large")
-            return None
-        try:
-            lines = buffer[:end].decode("latin-1").split("\r\n")
-            method, target, version = lines[0].split(" ")
-            if not version.startswith("HTTP/1."):
-                raise ValueError(version)
-            headers: dict[str, str] = {}
-            for line in lines[1:]:
-                name, colon, value = line.partition(":")
-                if not colon or not name or name != name.strip():
-                    raise ValueError(line)
-                name, value = name.lower(), value.strip()
-                headers[name] = f"{headers[name]}, {value}" if name in headers else value
-        except ValueError as exc:
-            raise ApiError(400, "malformed HTTP/1.1 request head", code="bad_request") from exc
-        connection = headers.get("connection", "").lower()
-        self.http10 = version == "HTTP/1.0"
-        self.keep_alive = "close" not in connection and (version != "HTTP/1.0" or "keep-alive" in connection)
-        path = target.split("?", 1)[0]
-        try:
-            body = self._body(headers, buffer, end + 4)
-        except _TooLarge as exc:  # answered at once; a Content-Length body is read and dropped as it comes
-            if exc.length is None:
-                self.keep_alive, self._buffer = False, b""
-            else:
-                have = len(buffer) - end - 4
-                self._buffer = buffer[end + 4 + exc.length :] if have >= exc.length else b""
-                self._discard = max(0, exc.length - have)
-            return HttpRequest(method, path, headers, b"", refused=exc.error)
-        return None if body is None else HttpRequest(method, path, headers, body)
+    def _serve_next(self) -> None:
+        """Answer what is queued, in order: refusals at once, a request by starting its handler."""
+        while self._task is None and not self.closed:
+            if not self._queue:
+                if self._eof or self._stopped:
+                    self.close()
+                else:
+                    self._continue()
+                return
+            item = self._queue.popleft()
+            if isinstance(item, _Refusal):
+                self.keep_alive, self.http10 = not item.close, False
+                err = item.error
+                try:
+                    ResponseSink(self, head_only=False).answer(err.status, err.headers(), err.json_bytes())
+                except ClientGone:
+                    return
+                if item.close:
+                    self._linger()
+                continue
+            self._queued_bytes -= len(item.body)
+            self.keep_alive, self.http10 = item.keep_alive, item.http10
+            self._task = asyncio.get_running_loop().create_task(self._serve(item))
 
-    def _body(self, headers: dict[str, str], buffer: bytes, start: int) -> bytes | None:
-        """The body once it is all here (the buffer then holds what follows), None while it is not."""
-        limit = self._server.max_body_bytes
-        if _framed_by_chunks(headers):
-            decoder = ChunkedDecoder()
-            try:
-                body = decoder.feed(buffer[start:])
-            except ValueError as exc:
-                raise ApiError(400, f"malformed chunked request body: {exc}", code="bad_request") from exc
-            if len(body) > limit:
-                raise _TooLarge(limit, None)
-            if not decoder.done:
-                self._continue(headers)
-                return None
-            self._buffer = decoder.rest
-            return body
-        try:
-            length = int(headers.get("content-length", "0"))
-        except ValueError as exc:
-            raise ApiError(400, "Content-Length is not a number", code="bad_request") from exc
-        if length < 0:
-            raise ApiError(400, "Content-Length is negative", code="bad_request")
-        if length > limit:
-            raise _TooLarge(limit, length)
-        if len(buffer) - start < length:
-            self._continue(headers)
-            return None
-        self._buffer = buffer[start + length :]
-        return buffer[start : start + length]
-
-    def _continue(self, headers: dict[str, str]) -> None:
+    def _continue(self) -> None:
         """``Expect: 100-continue``: the client waits for this before it sends the body (once)."""
-        if headers.get("expect", "").lower() == "100-continue" and self._transport is not None:
-            headers.pop("expect")
+        message = self._message
+        if message is not None and message.wants_continue and message.in_body and self._transport is not None:
+            message.wants_continue = False
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     async def _serve(self, request: HttpRequest) -> None:
-        sink = ResponseSink(self, head_only=request.method == "HEAD")
+        self._sink = sink = ResponseSink(self, head_only=request.method == "HEAD")
+        if self._eof:
+            self._probe()
         try:
             await self._server.dispatch(request, sink)
         except ClientGone:
@@ -264,7 +451,7 @@ class _ApiConnection(asyncio.Protocol):
         else:
             if not sink.done:  # a stream the handler left open cannot be ended cleanly
                 self.close()
-        self._task = None
+        self._task, self._sink = None, None
         self.idle_since = time.monotonic()
         if self.closed:
             return
@@ -274,8 +461,7 @@ class _ApiConnection(asyncio.Protocol):
         if self._reading_paused and self._transport is not None:
             self._reading_paused = False
             self._transport.resume_reading()
-        if self._buffer:
-            self._next_request()
+        self._serve_next()
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -307,6 +493,21 @@ class _ApiConnection(asyncio.Protocol):
         self.closed = True
         if self._transport is not None:
             self._transport.close()
+
+    def _linger(self) -> None:
+        """Close after a refusal: the answer and a FIN go out, what the client still sends is read and
+        dropped for up to LINGER_S, then the connection closes. Closing at once with unread bytes
+        would make the kernel reset the connection, and the client could lose the answer."""
+        transport = self._transport
+        if transport is None or not transport.can_write_eof():
+            self.close()
+            return
+        self.closed = True
+        transport.write_eof()
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+        asyncio.get_running_loop().call_later(LINGER_S, transport.close)
 
 
 class ApiServer:
@@ -370,29 +571,12 @@ class ApiServer:
             await self._server.wait_closed()
 
 
-def _framed_by_chunks(headers: dict[str, str]) -> bool:
-    """Whether the body is chunked; framing two readers could disagree on is refused (RFC 9112 6.1, 6.3).
-
-    A request with both Transfer-Encoding and Content-Length, or whose last coding is not chunked, is how
-    request smuggling starts when a proxy sits in front of us: answer 400 and close instead of guessing.
-    """
-    codings = headers.get("transfer-encoding")
-    if codings is None:
-        return False
-    if "content-length" in headers:
-        raise ApiError(400, "both Transfer-Encoding and Content-Length", code="bad_request")
-    if codings.rsplit(",", 1)[-1].strip().lower() != "chunked":
-        raise ApiError(400, f"unsupported Transfer-Encoding {codings!r}", code="bad_request")
-    return True
+def _head_too_large() -> ApiError:
+    return ApiError(431, "request line and headers over 64 KiB", code="head_too_large")
 
 
-class _TooLarge(Exception):
-    """``length``: the Content-Length to drop, None for a chunked body (the connection is closed)."""
-
-    def __init__(self, limit: int, length: int | None) -> None:
-        super().__init__(limit)
-        self.length = length
-        self.error = ApiError(413, f"request body is larger than {limit} bytes", code="body_too_large")
+def _body_too_large(limit: int) -> ApiError:
+    return ApiError(413, f"request body is larger than {limit} bytes", code="body_too_large")
 
 
 def _internal_error() -> ApiError:
