@@ -172,3 +172,38 @@ async def test_a_slow_reader_pauses_the_socket_and_still_gets_every_byte(serve: 
             received.append(data)
     assert b"".join(received) == b"".join(events)
     pool.close()
+
+
+async def test_a_negative_chunk_size_fails_the_leg_at_once(serve: Serve) -> None:
+    """The request that froze the hand-written decoder, from an engine: llhttp refuses it."""
+    answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nA\r\n-6\r\n0\r\n\r\n"
+    port = await serve(RawServer([answer, _chunked(b"data: ok\n\n")]))
+    pool = UpstreamPool(connect_timeout=2, keepalive_s=4)
+    with pytest.raises(UpstreamError, match="chunk size") as broken:
+        await asyncio.wait_for(_stream(pool, port), 5)
+    assert broken.value.answered
+    assert await _stream(pool, port) == (200, "text/event-stream", b"data: ok\n\n")  # a new connection
+    pool.close()
+
+
+async def test_an_idle_pooled_connection_closes_at_the_keepalive_time(serve: Serve) -> None:
+    """Closed by the pool's timer, not when next used: the engine sees the close with no request sent."""
+    raw = RawServer([_json(b"{}")])
+    port = await serve(raw)
+    pool = UpstreamPool(connect_timeout=2, keepalive_s=0.2)
+    async with pool.post("127.0.0.1", port, "/p", {}, b"{}") as resp:
+        assert await resp.read() == b"{}"
+    await asyncio.wait_for(raw.disconnected.wait(), 10)
+    assert raw.connections == 1 and len(raw.requests) == 1
+    async with pool.post("127.0.0.1", port, "/p", {}, b"{}") as resp:  # the next leg opens a new one
+        assert await resp.read() == b"{}"
+    assert raw.connections == 2
+    pool.close()
+
+
+async def test_a_response_head_that_never_ends_fails_the_leg(serve: Serve) -> None:
+    port = await serve(RawServer([b"HTTP/1.1 200 OK\r\nX-A: " + b"v" * (1 << 20)]))
+    pool = UpstreamPool(connect_timeout=2, keepalive_s=4)
+    with pytest.raises(UpstreamError, match="64 KiB"):
+        await asyncio.wait_for(_stream(pool, port), 5)
+    pool.close()

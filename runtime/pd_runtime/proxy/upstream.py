@@ -7,22 +7,27 @@ than the proxy spent on everything else. This client does only what a leg needs:
 given headers, read the status line and headers, then the body whole or piece by piece (Content-Length,
 chunked, or until the engine closes). A connection goes back to the pool only when its response was read
 to the end; one given up before (cancellation, a timeout, the client gone) is closed, which is how vLLM
-learns to abort the request.
+learns to abort the request. Pooled connections close once idle for the pool's keep-alive time.
+
+Responses are parsed by llhttp (httptools), the parser of the API port's server (``http1``), in its
+strict mode: an engine that answers malformed HTTP (a negative chunk size, say) fails its leg cleanly.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
-from typing import Literal
 
-from pd_runtime.proxy.chunked import ChunkedDecoder
+import httptools
 
 PAUSE_BYTES = 256 * 1024
 """Body bytes buffered for a slow reader before the socket stops being read (backpressure)."""
+MAX_HEAD_BYTES = 64 * 1024
+"""An engine's status line and headers."""
+MAX_GAP_BYTES = 64 * 1024
+"""Bytes in a row without a body byte once the head is in (chunk extensions, trailer fields)."""
 
 
 class UpstreamError(Exception):
@@ -36,16 +41,18 @@ class UpstreamError(Exception):
         self.answered = answered
 
 
-Framing = Literal["length", "chunked", "close"]
-
-
 class _Connection(asyncio.Protocol):
-    """One keep-alive connection and the response being read on it (one request at a time)."""
+    """One keep-alive connection and the response being read on it (one request at a time).
+
+    Also the callback object of its llhttp parser (``on_*``), which reads every response on it.
+    """
 
     def __init__(self, on_lost: Callable[[_Connection], None]) -> None:
         self._on_lost = on_lost
+        self._parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
-        self.idle_since = 0.0
+        self.key = ("", 0)  # the engine's address
+        self.idle_timer: asyncio.TimerHandle | None = None  # while pooled: closes it when idle too long
         self.closed = False
         self._waiter: asyncio.Future[None] | None = None
         self._reset()
@@ -56,10 +63,9 @@ class _Connection(asyncio.Protocol):
         self.complete = False
         self.keep_alive = True
         self._error: UpstreamError | None = None
-        self._head = b""
-        self._framing: Framing = "close"
-        self._left = 0  # bytes left of the body (length framing)
-        self._chunked = ChunkedDecoder()
+        self._interim = False  # a 1xx answer, skipped
+        self._until_close = False  # no Content-Length, not chunked: the body ends when the engine closes
+        self._fed = 0  # bytes of the head, then bytes in a row without a body byte
         self._pieces: list[bytes] = []
         self._buffered = 0
         self._paused = False
@@ -71,9 +77,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self.status and self._framing == "close" and not self.complete:
+        if self.status and self._until_close and not self.complete:
             self.complete = True  # the body ran until the engine closed
-        elif not self.complete:
+        elif not self.complete and self._error is None:
             what = "closed the connection mid-answer" if self.status else "closed the connection before answering"
             self._error = UpstreamError(f"engine {what}", answered=bool(self.status))
         self._wake()
@@ -83,26 +89,26 @@ class _Connection(asyncio.Protocol):
         if self.complete:
             self.close()  # bytes nobody asked for: this connection is out of step, never reuse it
             return
+        status, buffered = self.status, self._buffered
         try:
-            if not self.status:
-                data = self._parse_head(data)
-                if not self.status:
-                    return
-            if self._framing == "chunked":
-                self._push(self._chunked.feed(data))
-                self.complete = self._chunked.done
-            elif self._framing == "length":
-                take = data[: self._left] if len(data) > self._left else data
-                self._left -= len(take)
-                self._push(take)
-                self.complete = self._left == 0
-            else:
-                self._push(data)
-        except (ValueError, IndexError) as exc:
-            self._error = UpstreamError(f"engine answered malformed HTTP: {exc}", answered=bool(self.status))
-            self.keep_alive = False
-            assert self.transport is not None
-            self.transport.close()
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(f"engine answered malformed HTTP: {exc}")
+            return
+        if self.complete or (self.status and (not status or self._buffered != buffered)):
+            self._fed = 0  # the head ended, or body bytes came
+        else:  # a read spent in the head, or without a body byte (chunk extensions, trailer fields)
+            self._fed += len(data)
+            if self._fed > (MAX_GAP_BYTES if self.status else MAX_HEAD_BYTES):
+                self._fail("engine's response head or chunk framing is over 64 KiB")
+                return
+        self._wake()
+
+    def _fail(self, message: str) -> None:
+        if not self.complete:  # bytes after a complete answer only make the connection unusable
+            self._error = UpstreamError(message, answered=bool(self.status))
+        self.keep_alive = False
+        self.close()
         self._wake()
 
     def pause_writing(self) -> None:  # requests are small; the kernel buffer always takes them
@@ -111,48 +117,42 @@ class _Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         pass
 
-    # -- parsing -------------------------------------------------------------------------------
+    # -- parser callbacks (llhttp, through httptools) ------------------------------------------
 
-    def _parse_head(self, data: bytes) -> bytes:
-        """Consume the status line and headers; returns the body bytes that followed them."""
-        head = self._head + data
-        end = head.find(b"\r\n\r\n")
-        if end < 0:
-            if len(head) > 64 * 1024:
-                raise ValueError("response head over 64 KiB")
-            self._head = head
-            return b""
-        lines = head[:end].decode("latin-1").split("\r\n")
-        version, code = lines[0].split(" ", 2)[:2]
-        if not version.startswith("HTTP/1."):
-            raise ValueError(f"not an HTTP/1.x status line: {lines[0][:40]!r}")
-        headers = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        self.headers = headers
-        connection = headers.get("connection", "").lower()
-        self.keep_alive = "close" not in connection and (version != "HTTP/1.0" or "keep-alive" in connection)
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            self._framing = "chunked"
-        elif "content-length" in headers:
-            self._framing, self._left = "length", int(headers["content-length"])
-        else:
-            self._framing, self.keep_alive = "close", False
-        status = int(code)
-        self.complete = self._framing == "length" and self._left == 0
-        self.status = status
-        self._head = b""
-        return head[end + 4 :]
+    def on_message_begin(self) -> None:
+        if self.complete:
+            raise httptools.HttpParserError("a second answer to one request")
 
-    def _push(self, piece: bytes) -> None:
-        if not piece:
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self.status:  # not a trailer field
+            key, text = name.decode("latin-1").lower(), value.decode("latin-1")
+            headers = self.headers
+            headers[key] = f"{headers[key]}, {text}" if key in headers else text
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        status = parser.get_status_code()
+        if status < 200:  # 100 Continue and the like: the answer follows
+            self._interim = True
+            self.headers = {}
             return
-        self._pieces.append(piece)
-        self._buffered += len(piece)
+        self.keep_alive = parser.should_keep_alive()
+        framed = "content-length" in self.headers or "transfer-encoding" in self.headers
+        self._until_close = not framed and status not in (204, 304)
+        self.status = status
+
+    def on_body(self, body: bytes) -> None:
+        self._pieces.append(body)
+        self._buffered += len(body)
         if self._buffered > PAUSE_BYTES and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+        else:
+            self.complete = True
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -262,7 +262,8 @@ class UpstreamRequest:
 
 
 class UpstreamPool:
-    """Keep-alive connections per engine address, most recently used first."""
+    """Keep-alive connections per engine address, most recently used first; each closes once it has
+    been idle for ``keepalive_s`` (a timer per pooled connection), not only when next taken."""
 
     def __init__(self, connect_timeout: float, keepalive_s: float) -> None:
         self.connect_timeout = connect_timeout
@@ -281,12 +282,11 @@ class UpstreamPool:
 
     async def connection(self, key: tuple[str, int]) -> _Connection:
         idle = self._idle.get(key)
-        now = time.monotonic()
         while idle:
             conn = idle.pop()
-            if not conn.closed and now - conn.idle_since < self.keepalive_s:
+            _stop_timer(conn)
+            if not conn.closed:
                 return conn
-            conn.close()
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout):
@@ -295,6 +295,7 @@ class UpstreamPool:
             raise UpstreamError(f"connect to {key[0]}:{key[1]} timed out", answered=False) from exc
         except OSError as exc:
             raise UpstreamError(f"connect to {key[0]}:{key[1]} failed: {exc}", answered=False) from exc
+        conn.key = key
         self._open.add(conn)
         return conn
 
@@ -302,19 +303,37 @@ class UpstreamPool:
         if not conn.reusable:
             conn.close()
             return
-        conn.idle_since = time.monotonic()
-        idle = self._idle.setdefault(key, deque())
-        while idle and conn.idle_since - idle[0].idle_since >= self.keepalive_s:
-            idle.popleft().close()  # the oldest, past keep-alive: the engine may be closing it
-        idle.append(conn)
+        self._idle.setdefault(key, deque()).append(conn)
+        conn.idle_timer = asyncio.get_running_loop().call_later(self.keepalive_s, self._expire, conn)
+
+    def _expire(self, conn: _Connection) -> None:
+        """Idle for the keep-alive time: closed before the engine's own keep-alive drops it."""
+        conn.idle_timer = None
+        self._forget(conn)
+        conn.close()
+
+    def _forget(self, conn: _Connection) -> None:
+        idle = self._idle.get(conn.key)
+        if idle is not None and conn in idle:
+            idle.remove(conn)
 
     def _lost(self, conn: _Connection) -> None:
         self._open.discard(conn)
+        if conn.idle_timer is not None:  # an idle connection the engine closed
+            _stop_timer(conn)
+            self._forget(conn)
 
     def close(self) -> None:
         for conn in list(self._open):
+            _stop_timer(conn)
             conn.close()
         self._idle.clear()
+
+
+def _stop_timer(conn: _Connection) -> None:
+    if conn.idle_timer is not None:
+        conn.idle_timer.cancel()
+        conn.idle_timer = None
 
 
 def _host_header(host: str, port: int) -> str:
