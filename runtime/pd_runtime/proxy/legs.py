@@ -8,7 +8,9 @@ return the path, headers and body of each upstream request.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pd_runtime.protocol import (
@@ -38,6 +40,8 @@ class ClientRequest:
 
     endpoint: Endpoint
     body: dict[str, Any]
+    trace: dict[str, str] = field(default_factory=dict)
+    """The client's valid W3C trace context headers, forwarded on every leg (``trace_headers``)."""
 
     @property
     def stream(self) -> bool:
@@ -87,8 +91,17 @@ class Leg:
 # ---------------------------------------------------------------------------------------------
 
 
-def parse_client_request(raw: bytes, endpoint: Endpoint, mode: ProxyMode, max_tokens_limit: int) -> ClientRequest:
-    """Decode and check a client body; raises ApiError (400) for anything the proxy cannot route."""
+def parse_client_request(
+    raw: bytes,
+    endpoint: Endpoint,
+    mode: ProxyMode,
+    max_tokens_limit: int,
+    headers: Mapping[str, str] | None = None,
+) -> ClientRequest:
+    """Decode and check a client body; raises ApiError (400) for anything the proxy cannot route.
+
+    ``headers`` (names lowercased) are the client's; only its trace context is kept (``trace_headers``).
+    """
     body = _json_object(raw)
     _check_bool(body, "stream")
     for key in TOKEN_LIMIT_KEYS:
@@ -105,7 +118,30 @@ def parse_client_request(raw: bytes, endpoint: Endpoint, mode: ProxyMode, max_to
         _check_single_sequence(body)
     for key in CLIENT_FORBIDDEN_KEYS:
         body.pop(key, None)
-    return ClientRequest(endpoint=endpoint, body=body)
+    return ClientRequest(endpoint=endpoint, body=body, trace=trace_headers(headers or {}))
+
+
+# W3C Trace Context (https://www.w3.org/TR/trace-context/#traceparent-header-field-values): lowercase hex
+# only; version ff is invalid; version 00 is exactly these four fields, a later version may append
+# "-"-led fields. All-zero trace and parent ids are invalid.
+_TRACEPARENT = re.compile(r"(?!ff)([0-9a-f]{2})-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}(-.*)?")
+_TRACESTATE_MAX = 512  # what the spec asks a vendor to propagate at least; longer ones are dropped
+_PRINTABLE = re.compile(r"[\x20-\x7e]*")
+
+
+def trace_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The client's trace context for the legs: ``traceparent`` when valid, with ``tracestate`` (only beside
+    a valid traceparent, as the spec says). Anything invalid is dropped, never forwarded nor invented.
+    Repeated traceparent headers arrive joined with ", " and so fail the pattern, as the spec wants."""
+    parent = headers.get("traceparent", "")
+    match = _TRACEPARENT.fullmatch(parent)
+    if match is None or (match.group(1) == "00" and match.group(2) is not None):
+        return {}
+    trace = {"traceparent": parent}
+    state = headers.get("tracestate", "").strip()
+    if state and len(state) <= _TRACESTATE_MAX and _PRINTABLE.fullmatch(state):
+        trace["tracestate"] = state
+    return trace
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:
@@ -193,9 +229,12 @@ def _check_single_sequence(body: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _headers(request_id: str, dp_rank: int | None, engine_api_key: str | None) -> dict[str, str]:
-    """docs/protocol.md#http-legs: the only headers sent upstream; nothing the client sent is forwarded."""
-    headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+def _headers(
+    request: ClientRequest, request_id: str, dp_rank: int | None, engine_api_key: str | None
+) -> dict[str, str]:
+    """docs/protocol.md#http-legs: the only headers sent upstream; of the client's, only its valid trace
+    context (docs/proxy.md, "Trace context")."""
+    headers = {"Content-Type": "application/json", "X-Request-Id": request_id, **request.trace}
     if engine_api_key:
         headers["Authorization"] = f"Bearer {engine_api_key}"
     if dp_rank is not None:
@@ -219,7 +258,7 @@ def prefill_leg(
     body.pop("min_tokens", None)
     body.pop("min_completion_tokens", None)
     body["kv_transfer_params"] = prefill_leg_params(decode.instance, ids.transfer_id)
-    return Leg(request.path, _headers(ids.request_id, prefill.dp_rank, engine_api_key), body)
+    return Leg(request.path, _headers(request, ids.request_id, prefill.dp_rank, engine_api_key), body)
 
 
 def decode_leg(
@@ -242,12 +281,12 @@ def decode_leg(
         prefill_response=prefill_params,
         prefill_dp_rank=prefill.dp_rank if prefill.instance.dp_size > 1 else None,
     )
-    return Leg(request.path, _headers(ids.request_id, decode.dp_rank, engine_api_key), body)
+    return Leg(request.path, _headers(request, ids.request_id, decode.dp_rank, engine_api_key), body)
 
 
 def plain_leg(request: ClientRequest, target: Target, request_id: str, engine_api_key: str | None) -> Leg:
     """A request without KV transfer: colocated mode, and the read-mode fallback to decode-only."""
-    return Leg(request.path, _headers(request_id, target.dp_rank, engine_api_key), dict(request.body))
+    return Leg(request.path, _headers(request, request_id, target.dp_rank, engine_api_key), dict(request.body))
 
 
 def decode_token_limits(body: dict[str, Any], policy: MaxTokensPolicy) -> dict[str, Any]:

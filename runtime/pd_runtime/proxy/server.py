@@ -227,7 +227,7 @@ class ProxyServer:
             self._refuse_after_kv_mismatch()
             self._admit()
             client_request = parse_client_request(
-                request.body, endpoint, self.config.mode, self.config.max_tokens_limit
+                request.body, endpoint, self.config.mode, self.config.max_tokens_limit, request.headers
             )
         except ApiError:
             self.metrics.request_done(endpoint, "rejected")
