@@ -106,6 +106,10 @@ def refusal(obj: str, failure: ApiFailure) -> Refusal:
         # the apply named the uid the operator last saw (a precondition): someone replaced the object
         why = "replaced by another object since the operator applied it; it is read again on the next repair"
         return Refusal(obj, NAME_CONFLICT, "a name conflict", (why,), message)
+    if failure.code == 409 and "uid mismatch" in message:
+        # an apply naming the uid the operator last saw found no object of that name: deleted meanwhile
+        why = "deleted since the operator applied it; it is created again on the next repair"
+        return Refusal(obj, "ChildDeleted", "the uid precondition", (why,), message)
     if failure.code == 422:
         fields = tuple(f"{field}: {why}" if field else why for field, why in failure.causes) or (message,)
         return Refusal(obj, "Invalid", "API validation", fields, message)

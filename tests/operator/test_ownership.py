@@ -123,3 +123,10 @@ def test_an_apply_refused_for_its_uid_is_a_name_conflict() -> None:
     failure = ApiFailure(422, "Invalid", "...", (("metadata.uid", 'Invalid value: "u": field is immutable'),))
     found = refusal(f"Service/{NAME}", failure)
     assert found.reason == "NameConflict" and "replaced by another object" in found.describe()
+
+
+def test_an_apply_whose_uid_names_no_object_says_the_child_was_deleted() -> None:
+    """What the e2e API server (1.36) answers an apply naming a uid where no object of that name exists."""
+    message = "uid mismatch: the provided object specified uid u, and no existing object was found"
+    found = refusal(f"Service/{NAME}", ApiFailure(409, "Conflict", message))
+    assert found.reason == "ChildDeleted" and "created again on the next repair" in found.describe()
