@@ -1109,6 +1109,60 @@ class AutotuneSpec(ApiModel):
     )
 
 
+class AutoscalingSpec(ApiModel):
+    """Replicas from demand against measured capacity: the operator writes spec.replicas itself.
+
+    Capacity is the highest request rate one replica holds within the goodput probe's SLO (its last
+    goodput search, else the planner's prediction); demand is the request rate the replicas' proxies
+    see. Desired replicas = ceil(demand / (targetUtilization x capacity)), held by stabilization windows
+    as a HorizontalPodAutoscaler holds its recommendations. docs/autoscaling.md.
+    """
+
+    _rules = (
+        Rule(
+            cel="self.minReplicas <= self.maxReplicas",
+            message="autoscaling.minReplicas must not exceed autoscaling.maxReplicas",
+            check=lambda a: a.min_replicas <= a.max_replicas,
+            field_path=".minReplicas",
+        ),
+    )
+
+    enabled: bool = Field(
+        False,
+        description="Set spec.replicas from demand against capacity (not with a HorizontalPodAutoscaler on this "
+        "object: one owner of replicas; with one, the operator only publishes capacity and demand).",
+    )
+    min_replicas: int = Field(1, ge=1, le=MAX_REPLICAS, description="Fewest replicas (scale to zero: not yet).")
+    max_replicas: int = Field(4, ge=1, le=MAX_REPLICAS, description="Most replicas (GPU nodes it may take).")
+    target_utilization: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="Fraction of each replica's capacity to plan for: demand / (this x capacity) replicas.",
+    )
+    scale_up_stabilization_seconds: int = Field(
+        60,
+        ge=0,
+        le=3600,
+        description="Scale up to the lowest recommendation of this window (a burst shorter than it adds none).",
+    )
+    scale_down_stabilization_seconds: int = Field(
+        300,
+        ge=0,
+        le=86400,
+        description="Scale down to the highest recommendation of this window, one replica at a time, drained.",
+    )
+    scale_to_zero: Literal[False] = Field(False, description="Reserved: scaling to zero replicas is not supported.")
+    stale_capacity_ratio: float = Field(
+        1.5,
+        gt=1,
+        le=100,
+        description="The measured capacity is stale once the mean prompt or output length the proxies see "
+        "differs from the probe's by more than this factor (either way); then the planner's prediction for "
+        "the live workload, scaled by the last measured/predicted ratio, is used.",
+    )
+
+
 # ---- the spec ---------------------------------------------------------------------------------------
 
 
@@ -1371,6 +1425,9 @@ class PDDeploymentSpec(ApiModel):
     autotune: AutotuneSpec = Field(
         default_factory=AutotuneSpec, description="Live autotuning of the layout with the goodput probe."
     )
+    autoscaling: AutoscalingSpec = Field(
+        default_factory=AutoscalingSpec, description="Replicas from demand against measured goodput capacity."
+    )
     termination_grace_period_seconds: int = Field(
         300, ge=0, le=86400, description="Time for in-flight requests and KV transfers to drain on deletion."
     )
@@ -1543,6 +1600,12 @@ class PDDeploymentSpec(ApiModel):
             message="autotune.enabled needs replicas 1 (trials roll the one serving pod)",
             check=lambda s: not s.autotune.enabled or s.replicas == 1,
             field_path=".autotune.enabled",
+        ),
+        Rule(
+            cel="!self.autotune.enabled || !self.autoscaling.enabled",
+            message="autotune.enabled and autoscaling.enabled exclude each other (trials roll the one serving pod)",
+            check=lambda s: not (s.autotune.enabled and s.autoscaling.enabled),
+            field_path=".autoscaling.enabled",
         ),
         Rule(
             cel="!self.autotune.enabled || self.goodputProbe.enabled",
@@ -1837,6 +1900,57 @@ class RouterStatus(ApiModel):
     )
 
 
+class CapacityStatus(ApiModel):
+    """How many requests per second one replica holds within the probe's SLO, and where that comes from."""
+
+    requests_per_second: float = Field(ge=0, description="Per replica, at the workload below.")
+    source: Literal["measured", "predicted", "scaled"] = Field(
+        description="measured: the last goodput search; predicted: the planner for this layout; scaled: the "
+        "planner's prediction for the live workload times the last measured/predicted ratio."
+    )
+    prompt_tokens: float = Field(ge=0, description="Mean prompt length the capacity is for.")
+    output_tokens: float = Field(ge=0, description="Mean output length the capacity is for.")
+    time: Timestamp | None = Field(None, description="When it was measured (measured) or derived.")
+    stale: bool = Field(False, description="The live workload moved away from the measured one (see source).")
+    summary: Annotated[str, StringConstraints(max_length=64)] = Field(
+        "", description='Short form for `kubectl get pdd -o wide`, e.g. "8.9/s measured".'
+    )
+
+
+class DemandStatus(ApiModel):
+    """What the replicas' proxies see, summed over the replicas that reported, over their window."""
+
+    requests_per_second: float = Field(ge=0, description="Requests arriving per second.")
+    in_flight: int = Field(ge=0, description="Requests being served now.")
+    queued: int = Field(ge=0, description="Requests waiting for a decode slot now.")
+    mean_prompt_tokens: float | None = Field(None, ge=0, description="Mean prompt length of the window's requests.")
+    mean_output_tokens: float | None = Field(None, ge=0, description="Mean output length of the window's requests.")
+    window_seconds: float = Field(ge=0, description="The window the rate and means cover.")
+    replicas_reporting: int = Field(ge=0, description="Replica proxies whose report is summed.")
+    time: Timestamp = Field(description="When it was read.")
+    summary: Annotated[str, StringConstraints(max_length=64)] = Field(
+        "", description='Short form for `kubectl get pdd -o wide`, e.g. "21.3/s".'
+    )
+
+
+class ScaleRecommendation(ApiModel):
+    """One reconcile's raw recommendation, kept for the stabilization windows."""
+
+    time: Timestamp = Field(description="When it was made.")
+    replicas: int = Field(ge=0, le=MAX_REPLICAS, description="Replicas demand asked for then.")
+
+
+class AutoscalingStatus(ApiModel):
+    """spec.autoscaling's state: the recommendations in its windows and its last decision."""
+
+    desired_replicas: int = Field(ge=0, le=MAX_REPLICAS, description="Replicas the last decision asked for.")
+    recommendations: list[ScaleRecommendation] = Field(
+        default_factory=list, max_length=64, description="Recent recommendations, oldest first."
+    )
+    last_scale_time: Timestamp | None = Field(None, description="When spec.replicas was last changed.")
+    message: Annotated[str, StringConstraints(max_length=1024)] = Field("", description="The last decision's reason.")
+
+
 class PDDeploymentStatus(ApiModel):
     """Observed state, written by the operator."""
 
@@ -1888,7 +2002,9 @@ class PDDeploymentStatus(ApiModel):
         description="SpecValid, role readiness, Ready, KVTransferVerified, GoodputMet, Tuned, ChildrenAdmitted (False "
         "while the API server refuses a child: the object, the policy and the fields at fault), NodeLost (once the "
         "pod's node was not Ready), RouterReady (with spec.router.enabled: True while at least one router pod is "
-        "ready, False while none is, Unknown while the router Deployment does not exist yet or cannot be read).",
+        "ready, False while none is, Unknown while the router Deployment does not exist yet or cannot be read), "
+        "ScalingActive (with spec.autoscaling.enabled: True while the operator sets replicas from demand and "
+        "capacity, False with the reason it cannot: no capacity, no demand report, another owner of replicas).",
     )
     goodput: GoodputStatus | None = Field(None, description="Latest goodput probe result.")
     probe: ProbeState = Field(default_factory=ProbeState, description="Probe Job bookkeeping.")
@@ -1896,6 +2012,9 @@ class PDDeploymentStatus(ApiModel):
     router: RouterStatus | None = Field(
         None, description="The router's pods, with spec.router.enabled only (their readiness: RouterReady)."
     )
+    capacity: CapacityStatus | None = Field(None, description="Requests per second one replica holds within the SLO.")
+    demand: DemandStatus | None = Field(None, description="Requests per second the replicas' proxies see.")
+    autoscaling: AutoscalingStatus | None = Field(None, description="spec.autoscaling's recommendations and decision.")
 
 
 class PDDeployment(ApiModel):

@@ -60,6 +60,20 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "GPUs of the decode engine",
     },
     {"name": "Goodput", "type": "string", "jsonPath": ".status.goodput.summary", "description": "Latest probe"},
+    {
+        "name": "Capacity",
+        "type": "string",
+        "jsonPath": ".status.capacity.summary",
+        "description": "Requests per second one replica holds within the SLO, and where that comes from",
+        "priority": 1,
+    },
+    {
+        "name": "Demand",
+        "type": "string",
+        "jsonPath": ".status.demand.summary",
+        "description": "Requests per second the replicas' proxies see",
+        "priority": 1,
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

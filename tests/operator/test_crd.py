@@ -93,7 +93,13 @@ def test_names_subresource_and_printer_columns() -> None:
     columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
     assert columns == ["Mode", "Transfer", "Ready", "Phase", "Prefill GPUs", "Decode GPUs", "Goodput", "Age"]
     wide = [c["jsonPath"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1]
-    assert wide == [".status.containersReady", ".status.availableReplicas", ".status.router.ready"]
+    assert wide == [
+        ".status.containersReady",
+        ".status.availableReplicas",
+        ".status.router.ready",
+        ".status.capacity.summary",
+        ".status.demand.summary",
+    ]
 
 
 def test_scale_subresource_points_at_fields_of_the_schema(schema: dict[str, Any]) -> None:

@@ -1,0 +1,263 @@
+"""Pure: replicas from demand against capacity (spec.autoscaling), decided once per reconcile.
+
+Capacity is what one replica holds within the goodput probe's SLO: the last goodput search measured it
+(``status.goodput.goodputRate``), else the planner predicted it for the layout. Demand is what the
+replicas' proxies report over their window (arrivals per second, in flight, queued, the prompt and
+output lengths they see). The raw recommendation is ``ceil(demand / (targetUtilization x capacity))``
+within ``[minReplicas, maxReplicas]``; like a HorizontalPodAutoscaler, the operator scales up to the
+lowest recommendation of the up window and down to the highest of the down window, so a burst shorter
+than a window moves nothing. Two more rules are ours: replicas still starting count as coming (a 235B
+engine loads for many minutes; scaling up again for the queue they leave would double-scale), and
+scale-down goes one replica at a time and only while every replica is available, so serving never
+drops below the PodDisruptionBudget's floor; the pod's deletion drains its proxy (SIGTERM: in-flight
+answers finish, the Service stops sending it new ones).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from pd_operator.api import (
+    AutoscalingSpec,
+    CapacityStatus,
+    DemandStatus,
+    GoodputProbeSpec,
+    GoodputStatus,
+    ScaleRecommendation,
+)
+from pd_operator.goodput import parse_time, rfc3339
+
+CONDITION = "ScalingActive"
+MAX_RECOMMENDATIONS = 64  # AutoscalingStatus.recommendations' max_length
+
+
+@dataclass(frozen=True)
+class ProxyDemand:
+    """One replica proxy's report (its admin /status ``demand``): a window of arrivals and what they asked."""
+
+    requests_per_second: float
+    in_flight: int
+    queued: int
+    window_s: float
+    requests: int  # arrivals in the window whose lengths are known (the means' weight)
+    prompt_tokens: int  # summed over those
+    output_tokens: int
+
+
+def demand(reports: Sequence[ProxyDemand], now: datetime) -> DemandStatus | None:
+    """The replicas' reports summed (means weighted by their requests); None when no replica reported."""
+    if not reports:
+        return None
+    rate = sum(r.requests_per_second for r in reports)
+    weighed = sum(r.requests for r in reports)
+    return DemandStatus(
+        requests_per_second=round(rate, 3),
+        in_flight=sum(r.in_flight for r in reports),
+        queued=sum(r.queued for r in reports),
+        mean_prompt_tokens=round(sum(r.prompt_tokens for r in reports) / weighed, 1) if weighed else None,
+        mean_output_tokens=round(sum(r.output_tokens for r in reports) / weighed, 1) if weighed else None,
+        window_seconds=max(r.window_s for r in reports),
+        replicas_reporting=len(reports),
+        time=rfc3339(now),
+        summary=f"{rate:.3g}/s",
+    )
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """The planner's per-replica capacity (requests per second within the SLO), computed by the shell."""
+
+    probe_workload: float | None  # at the goodput probe's prompt and output lengths
+    live_workload: float | None  # at the lengths the proxies see now (None: no demand means yet)
+
+
+def _shape_moved(ratio_limit: float, measured: float, live: float | None) -> bool:
+    if live is None or measured <= 0 or live <= 0:
+        return False
+    return max(measured / live, live / measured) > ratio_limit
+
+
+def capacity(
+    spec: AutoscalingSpec,
+    probe: GoodputProbeSpec,
+    goodput: GoodputStatus | None,
+    live: DemandStatus | None,
+    predicted: Predictions,
+    now: datetime,
+) -> CapacityStatus | None:
+    """Measured while the live workload looks like the probe's; else the prediction for the live workload
+    scaled by how far measurement and prediction disagreed for the probe's (``scaled``), else predicted."""
+    measured = goodput.goodput_rate if goodput is not None else None
+    prompt, output = float(probe.prompt_tokens), float(probe.output_tokens)
+    if measured is not None and goodput is not None:
+        moved = live is not None and (
+            _shape_moved(spec.stale_capacity_ratio, prompt, live.mean_prompt_tokens)
+            or _shape_moved(spec.stale_capacity_ratio, output, live.mean_output_tokens)
+        )
+        if not moved:
+            return _capacity(measured, "measured", prompt, output, goodput.time, stale=False)
+        if live is not None and predicted.live_workload is not None and predicted.probe_workload:
+            ratio = measured / predicted.probe_workload
+            return _capacity(
+                predicted.live_workload * ratio,
+                "scaled",
+                live.mean_prompt_tokens or prompt,
+                live.mean_output_tokens or output,
+                rfc3339(now),
+                stale=True,
+            )
+        return _capacity(measured, "measured", prompt, output, goodput.time, stale=True)
+    if predicted.probe_workload is not None:
+        return _capacity(predicted.probe_workload, "predicted", prompt, output, rfc3339(now), stale=False)
+    return None
+
+
+def _capacity(
+    rate: float,
+    source: Literal["measured", "predicted", "scaled"],
+    prompt: float,
+    output: float,
+    at: str | None,
+    *,
+    stale: bool,
+) -> CapacityStatus:
+    return CapacityStatus(
+        requests_per_second=round(rate, 3),
+        source=source,
+        prompt_tokens=prompt,
+        output_tokens=output,
+        time=at,
+        stale=stale,
+        summary=f"{rate:.3g}/s {source}" + (" (stale)" if stale else ""),
+    )
+
+
+def recommend(spec: AutoscalingSpec, demand_rate: float, per_replica: float) -> int:
+    """Replicas that keep each at or below targetUtilization of its capacity, within the bounds."""
+    wanted = math.ceil(demand_rate / (spec.target_utilization * per_replica) - 1e-9) if per_replica > 0 else 0
+    return min(spec.max_replicas, max(spec.min_replicas, wanted))
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """The replicas as the operator sees them this reconcile."""
+
+    spec: int  # spec.replicas
+    available: int  # serving: Ready and (disaggregated) KVTransferVerified
+    hpa: str | None = None  # a HorizontalPodAutoscaler targeting this PDDeployment, by name
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The decision: the replicas to write (None: leave spec.replicas), the condition, and an Event."""
+
+    replicas: int | None
+    status: Literal["True", "False"]
+    reason: str
+    message: str
+    recommendations: tuple[ScaleRecommendation, ...]
+    event: str | None = None  # a scaling decision's reason, for an Event
+
+
+def _dated(history: Sequence[ScaleRecommendation], now: datetime) -> list[tuple[datetime, ScaleRecommendation]]:
+    return [(t, r) for r in history if (t := parse_time(r.time)) is not None and t <= now]
+
+
+def _window(history: Sequence[ScaleRecommendation], now: datetime, seconds: int, current: int) -> list[int]:
+    """Every value the recommendation took in the last ``seconds``. The history is a step function (an
+    entry holds from its time until the next one), so the value in force when the window opened counts;
+    where the history does not reach back that far (a new PDDeployment, autoscaling just enabled), the
+    time before it counts as ``current``."""
+    since = now - timedelta(seconds=seconds)
+    dated = _dated(history, now)
+    opening = [r.replicas for t, r in dated if t <= since][-1:] or [current]
+    return opening + [r.replicas for t, r in dated if t > since]
+
+
+def _record(
+    history: Sequence[ScaleRecommendation], now: datetime, keep_s: int, raw: int
+) -> tuple[ScaleRecommendation, ...]:
+    """The history with this reconcile's recommendation: a new entry only when the value changes, older
+    entries only as far back as the longest window needs (the one in force when it opened), at most
+    MAX_RECOMMENDATIONS (dropping the oldest only makes the windows more cautious)."""
+    since = now - timedelta(seconds=keep_s)
+    dated = _dated(history, now)
+    kept = [r for t, r in dated if t <= since][-1:] + [r for t, r in dated if t > since]
+    if not kept or kept[-1].replicas != raw:
+        kept.append(ScaleRecommendation(time=rfc3339(now), replicas=raw))
+    return tuple(kept[-MAX_RECOMMENDATIONS:])
+
+
+def _why(spec: AutoscalingSpec, demand_rate: float, replicas: int, per_replica: float) -> str:
+    held = spec.target_utilization * replicas * per_replica
+    relation = ">" if demand_rate > held else "<="
+    return (
+        f"demand {demand_rate:.3g} req/s {relation} {spec.target_utilization:g} x {replicas} x {per_replica:.3g} req/s"
+    )
+
+
+def decide(
+    spec: AutoscalingSpec,
+    replicas: Replicas,
+    live: DemandStatus | None,
+    per_replica: CapacityStatus | None,
+    history: Sequence[ScaleRecommendation],
+    now: datetime,
+) -> Verdict:
+    """One reconcile's scaling decision (see the module docstring for the rules)."""
+    past = tuple(history)
+    if replicas.hpa is not None:
+        return Verdict(
+            None,
+            "False",
+            "ReplicasOwnedElsewhere",
+            f"HorizontalPodAutoscaler {replicas.hpa} targets this PDDeployment: it owns spec.replicas, so "
+            "autoscaling only publishes capacity and demand (disable one of the two)",
+            past,
+        )
+    if per_replica is None or per_replica.requests_per_second <= 0:
+        return Verdict(
+            None,
+            "False",
+            "NoCapacity",
+            "no capacity yet: enable goodputProbe.search for a measured one, or the planner has no "
+            "prediction for this layout",
+            past,
+        )
+    if live is None:
+        return Verdict(None, "False", "NoDemand", "no replica proxy reported its demand yet", past)
+    rate, capacity_rate = live.requests_per_second, per_replica.requests_per_second
+    raw = recommend(spec, rate, capacity_rate)
+    keep_s = max(spec.scale_up_stabilization_seconds, spec.scale_down_stabilization_seconds)
+    recs = _record(history, now, keep_s, raw)
+    current = replicas.spec
+    up = min(_window(recs, now, spec.scale_up_stabilization_seconds, current))
+    down = max(_window(recs, now, spec.scale_down_stabilization_seconds, current))
+    bounded = min(spec.max_replicas, max(spec.min_replicas, current))
+    why = _why(spec, rate, current, capacity_rate)
+    if bounded != current:
+        target, verb = bounded, "bounds"
+    elif up > current:
+        target, verb = up, "up"
+    elif down < current:
+        if replicas.available < current:
+            return Verdict(
+                None,
+                "True",
+                "WaitingForReplicas",
+                f"{why}; scale-down waits until every replica is available ({replicas.available}/{current})",
+                recs,
+            )
+        target, verb = current - 1, "down"
+    else:
+        held = "held by the stabilization windows" if raw != current else "within capacity"
+        return Verdict(None, "True", "DemandWithinCapacity", f"{why}: {current} replicas, {held}", recs)
+    reason = {"up": "ScaledUp", "down": "ScaledDown", "bounds": "ScaledToBounds"}[verb]
+    message = f"{why}: replicas {current} -> {target}"
+    if verb == "bounds":
+        message = f"replicas {current} outside [{spec.min_replicas}, {spec.max_replicas}]: {current} -> {target}"
+    return Verdict(target, "True", reason, message, recs, event=message)
