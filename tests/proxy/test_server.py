@@ -41,7 +41,9 @@ async def test_health_ready_and_status_follow_contract_3(pd_setup: SetupFactory)
     assert (await _get_json(setup.client, setup.url + "/ready"))[0] == 200
 
     _, doc = await _get_json(setup.client, setup.admin_url + "/status")
-    assert set(doc) == {"mode", "transfer_mode", "policy", "instances", "counts", "last_transfer", "canary", "config"}
+    assert set(doc) == {
+        "mode", "transfer_mode", "policy", "instances", "counts", "last_transfer", "canary", "config", "demand"
+    }  # fmt: skip
     assert doc["mode"] == "disaggregated" and doc["transfer_mode"] == "write"
     assert doc["last_transfer"] is None
     assert doc["canary"] == {
@@ -74,6 +76,11 @@ async def test_health_ready_and_status_follow_contract_3(pd_setup: SetupFactory)
         setup.decode.http_address,
         "request",
     )
+    demand = doc["demand"]  # the client request counts, prompt length from prefill's usage
+    assert (demand["arrivals"], demand["in_flight"], demand["queued"]) == (1, 0, 0)
+    assert demand["output_tokens"] == {"requests": 1, "sum": 8}
+    assert demand["prompt_tokens"] == {"requests": 1, "sum": 5}
+    assert demand["requests_per_second"] > 0
 
 
 async def test_metrics_are_prometheus_text(pd_setup: SetupFactory) -> None:

@@ -26,6 +26,7 @@ from pd_runtime.protocol import check_prefill_response, new_request_uid
 from pd_runtime.proxy.answers import final_answer_events, finished_on_prefill
 from pd_runtime.proxy.breaker import OpenReason
 from pd_runtime.proxy.config import ProxyConfig
+from pd_runtime.proxy.demand import DemandWindow, asked_output_tokens, reported_prompt_tokens
 from pd_runtime.proxy.errors import ApiError, kv_transfer_timeout, unavailable, upstream_failed, upstream_timeout
 from pd_runtime.proxy.legs import (
     ClientRequest,
@@ -140,6 +141,7 @@ class ProxyCore:
         self.last_transfer: LastTransfer | None = None
         self.in_flight = 0
         self.decode_queue = 0
+        self.demand = DemandWindow(time.monotonic())
         self._slot_freed = asyncio.Event()
         self.draining = False
         self._background: set[asyncio.Task[None]] = set()
@@ -173,6 +175,8 @@ class ProxyCore:
         (except cancellation: the client went away, and the upstream legs are closed on the way out)."""
         self.in_flight += 1
         self.metrics.in_flight.inc()
+        if source == "request":
+            self.demand.arrived(time.monotonic(), asked_output_tokens(request.body))
         exchange: Exchange | None = None
         try:
             exchange = await self._route(request, source)
@@ -578,6 +582,8 @@ class ProxyCore:
             raise LegFailure(
                 "prefill", "protocol", upstream_failed("prefill answered invalid JSON", "prefill_failed")
             ) from exc
+        if exchange.source == "request" and (prompt := reported_prompt_tokens(document)) is not None:
+            self.demand.prompt_measured(time.monotonic(), prompt)
         return PrefillAnswer(body, document)
 
     async def _relay(self, exchange: Exchange, target: Target, leg: Leg, name: str, sink: Sink) -> None:

@@ -296,6 +296,7 @@ class ProxyServer:
         )
         reload_state = self.watcher.state if self.watcher else ReloadState(file=None)
         document["config"] = reload_state.to_json(self.config)
+        document["demand"] = self.core.demand.report(time.monotonic(), self.core.in_flight, self.core.decode_queue)
         return document
 
     async def _status(self, request: web.Request) -> web.StreamResponse:
