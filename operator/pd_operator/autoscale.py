@@ -16,10 +16,10 @@ answers finish, the Service stops sending it new ones).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from pd_operator.api import (
     AutoscalingSpec,
@@ -30,8 +30,9 @@ from pd_operator.api import (
     ScaleRecommendation,
 )
 from pd_operator.goodput import parse_time, rfc3339
+from pd_operator.observe import SCALING_ACTIVE
 
-CONDITION = "ScalingActive"
+CONDITION = SCALING_ACTIVE
 MAX_RECOMMENDATIONS = 64  # AutoscalingStatus.recommendations' max_length
 
 
@@ -43,9 +44,35 @@ class ProxyDemand:
     in_flight: int
     queued: int
     window_s: float
-    requests: int  # arrivals in the window whose lengths are known (the means' weight)
-    prompt_tokens: int  # summed over those
-    output_tokens: int
+    prompt_requests: int = 0  # requests whose prompt length prefill reported (the mean's weight)
+    prompt_tokens: int = 0  # summed over those
+    output_requests: int = 0  # requests that named their output length
+    output_tokens: int = 0
+
+    @classmethod
+    def from_status(cls, document: Mapping[str, Any]) -> ProxyDemand | None:
+        """From a proxy's /status; None when it has no usable ``demand`` (an older proxy, a bad document)."""
+        found = document.get("demand")
+        if not isinstance(found, Mapping):
+            return None
+        try:
+            prompt, output = found.get("prompt_tokens") or {}, found.get("output_tokens") or {}
+            return cls(
+                requests_per_second=max(0.0, float(found["requests_per_second"])),
+                in_flight=max(0, int(found.get("in_flight", 0))),
+                queued=max(0, int(found.get("queued", 0))),
+                window_s=max(0.0, float(found.get("window_s", 0.0))),
+                prompt_requests=max(0, int(prompt.get("requests", 0))),
+                prompt_tokens=max(0, int(prompt.get("sum", 0))),
+                output_requests=max(0, int(output.get("requests", 0))),
+                output_tokens=max(0, int(output.get("sum", 0))),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+
+def _mean(total: int, count: int) -> float | None:
+    return round(total / count, 1) if count else None
 
 
 def demand(reports: Sequence[ProxyDemand], now: datetime) -> DemandStatus | None:
@@ -53,13 +80,12 @@ def demand(reports: Sequence[ProxyDemand], now: datetime) -> DemandStatus | None
     if not reports:
         return None
     rate = sum(r.requests_per_second for r in reports)
-    weighed = sum(r.requests for r in reports)
     return DemandStatus(
         requests_per_second=round(rate, 3),
         in_flight=sum(r.in_flight for r in reports),
         queued=sum(r.queued for r in reports),
-        mean_prompt_tokens=round(sum(r.prompt_tokens for r in reports) / weighed, 1) if weighed else None,
-        mean_output_tokens=round(sum(r.output_tokens for r in reports) / weighed, 1) if weighed else None,
+        mean_prompt_tokens=_mean(sum(r.prompt_tokens for r in reports), sum(r.prompt_requests for r in reports)),
+        mean_output_tokens=_mean(sum(r.output_tokens for r in reports), sum(r.output_requests for r in reports)),
         window_seconds=max(r.window_s for r in reports),
         replicas_reporting=len(reports),
         time=rfc3339(now),
@@ -219,6 +245,11 @@ def decide(
             "autoscaling only publishes capacity and demand (disable one of the two)",
             past,
         )
+    current = replicas.spec
+    bounded = min(spec.max_replicas, max(spec.min_replicas, current))
+    if bounded != current:  # the bounds are the user's word: kept whatever capacity and demand say
+        message = f"replicas {current} outside [{spec.min_replicas}, {spec.max_replicas}]: {current} -> {bounded}"
+        return Verdict(bounded, "True", "ScaledToBounds", message, past, event=message)
     if per_replica is None or per_replica.requests_per_second <= 0:
         return Verdict(
             None,
@@ -234,14 +265,10 @@ def decide(
     raw = recommend(spec, rate, capacity_rate)
     keep_s = max(spec.scale_up_stabilization_seconds, spec.scale_down_stabilization_seconds)
     recs = _record(history, now, keep_s, raw)
-    current = replicas.spec
     up = min(_window(recs, now, spec.scale_up_stabilization_seconds, current))
     down = max(_window(recs, now, spec.scale_down_stabilization_seconds, current))
-    bounded = min(spec.max_replicas, max(spec.min_replicas, current))
     why = _why(spec, rate, current, capacity_rate)
-    if bounded != current:
-        target, verb = bounded, "bounds"
-    elif up > current:
+    if up > current:
         target, verb = up, "up"
     elif down < current:
         if replicas.available < current:
@@ -256,8 +283,5 @@ def decide(
     else:
         held = "held by the stabilization windows" if raw != current else "within capacity"
         return Verdict(None, "True", "DemandWithinCapacity", f"{why}: {current} replicas, {held}", recs)
-    reason = {"up": "ScaledUp", "down": "ScaledDown", "bounds": "ScaledToBounds"}[verb]
     message = f"{why}: replicas {current} -> {target}"
-    if verb == "bounds":
-        message = f"replicas {current} outside [{spec.min_replicas}, {spec.max_replicas}]: {current} -> {target}"
-    return Verdict(target, "True", reason, message, recs, event=message)
+    return Verdict(target, "True", "ScaledUp" if verb == "up" else "ScaledDown", message, recs, event=message)

@@ -18,8 +18,16 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any, ClassVar, Literal
 
-from pd_operator import autotune, goodput, layout, observe, render
-from pd_operator.api import RUN_PROBE_ANNOTATION, GoodputStatus, PDDeploymentSpec, PDDeploymentStatus, ProbeState
+from pd_operator import autoscale, autotune, goodput, layout, observe, render
+from pd_operator.api import (
+    RUN_PROBE_ANNOTATION,
+    AutoscalingStatus,
+    Condition,
+    GoodputStatus,
+    PDDeploymentSpec,
+    PDDeploymentStatus,
+    ProbeState,
+)
 from pd_operator.layout import Layout
 from pd_operator.observe import Event, NodeTrouble, Observation, ProxyReport, ReplicaObservation, RouterRead
 from pd_operator.refusals import NAME_CONFLICT, ApiFailure, Refusal, refusal
@@ -81,6 +89,9 @@ class Snapshot:
     known: Mapping[str, str] = field(default_factory=dict)  # Kind/name -> uid of a child this operator applied as ours
     plan: autotune.Plan | None = None  # autotune's trials for a new workload, planned when plan_for() asks
     router: RouterRead | None = None  # the router Deployment, read when router_read() asks (status.router)
+    hpas: Sequence[str] | None = (
+        None  # HorizontalPodAutoscalers targeting it, listed when hpa_read() asks (None: unread)
+    )
 
 
 # ---- actions ---------------------------------------------------------------------------------------------
@@ -133,7 +144,20 @@ class Emit:
         return f"emit {self.event.reason}"
 
 
-Action = Apply | Create | Delete | Emit
+@dataclass(frozen=True)
+class Scale:
+    """spec.replicas through the scale subresource (spec.autoscaling's decision)."""
+
+    name: str
+    replicas: int
+    kind: ClassVar[str] = "PDDeployment"
+
+    @property
+    def key(self) -> str:
+        return f"scale {self.kind}/{self.name}"
+
+
+Action = Apply | Create | Delete | Emit | Scale
 
 
 @dataclass(frozen=True)
@@ -407,21 +431,32 @@ def proxy_urls(snap: Snapshot) -> dict[str, str]:
         return {}
     previous, live, owner = observe.parse(snap.deployment.status), _serving_pods(snap), _owner(snap.deployment)
     spec = autotune.spec_in_force(spec, previous.autotune)
-    if not spec.disaggregated:
+    scaling = spec.autoscaling.enabled
+    if not spec.disaggregated and not scaling:
         return {}
     urls = {}
     for index in range(spec.replicas):
         pod = live.get(render.pod_name(owner, index))
-        if (
-            pod is not None
-            and pod.ip
-            and (
-                spec.proxy.canary_interval_seconds > 0
-                or not observe.kv_transfer_verified(observe.previous_replica(previous, index), pod)
-            )
-        ):
+        if pod is None or not pod.ip:
+            continue
+        check_kv = spec.disaggregated and (
+            spec.proxy.canary_interval_seconds > 0
+            or not observe.kv_transfer_verified(observe.previous_replica(previous, index), pod)
+        )
+        if check_kv or (scaling and _proxy_ready(pod)):
             urls[pod.name] = f"http://{pod.ip}:{spec.proxy.admin_port}/status"
     return urls
+
+
+def _proxy_ready(pod: PodView) -> bool:
+    proxy = pod.container(render.PROXY_CONTAINER)
+    return not pod.deleting and proxy is not None and proxy.ready
+
+
+def hpa_read(snap: Snapshot) -> bool:
+    """Whether to list the namespace's HorizontalPodAutoscalers: with spec.autoscaling, one owner of replicas."""
+    spec = snap.deployment.valid_spec
+    return spec is not None and spec.autoscaling.enabled
 
 
 def router_read(snap: Snapshot) -> str | None:
@@ -716,9 +751,52 @@ def decide(snap: Snapshot) -> Decision:
     started = probe.probe.job_name != collected.probe.job_name
     if tuning.state is not None and started and probe.probe.trigger == "autotune":
         update["autotune"] = tuning.state.model_copy(update={"probing": tuning.state.layout_in_force})
-    new = observed.model_copy(update=update)
-    events = [Emit(e) for e in (*tuning.events, *observe.events(previous, new))]
-    return _decision(d.status, new, [*repairs, *serving.actions, *probe.actions, *events])
+    scaling = _autoscaling(snap, spec, observed, previous)
+    scaled = observed.model_copy(update={**update, **scaling.status})
+    new = observe.with_condition(scaled, scaling.condition, previous, now, d.generation)
+    events = [Emit(e) for e in (*tuning.events, *scaling.events, *observe.events(previous, new))]
+    return _decision(d.status, new, [*repairs, *serving.actions, *probe.actions, *scaling.actions, *events])
+
+
+@dataclass(frozen=True)
+class ScalingStep:
+    status: Obj  # status.capacity, .demand and .autoscaling
+    condition: Condition | None  # ScalingActive
+    actions: tuple[Action, ...] = ()
+    events: tuple[Event, ...] = ()
+
+
+def _autoscaling(
+    snap: Snapshot, spec: PDDeploymentSpec, observed: PDDeploymentStatus, previous: PDDeploymentStatus
+) -> ScalingStep:
+    """spec.autoscaling: demand from the replicas' proxies, capacity from the goodput search, the decision."""
+    if not spec.autoscaling.enabled:
+        return ScalingStep({"capacity": None, "demand": None, "autoscaling": None}, None)
+    reports = [r for p in snap.proxies.values() if p.status and (r := autoscale.ProxyDemand.from_status(p.status))]
+    live = autoscale.demand(reports, snap.now)
+    predicted = autoscale.Predictions(None, None)
+    per_replica = autoscale.capacity(spec.autoscaling, spec.goodput_probe, observed.goodput, live, predicted, snap.now)
+    hpa = None if snap.hpas is None else next(iter(snap.hpas), None)
+    replicas = autoscale.Replicas(spec=spec.replicas, available=observed.available_replicas, hpa=hpa)
+    before = previous.autoscaling
+    verdict = autoscale.decide(
+        spec.autoscaling, replicas, live, per_replica, before.recommendations if before else (), snap.now
+    )
+    action = None if verdict.replicas is None else Scale(snap.deployment.name, verdict.replicas)
+    failure = None if action is None else snap.failed.get(action.key)
+    cond = observe.condition(autoscale.CONDITION, verdict.status == "True", verdict.reason, verdict.message)
+    if failure is not None:
+        cond = observe.condition(autoscale.CONDITION, False, "ScaleFailed", f"cannot set replicas: {failure}")
+    state = AutoscalingStatus(
+        desired_replicas=spec.replicas if verdict.replicas is None else verdict.replicas,
+        recommendations=list(verdict.recommendations),
+        last_scale_time=goodput.rfc3339(snap.now) if action and not failure else (before and before.last_scale_time),
+        message=cond.message,
+    )
+    status = {"capacity": per_replica, "demand": live, "autoscaling": state}
+    if action is None or failure is not None:
+        return ScalingStep(status, cond)
+    return ScalingStep(status, cond, (action,), (Event("Normal", verdict.reason, verdict.event or verdict.message),))
 
 
 def _trial_result(

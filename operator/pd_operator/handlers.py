@@ -26,7 +26,7 @@ import httpx
 import kopf
 
 from pd_operator import api, autotune, decide, metrics, render
-from pd_operator.decide import Action, Apply, Create, Decision, Delete, Snapshot
+from pd_operator.decide import Action, Apply, Create, Decision, Delete, Scale, Snapshot
 from pd_operator.kube import Kube, KubeError
 from pd_operator.observe import ProxyReport, RouterRead
 from pd_operator.refusals import ApiFailure
@@ -59,6 +59,8 @@ class KubeLike(Protocol):
     ) -> bool: ...
     async def get(self, kind: str, namespace: str, name: str) -> Obj | None: ...
     async def names(self, kind: str, namespace: str, label_selector: str) -> list[str]: ...
+    async def items(self, kind: str, namespace: str, label_selector: str = "") -> list[Obj]: ...
+    async def scale(self, kind: str, namespace: str, name: str, replicas: int) -> None: ...
 
 
 async def fetch_proxy_status(url: str, timeout_s: float = Settings.proxy_timeout_seconds) -> ProxyReport:
@@ -114,6 +116,9 @@ async def _execute(kube: KubeLike, d: decide.Deployment, action: Action, known: 
     if isinstance(action, Create):
         await kube.create(action.obj)
         return True
+    if isinstance(action, Scale):
+        await kube.scale(action.kind, d.namespace, action.name, action.replicas)
+        return True
     assert isinstance(action, Delete)
     return await kube.delete(action.kind, d.namespace, action.name, action.grace_seconds, action.uid)
 
@@ -127,7 +132,7 @@ async def execute(
     for action in actions:
         if isinstance(action, decide.Emit):
             continue
-        kind = action.kind if isinstance(action, Delete) else action.obj["kind"]
+        kind = action.kind if isinstance(action, Delete | Scale) else action.obj["kind"]
         try:
             wrote = await _execute(kube, d, action, known)
         except KubeError as exc:
@@ -205,6 +210,26 @@ async def _get_or_absent(kube: KubeLike, d: decide.Deployment, kind: str, name: 
     return _Got(object_view(kind, obj) if obj is not None else None)
 
 
+async def read_hpas(kube: KubeLike, snap: Snapshot) -> Snapshot:
+    """The HorizontalPodAutoscalers whose scaleTargetRef is this PDDeployment, as ``decide.hpa_read`` asks
+    (one LIST of the namespace per reconcile); a failed read leaves them unknown."""
+    d = snap.deployment
+    if not decide.hpa_read(snap):
+        return snap
+    kind = "HorizontalPodAutoscaler"
+    found = await _read(d, kind, "HorizontalPodAutoscalers", kube.items(kind, d.namespace))
+    if found is None:
+        return snap
+    return dataclasses.replace(snap, hpas=sorted(h["metadata"]["name"] for h in found if targets(h, d.name)))
+
+
+def targets(hpa: Mapping[str, Any], name: str) -> bool:
+    """Whether a HorizontalPodAutoscaler scales the PDDeployment ``name`` (its scaleTargetRef)."""
+    ref = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
+    group = str(ref.get("apiVersion", "")).split("/")[0]
+    return ref.get("kind") == api.KIND and ref.get("name") == name and group == api.GROUP
+
+
 async def plan(snap: Snapshot) -> Snapshot:
     """Autotune: plan a new workload's trials in a worker thread, as the planner's simulation takes 0.3-0.7 s
     of CPU that would otherwise stall every other handler on kopf's event loop."""
@@ -226,7 +251,7 @@ async def reconcile(snap: Snapshot, deps: Deps, known: dict[str, str] | None = N
             if report.error:
                 metrics.RECONCILE_ERRORS.labels("proxy").inc()
         snap = dataclasses.replace(snap, proxies=dict(zip(urls, reports, strict=True)))
-    snap = await plan(await read_router(deps.kube, await read_claims(deps.kube, snap)))
+    snap = await plan(await read_hpas(deps.kube, await read_router(deps.kube, await read_claims(deps.kube, snap))))
     snap = await read_objects(deps.kube, snap)
     decision = decide.decide(snap)
     failed = await execute(deps.kube, snap, decision.actions, known)
@@ -328,6 +353,7 @@ async def _handle(trigger: str, kwargs: Mapping[str, Any]) -> None:
     kwargs["patch"].status.update(decision.patch)
     d = snap.deployment
     metrics.set_phase(d.namespace, d.name, decision.status.phase)
+    metrics.set_scaling(d.namespace, d.name, decision.status)
     metrics.RECONCILES.labels(trigger, "changed" if decision.patch else "unchanged").inc()
     for event in decision.events:
         kopf.event(kwargs["body"], type=event.type, reason=event.reason, message=event.message)

@@ -18,6 +18,7 @@ from typing import Any
 
 from kubernetes import client, config
 
+from pd_operator.api import API_VERSION, PLURAL
 from pd_operator.refusals import DETAIL_LIMIT, ApiFailure, failure_from_status
 from pd_operator.settings import FIELD_MANAGER
 
@@ -46,7 +47,10 @@ KINDS: dict[str, Kind] = {
     "Role": Kind("rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "rolebindings"),
     "InferencePool": Kind("inference.networking.k8s.io/v1", "inferencepools"),
+    "PDDeployment": Kind(API_VERSION, PLURAL),
+    "HorizontalPodAutoscaler": Kind("autoscaling/v2", "horizontalpodautoscalers"),
 }
+MERGE_PATCH = "application/merge-patch+json"
 
 
 class KubeError(RuntimeError):
@@ -136,10 +140,22 @@ class Kube:
             raise
         return found
 
+    async def items(self, kind: str, namespace: str, label_selector: str = "") -> list[Obj]:
+        """The objects of ``kind`` with the labels (one LIST, no watch)."""
+        query = {"labelSelector": label_selector} if label_selector else None
+        listing: Obj = await self.call("GET", collection_path(kind, namespace), query=query)
+        return list(listing.get("items") or [])
+
     async def names(self, kind: str, namespace: str, label_selector: str) -> list[str]:
         """Names of the objects of ``kind`` with the labels (one LIST, no watch)."""
-        listing: Obj = await self.call("GET", collection_path(kind, namespace), query={"labelSelector": label_selector})
-        return sorted(str(item["metadata"]["name"]) for item in listing.get("items") or [])
+        return sorted(str(item["metadata"]["name"]) for item in await self.items(kind, namespace, label_selector))
+
+    async def scale(self, kind: str, namespace: str, name: str, replicas: int) -> None:
+        """Set replicas through the scale subresource, as `kubectl scale` and HorizontalPodAutoscalers do."""
+        body = {"spec": {"replicas": replicas}}
+        await self.call(
+            "PATCH", f"{collection_path(kind, namespace)}/{name}/scale", body=body, content_type=MERGE_PATCH
+        )
 
     async def create(self, obj: Obj) -> Obj | None:
         """Create; an object that already exists is not an error (a watch may lag behind our writes)."""

@@ -57,6 +57,7 @@ PREFLIGHT_FAILED = "PreflightFailed"
 NODE_LOST = "NodeLost"
 NODE_NOT_READY = "NodeNotReady"
 ROUTER_READY = "RouterReady"
+SCALING_ACTIVE = "ScalingActive"
 
 
 @dataclass(frozen=True)
@@ -505,6 +506,17 @@ def _with_transition_times(
     return out
 
 
+def with_condition(
+    status: PDDeploymentStatus, cond: Condition | None, previous: PDDeploymentStatus, now: str, generation: int
+) -> PDDeploymentStatus:
+    """``status`` with one more condition decided outside :func:`status` (spec.autoscaling's), if any."""
+    if cond is None:
+        return status
+    kept = [c for c in status.conditions if c.type != cond.type]
+    added = _with_transition_times([cond], previous.conditions, now, generation)
+    return status.model_copy(update={"conditions": [*kept, *added]})
+
+
 def _role_conditions(
     roles: Sequence[RoleStatus], blocked: tuple[str, str] | None, refusals: Mapping[str, str]
 ) -> list[Condition]:
@@ -691,6 +703,16 @@ def events(old: PDDeploymentStatus, new: PDDeploymentStatus) -> list[Event]:
             found.append(
                 Event("Warning", NAME_CONFLICT if cond.reason == NAME_CONFLICT else CHILD_REFUSED, cond.message)
             )
+        if (
+            kind == SCALING_ACTIVE
+            and value == "False"
+            and (before.get(kind), reasons_before.get(kind))
+            != (
+                value,
+                cond.reason,
+            )
+        ):
+            found.append(Event("Warning", "ScalingInactive", cond.message))
         if before.get(kind) == value or value == "Unknown":
             continue
         if kind == "SpecValid" and value == "False":

@@ -13,6 +13,8 @@ NAMESPACED_NEEDS: dict[tuple[str, str], str] = {
     ("pd.serving.dev", "pddeployments"): "get list watch patch",
     ("pd.serving.dev", "pddeployments/status"): "get patch update",
     ("pd.serving.dev", "pddeployments/finalizers"): "update",  # blockOwnerDeletion on every child
+    ("pd.serving.dev", "pddeployments/scale"): "get patch",  # spec.autoscaling writes replicas as kubectl scale does
+    ("autoscaling", "horizontalpodautoscalers"): "list",  # one owner of replicas: an HPA on the object wins
     ("", "pods"): "get list watch create delete patch",
     ("", "services"): "get list watch create patch delete",
     ("", "configmaps"): "get create patch",  # the proxy's settings: read before applied (who holds it), applied

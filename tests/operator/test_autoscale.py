@@ -74,36 +74,38 @@ def _capacity(rate: float) -> autoscale.CapacityStatus:
 
 def test_demand_sums_rates_and_weighs_the_means_by_requests() -> None:
     reports = [
-        ProxyDemand(
-            requests_per_second=6.0,
-            in_flight=3,
-            queued=1,
-            window_s=30,
-            requests=10,
-            prompt_tokens=10_000,
-            output_tokens=5_000,
-        ),
-        ProxyDemand(
-            requests_per_second=4.5,
-            in_flight=2,
-            queued=0,
-            window_s=30,
-            requests=30,
-            prompt_tokens=90_000,
-            output_tokens=15_000,
-        ),
+        ProxyDemand(6.0, 3, 1, 30, prompt_requests=10, prompt_tokens=10_000, output_requests=10, output_tokens=5_000),
+        ProxyDemand(4.5, 2, 0, 30, prompt_requests=30, prompt_tokens=90_000, output_requests=20, output_tokens=15_000),
     ]
     got = autoscale.demand(reports, T0)
     assert got is not None
     assert (got.requests_per_second, got.in_flight, got.queued, got.replicas_reporting) == (10.5, 5, 1, 2)
-    assert got.mean_prompt_tokens == 2500.0 and got.mean_output_tokens == 500.0
+    assert got.mean_prompt_tokens == 2500.0 and got.mean_output_tokens == 666.7
     assert got.summary == "10.5/s"
     assert autoscale.demand([], T0) is None
 
 
 def test_demand_without_known_lengths_has_no_means() -> None:
-    got = autoscale.demand([ProxyDemand(2.0, 0, 0, 30, 0, 0, 0)], T0)
+    got = autoscale.demand([ProxyDemand(2.0, 0, 0, 30)], T0)
     assert got is not None and got.mean_prompt_tokens is None and got.mean_output_tokens is None
+
+
+def test_a_proxy_status_document_becomes_a_report_or_nothing() -> None:
+    status = {
+        "demand": {
+            "window_s": 30,
+            "requests_per_second": 2.5,
+            "arrivals": 75,
+            "in_flight": 4,
+            "queued": 1,
+            "output_tokens": {"requests": 75, "sum": 75_000},
+            "prompt_tokens": {"requests": 70, "sum": 140_000},
+        }
+    }
+    assert ProxyDemand.from_status(status) == ProxyDemand(2.5, 4, 1, 30.0, 70, 140_000, 75, 75_000)
+    assert ProxyDemand.from_status({}) is None
+    assert ProxyDemand.from_status({"demand": {"requests_per_second": "fast"}}) is None
+    assert ProxyDemand.from_status({"demand": []}) is None
 
 
 def test_capacity_is_measured_while_the_workload_looks_like_the_probes() -> None:
@@ -200,6 +202,8 @@ def test_the_event_says_why() -> None:
 def test_replicas_outside_the_bounds_come_back_at_once() -> None:
     verdict = autoscale.decide(SPEC, Replicas(spec=9, available=9), _demand(1.0), _capacity(8.9), (), T0)
     assert verdict.replicas == 4 and verdict.reason == "ScaledToBounds"
+    blind = autoscale.decide(SPEC.model_copy(update={"min_replicas": 2}), Replicas(1, 1), None, None, (), T0)
+    assert (blind.replicas, blind.reason, blind.event) == (2, "ScaledToBounds", "replicas 1 outside [2, 4]: 1 -> 2")
 
 
 def test_another_owner_of_replicas_or_missing_inputs_stop_it_with_a_reason() -> None:

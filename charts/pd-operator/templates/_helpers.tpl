@@ -64,6 +64,14 @@ clusters) setting it needs update on the owner's finalizers; without this every 
 - apiGroups: [pd.serving.dev]
   resources: [pddeployments/finalizers]
   verbs: [update]
+{{- /* spec.autoscaling writes replicas through the scale subresource, and yields to a HorizontalPodAutoscaler
+that targets the same PDDeployment (one owner of replicas): it lists them, read-only. */}}
+- apiGroups: [pd.serving.dev]
+  resources: [pddeployments/scale]
+  verbs: [get, patch]
+- apiGroups: [autoscaling]
+  resources: [horizontalpodautoscalers]
+  verbs: [list]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, delete, patch]
