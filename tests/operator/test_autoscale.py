@@ -46,7 +46,7 @@ def _demand(rate: float, prompt: float | None = 2000, output: float | None = 100
     )
 
 
-def _goodput(rate: float | None) -> GoodputStatus:
+def goodput_status(rate: float | None) -> GoodputStatus:
     return GoodputStatus(
         time=rfc3339(T0),
         rate=8,
@@ -67,7 +67,7 @@ def _goodput(rate: float | None) -> GoodputStatus:
 
 
 def _capacity(rate: float) -> autoscale.CapacityStatus:
-    found = autoscale.capacity(SPEC, GoodputProbeSpec(), _goodput(rate), None, Predictions(None, None), T0)
+    found = autoscale.capacity(SPEC, GoodputProbeSpec(), goodput_status(rate), None, Predictions(None, None), T0)
     assert found is not None
     return found
 
@@ -109,14 +109,18 @@ def test_a_proxy_status_document_becomes_a_report_or_nothing() -> None:
 
 
 def test_capacity_is_measured_while_the_workload_looks_like_the_probes() -> None:
-    got = autoscale.capacity(SPEC, GoodputProbeSpec(), _goodput(8.9), _demand(5, 2400, 900), Predictions(7.0, 6.0), T0)
+    got = autoscale.capacity(
+        SPEC, GoodputProbeSpec(), goodput_status(8.9), _demand(5, 2400, 900), Predictions(7.0, 6.0), T0
+    )
     assert got is not None
     assert (got.source, got.requests_per_second, got.stale, got.summary) == ("measured", 8.9, False, "8.9/s measured")
 
 
 def test_capacity_is_scaled_from_the_planner_once_the_workload_moved() -> None:
     # Prompts 4x the probe's: the planner says 3.5/s there and 7/s at the probe's, measured 8.9/s at the probe's.
-    got = autoscale.capacity(SPEC, GoodputProbeSpec(), _goodput(8.9), _demand(5, 8000, 1000), Predictions(7.0, 3.5), T0)
+    got = autoscale.capacity(
+        SPEC, GoodputProbeSpec(), goodput_status(8.9), _demand(5, 8000, 1000), Predictions(7.0, 3.5), T0
+    )
     assert got is not None
     assert got.source == "scaled" and got.stale
     assert got.requests_per_second == pytest.approx(3.5 * 8.9 / 7.0, abs=1e-3)
@@ -125,13 +129,13 @@ def test_capacity_is_scaled_from_the_planner_once_the_workload_moved() -> None:
 
 def test_stale_measured_capacity_without_a_prediction_says_stale() -> None:
     got = autoscale.capacity(
-        SPEC, GoodputProbeSpec(), _goodput(8.9), _demand(5, 200, 1000), Predictions(None, None), T0
+        SPEC, GoodputProbeSpec(), goodput_status(8.9), _demand(5, 200, 1000), Predictions(None, None), T0
     )
     assert got is not None and got.source == "measured" and got.stale
 
 
 def test_capacity_is_predicted_without_a_search_and_none_without_either() -> None:
-    got = autoscale.capacity(SPEC, GoodputProbeSpec(), _goodput(None), None, Predictions(6.0, None), T0)
+    got = autoscale.capacity(SPEC, GoodputProbeSpec(), goodput_status(None), None, Predictions(6.0, None), T0)
     assert got is not None and got.source == "predicted" and got.requests_per_second == 6.0
     assert autoscale.capacity(SPEC, GoodputProbeSpec(), None, None, Predictions(None, None), T0) is None
 

@@ -7,12 +7,12 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from pd_operator import decide, handlers, metrics
-from pd_operator.api import GoodputStatus, LatencyStats, ProbeMeasured, ProbeSlo
 from pd_operator.decide import Decision, Scale
 from pd_operator.goodput import rfc3339
 from pd_operator.observe import ProxyReport, find, parse
 from pd_operator.refusals import ApiFailure
 from tests.operator.podfacts import proxy_status
+from tests.operator.test_autoscale import goodput_status
 from tests.operator.test_decide import T0, merged
 from tests.operator.test_replicas import NAME, NS, pods_of, snapshot
 from tests.operator.test_written_keys import status_schema, unknown_in_schema
@@ -27,24 +27,7 @@ CAPACITY = 8.9
 
 
 def _goodput(rate: float | None = CAPACITY) -> dict[str, Any]:
-    found = GoodputStatus(
-        time=rfc3339(T0),
-        rate=8,
-        requests=100,
-        good=95,
-        errors=0,
-        attainment=0.95,
-        ttft_ms=LatencyStats(),
-        itl_ms=LatencyStats(),
-        goodput_rate=rate,
-        slo=ProbeSlo(ttft_ms=1000, itl_ms=50, target=0.9),
-        met=True,
-        measured=ProbeMeasured(
-            mode="disaggregated", transfer_mode="write", engine="simulated", gpu_split="", generation=1
-        ),
-        summary="95% @8/s",
-    )
-    return found.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return goodput_status(rate).model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 def _report(rate: float) -> ProxyReport:
