@@ -202,3 +202,11 @@ def test_id_rewriter_handles_ids_split_across_reads() -> None:
     out += rewriter.flush()
     assert out == 2 * f'data: {{"id":"cmpl-{"a" * 32}-0-1234"}}\n\n'.encode()
     assert rewriter.whole(event) == out[: len(out) // 2]
+
+
+@pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity"])
+def test_non_json_numbers_are_a_400_before_any_engine(token: str) -> None:
+    """Python's json reads NaN and Infinity; engines would get non-JSON tokens (issue 19)."""
+    with pytest.raises(ApiError) as refused:
+        parse_client_request(b'{"prompt": "x", "temperature": %s}' % token.encode(), "completions", "colocated", 100)
+    assert refused.value.status == 400 and refused.value.code == "invalid_json" and token in refused.value.message

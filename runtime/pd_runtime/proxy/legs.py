@@ -144,9 +144,14 @@ def trace_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return trace
 
 
+def _not_a_number(token: str) -> Any:
+    """NaN, Infinity and -Infinity: Python's json reads them, but they are not JSON (RFC 8259 6)."""
+    raise ValueError(f"{token} is not a JSON number")
+
+
 def _json_object(raw: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_not_a_number)
     except ValueError as exc:  # includes UnicodeDecodeError
         raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
     except RecursionError as exc:
