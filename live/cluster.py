@@ -185,6 +185,8 @@ class Pair:
     proxy_url: str = field(init=False)
     admin_url: str = field(init=False)
     faults: Faults = field(init=False)
+    # KV cache usage an engine keeps for good after a known vLLM bug (test_faults.py): what idle means.
+    leaked: dict[str, float] = field(default_factory=lambda: {"prefill": 0.0, "decode": 0.0})
 
     def __post_init__(self) -> None:
         self.faults = Faults(self.workdir / "mori-faults.json", self.workdir / "mori-transfers.jsonl")
@@ -297,13 +299,19 @@ def running_pair(mode: str, model: Path, workdir: Path) -> Iterator[Pair]:
 IDLE_TIMEOUT_S = 120.0
 
 
-def wait_idle(pair: Pair, timeout: float = IDLE_TIMEOUT_S) -> None:
-    """Both engines' own gauges say nothing runs, waits or holds KV blocks (within ``timeout``)."""
+def wait_idle(pair: Pair, timeout: float = IDLE_TIMEOUT_S) -> dict[str, dict[str, float]]:
+    """Both engines' own gauges say nothing runs, waits or holds KV blocks (within ``timeout``), beyond
+    what a known vLLM bug leaked earlier (``pair.leaked``). Returns the gauges."""
     deadline = time.monotonic() + timeout
     while True:
         held = {e.name: e.idle() for e in (pair.prefill, pair.decode)}
-        if all(v == 0 for engine in held.values() for v in engine.values()):
-            return
+        if all(
+            values["vllm:num_requests_running"] == 0
+            and values["vllm:num_requests_waiting"] == 0
+            and values["vllm:kv_cache_usage_perc"] <= pair.leaked[name]
+            for name, values in held.items()
+        ):
+            return held
         if time.monotonic() > deadline:
             raise AssertionError(f"engines still busy after {timeout:.0f} s: {held}")
         time.sleep(0.5)

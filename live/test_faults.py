@@ -1,0 +1,130 @@
+"""Clients that go away, and KV transfers that fail: a clear answer in bounded time, nothing left behind.
+
+After each case both engines' own gauges return to nothing running, waiting or held (``wait_idle``), so an
+abandoned leg that vLLM keeps (a decode request waiting for KV forever, blocks never freed) fails the test.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from urllib.parse import urlsplit
+
+import pytest
+import requests
+
+from live.client import TIMEOUT_S, completion_body, generate
+from live.cluster import Faults, Pair, wait_idle
+
+PROMPT = "def dedent(text):\n    "
+
+
+def _connection(url: str) -> http.client.HTTPConnection:
+    parts = urlsplit(url)
+    return http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=TIMEOUT_S)
+
+
+def _send(url: str, body: dict[str, object]) -> http.client.HTTPConnection:
+    conn = _connection(url)
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    return conn
+
+
+def test_disconnect_during_prefill(pair: Pair) -> None:
+    conn = _send(pair.proxy_url, completion_body("word " * 400, max_tokens=64))
+    conn.close()
+    wait_idle(pair)
+
+
+def test_disconnect_during_kv_wait(pair: Pair, faults: Faults) -> None:
+    """Both legs are aborted. In write mode vLLM 0.31's decode then keeps the request's KV blocks for good
+    (nothing running or waiting, ``vllm:kv_cache_usage_perc`` above 0 long after the late write landed):
+    a vLLM bug, asserted here so that a release without it fails this test; the pair's later tests accept
+    what it leaked (``pair.leaked``)."""
+    faults.set("delay", seconds=8)
+    conn = _send(pair.proxy_url, completion_body(PROMPT + "kv wait", max_tokens=64))
+    time.sleep(3)
+    conn.close()
+    if pair.mode == "read":
+        wait_idle(pair)
+        return
+    before = pair.leaked["decode"]
+    time.sleep(15)  # past the 8 s delay: the late write has landed
+    leaked = _wait_idle_accepting_decode_leak(pair)
+    assert leaked > before, "vLLM no longer leaks decode KV after an abort during the KV wait: drop the allowance"
+
+
+def test_disconnect_mid_stream(pair: Pair) -> None:
+    conn = _send(pair.proxy_url, completion_body(PROMPT + "mid stream", max_tokens=400, stream=True))
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert resp.read1(1024)
+    conn.close()
+    wait_idle(pair)
+
+
+def test_delayed_transfer_still_gives_the_whole_answer(pair: Pair, faults: Faults) -> None:
+    body = completion_body(PROMPT + "delayed")
+    whole = generate(pair.prefill.url, "/v1/completions", body)
+    faults.set("delay", seconds=3)
+    through = generate(pair.proxy_url, "/v1/completions", body)
+    assert (through.token_ids, through.logprobs) == (whole.token_ids, whole.logprobs)
+    wait_idle(pair)
+
+
+@pytest.mark.parametrize("fault", ["fail", "drop"])
+def test_lost_transfer_gets_a_clear_answer(
+    pair: Pair, faults: Faults, fault: str, request: pytest.FixtureRequest
+) -> None:
+    """A failed or never-completing transfer, streamed: the right answer (vLLM recomputed the prompt) or an
+    OpenAI-form error, within the proxy's KV wait
+    (``--kv-wait-timeout``); never a hang, never a wrong answer. In write mode vLLM 0.31's prefill logs
+    the failed write and answers 200, and decode waits for the KV for good: only the proxy's KV wait ends
+    it. (A non-streamed request is bounded by the proxy's response timeout instead: the KV wait counts to
+    the first body byte, which a non-streamed decode answer sends only when done; docs/live-tier.md.)"""
+    if (pair.mode, fault) == ("read", "fail"):
+        request.applymarker(
+            pytest.mark.xfail(
+                reason="read mode, failed read: vLLM 0.31 fails the decode request (failure_policy=fail) and the "
+                "client gets HTTP 200 with an empty stream, neither tokens nor an error (docs/live-tier.md)",
+                strict=False,
+            )
+        )
+    body = completion_body(PROMPT + fault, stream=True)
+    whole = generate(pair.prefill.url, "/v1/completions", body | {"stream": False})
+    faults.set(fault)
+    with requests.post(f"{pair.proxy_url}/v1/completions", json=body, timeout=TIMEOUT_S, stream=True) as resp:
+        faults.clear()
+        if resp.status_code != 200:
+            assert 400 <= resp.status_code < 600
+            assert {"message", "type"} <= set(resp.json()["error"]), resp.text
+        else:
+            events = [line for line in resp.iter_lines() if line.startswith(b"data: ")]
+            chunks = [json.loads(e.removeprefix(b"data: ")) for e in events if e != b"data: [DONE]"]
+            errors = [c["error"] for c in chunks if "error" in c]
+            choices = [ch for c in chunks for ch in c.get("choices", [])]
+            logprobs = [lp for ch in choices for lp in (ch.get("logprobs") or {}).get("token_logprobs") or []]
+            assert errors or logprobs == whole.logprobs, chunks
+    if pair.mode == "write":
+        _wait_idle_accepting_decode_leak(pair)
+    elif fault == "drop":
+        # Read mode: prefill keeps the blocks decode never read (nor released) after both legs were
+        # aborted, for minutes at least: a vLLM 0.31 bug, asserted so that a release without it fails here.
+        pair.leaked["prefill"] = 1.0
+        held = wait_idle(pair)
+        pair.leaked["prefill"] = usage = held["prefill"]["vllm:kv_cache_usage_perc"]
+        assert usage > 0, "vLLM no longer keeps prefill KV after a dropped read: drop the allowance"
+        assert held["decode"]["vllm:kv_cache_usage_perc"] == 0
+    else:
+        wait_idle(pair)
+
+
+def _wait_idle_accepting_decode_leak(pair: Pair) -> float:
+    """Write mode, after an abort during the KV wait: nothing running or waiting on either engine, prefill
+    holds nothing, and whatever KV decode keeps (vLLM 0.31's leak) becomes the pair's new idle level."""
+    pair.leaked["decode"] = 1.0
+    held = wait_idle(pair)
+    assert held["prefill"]["vllm:kv_cache_usage_perc"] == 0
+    pair.leaked["decode"] = usage = held["decode"]["vllm:kv_cache_usage_perc"]
+    return usage
