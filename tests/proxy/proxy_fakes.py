@@ -63,6 +63,9 @@ class FakeEngine:
     hang: bool = False  # never answer
     first_chunk_delay: float = 0.0
     token_ids: list[int] = field(default_factory=lambda: [11, 12, 13])  # answered when asked (return_token_ids)
+    # usage with prompt_tokens_details {"cached_tokens": N} (vLLM's --enable-prompt-tokens-details): in
+    # prefill's answer, whole answers, and a final usage chunk when the stream asks for include_usage
+    cached_tokens: int | None = None
     # observations
     requests: list[Recorded] = field(default_factory=list)
     port: int = 0
@@ -152,9 +155,24 @@ class FakeEngine:
         choice: dict[str, Any] = {"text": "hi"}
         if record.body.get("return_token_ids"):
             choice["token_ids"] = self.token_ids
-        return web.json_response(
-            {"id": f"cmpl-{request_id}-0-0a1b2c3d", "object": "text_completion", "choices": [choice]}
-        )
+        answer: dict[str, Any] = {
+            "id": f"cmpl-{request_id}-0-0a1b2c3d",
+            "object": "text_completion",
+            "choices": [choice],
+        }
+        if self.cached_tokens is not None:
+            answer["usage"] = self._usage(1)
+        return web.json_response(answer)
+
+    def _usage(self, completion_tokens: int) -> dict[str, Any]:
+        usage: dict[str, Any] = {
+            "prompt_tokens": 5,
+            "total_tokens": 5 + completion_tokens,
+            "completion_tokens": completion_tokens,
+        }
+        if self.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return usage
 
     async def _prefill_answer(self, record: Recorded, request_id: str) -> web.Response:
         if self.prefill_gate is not None:
@@ -195,7 +213,7 @@ class FakeEngine:
                         "stop_reason": None,
                     }
                 ],
-                "usage": {"prompt_tokens": 5, "total_tokens": 6, "completion_tokens": 1},
+                "usage": self._usage(1),
                 "kv_transfer_params": returned,
             }
         )
@@ -214,6 +232,9 @@ class FakeEngine:
             await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             if self.chunk_interval:
                 await asyncio.sleep(self.chunk_interval)
+        if self.cached_tokens is not None and (record.body.get("stream_options") or {}).get("include_usage"):
+            chunk = {"id": f"cmpl-{request_id}-0-0a1b2c3d", "choices": [], "usage": self._usage(self.chunks)}
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         record.answered = time.monotonic()

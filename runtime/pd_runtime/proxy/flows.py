@@ -23,7 +23,13 @@ from typing import Any, Literal
 import aiohttp
 
 from pd_runtime.protocol import check_prefill_response, new_request_uid
-from pd_runtime.proxy.answers import final_answer_events, finished_on_prefill
+from pd_runtime.proxy.answers import (
+    final_answer_events,
+    finished_on_prefill,
+    merge_usage,
+    merge_usage_events,
+    prompt_details,
+)
 from pd_runtime.proxy.breaker import OpenReason
 from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.demand import DemandWindow, asked_output_tokens, reported_prompt_tokens
@@ -105,6 +111,8 @@ class Exchange:
     """Loop time after which decode can no longer get the KV (prefill's answer + the kv wait)."""
     first_byte_timer: asyncio.Timeout | None = None
     """The streaming decode leg's deadline while it waits for its first byte."""
+    prompt_details: dict[str, Any] | None = None
+    """Prefill's usage.prompt_tokens_details, merged into decode's usage (docs/proxy.md, "Usage")."""
 
     def __post_init__(self) -> None:
         self.rewriter = IdRewriter(self.ids.request_id, self.ids.uid)
@@ -584,6 +592,7 @@ class ProxyCore:
             ) from exc
         if exchange.source == "request" and (prompt := reported_prompt_tokens(document)) is not None:
             self.demand.prompt_measured(time.monotonic(), prompt)
+        exchange.prompt_details = prompt_details(document)
         return PrefillAnswer(body, document)
 
     async def _relay(self, exchange: Exchange, target: Target, leg: Leg, name: str, sink: Sink) -> None:
@@ -614,13 +623,19 @@ class ProxyCore:
                     if not content_type.startswith("text/event-stream"):
                         body = await resp.read()
                         self._answered(target)
-                        await sink.whole(200, content_type, exchange.rewriter.whole(body))
+                        body = exchange.rewriter.whole(body)
+                        if name == "decode" and exchange.prompt_details is not None:
+                            body = merge_usage(body, exchange.prompt_details)
+                        await sink.whole(200, content_type, body)
                         return
                     # The per-chunk path: one read, the id rewrite, one write, one histogram count.
                     rewriter, itl, idle, write = exchange.rewriter, self.metrics.itl, timeouts.idle, sink.write
+                    usage = name == "decode" and _streams_usage(exchange.request)
                     last = due = 0.0
                     while data := await resp.read_some():
                         out = rewriter.feed(data)
+                        if usage and (details := exchange.prompt_details) is not None:
+                            out = merge_usage_events(out, details)
                         now = loop.time()
                         if not streaming:
                             due = deadline.when() or 0.0  # the kv wait may have moved it
@@ -640,6 +655,8 @@ class ProxyCore:
                             due = now + idle
                             deadline.reschedule(due)
                     tail = exchange.rewriter.flush()
+                    if usage and tail and (details := exchange.prompt_details) is not None:
+                        tail = merge_usage_events(tail, details)
                     if not streaming:
                         await sink.begin_stream(content_type)
                     if tail:
@@ -673,6 +690,12 @@ def _decode_full(limit: int) -> ApiError:
         f"every decode engine already has {limit} requests in flight (its max_num_seqs) and a full queue",
         "decode_at_capacity",
     )
+
+
+def _streams_usage(request: ClientRequest) -> bool:
+    """Whether the client asked for usage in its stream (stream_options.include_usage or continuous stats)."""
+    options = request.body.get("stream_options") or {}
+    return bool(options.get("include_usage") or options.get("continuous_usage_stats"))
 
 
 def _kv_bound(exchange: Exchange, first_byte_due: float) -> bool:
