@@ -231,7 +231,8 @@ async def test_no_live_prefill_or_decode_gets_503_at_once(pd_setup: SetupFactory
     assert body["error"]["code"] == "no_prefill_instance"
     assert set(body["error"]) == {"message", "type", "param", "code"}
     await setup.registrar.send(setup.prefill.g2_registration())
-    await wait_for(lambda: len(setup.proxy.registry.instances) == 1)
+    # Routable once its /health probe passed, not as soon as it is registered.
+    await wait_for(lambda: setup.proxy.registry.live("P", time.monotonic()), timeout=30, what="prefill routable")
     status, body = await setup.post("/v1/completions", BODY)
     assert status == 503 and body["error"]["code"] == "no_decode_instance"
 
