@@ -111,7 +111,10 @@ async def test_a_killed_prefill_loses_at_most_the_requests_that_were_streaming(
     assert lost <= streaming, f"lost {lost}, streaming at the kill {streaming}"
     assert failovers >= 1  # requests did meet the dead engine, and were served on the other one
     by_port = {i["http_address"]: i for i in doc["instances"]}
-    killed = by_port[stack.engine_urls["prefill-0"].removeprefix("http://")]
     survivor = by_port[stack.engine_urls["prefill-1"].removeprefix("http://")]
-    assert killed["healthy"] is False and survivor["healthy"] is True
-    assert survivor["routed"] > killed["routed"] > 0
+    assert survivor["healthy"] is True
+    # Out of rotation, or already evicted when a loaded machine read /status past its heartbeat TTL.
+    killed = by_port.get(stack.engine_urls["prefill-0"].removeprefix("http://"))
+    if killed is not None:
+        assert killed["healthy"] is False
+        assert survivor["routed"] > killed["routed"] > 0
