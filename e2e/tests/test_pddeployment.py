@@ -11,9 +11,11 @@ import importlib.util
 import json
 import os
 import signal
+import socket
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -118,6 +120,34 @@ def test_example_becomes_ready_and_serves(cp: ControlPlane, modes_namespace: str
             "KVTransferVerified after a request",
         )
         assert verified
+
+
+HOSTILE_REQUESTS = {
+    "a negative chunk size": (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nA\r\n-6\r\n0\r\n\r\n"
+    ),
+    "a bare LF hiding a Content-Length": (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Pad: a\nContent-Length: 36\r\n\r\n"
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+    ),
+}
+
+
+def test_a_hostile_request_does_not_stop_the_pods_proxy(cp: ControlPlane, modes_namespace: str) -> None:
+    """Issue 19, against the rendered pod: each request is refused with 400, and the proxy goes on serving."""
+    name = load_example("write")["metadata"]["name"]
+    wait_pdd_ready(cp, modes_namespace, name, timeout_s=180)
+    pod_ip = serving_pod(cp, modes_namespace, name)["status"]["podIP"]
+    for what, request in HOSTILE_REQUESTS.items():
+        with socket.create_connection((pod_ip, 8000), timeout=10) as sock:
+            sock.sendall(request)
+            answer = b""
+            while piece := sock.recv(65536):  # the proxy answers, then closes
+                answer += piece
+        assert answer.startswith(b"HTTP/1.1 400 ") and answer.count(b"Content-Length: ") == 1, (what, answer)
+    health = httpx.get(f"http://{pod_ip}:8000/health", timeout=5, trust_env=False)
+    assert health.status_code == 200
+    assert stream_completion(pod_ip)
 
 
 @pytest.mark.parametrize("mode", list(EXAMPLES))
