@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -38,6 +39,7 @@ from e2e.tests.kube import (
     wait_for,
     wait_pdd_ready,
 )
+from e2e.tests.rogue import check_rogue_gets_nothing
 
 SEED_EXAMPLES = ["write", "read", "colocated"]
 SERVING_CONDITIONS = {
@@ -119,7 +121,9 @@ def refused_deployment(operator: Stack) -> Iterator[str]:
 
 @pytest.mark.usefixtures("refused_deployment")
 @pytest.mark.parametrize("mode", SEED_EXAMPLES)
-def test_seed_example_serves_through_the_real_preflight(operator: Stack, cp: ControlPlane, mode: str) -> None:
+def test_seed_example_serves_through_the_real_preflight(
+    operator: Stack, cp: ControlPlane, mode: str, tmp_path: Path
+) -> None:
     obj = seed_example(mode)
     name, namespace = obj["metadata"]["name"], f"seed-{mode}"
     create_namespace(cp, namespace, "privileged")  # engine vllm with a hostPath model: privileged
@@ -129,12 +133,15 @@ def test_seed_example_serves_through_the_real_preflight(operator: Stack, cp: Con
         serving = pod(cp, namespace, status["podName"])
         assert serving is not None and serving["spec"]["nodeName"] == NODE_NAME
         address = serving["status"]["podIP"]
-        assert stream_completion(address, obj["spec"].get("proxy", {}).get("port", 8000))
+        api_port = obj["spec"].get("proxy", {}).get("port", 8000)
+        assert stream_completion(address, api_port)
         if serving["spec"].get("hostNetwork"):
             assert address == serving["status"]["hostIP"], "a hostNetwork pod has the node's address"
             for port in engine_http_ports(serving):  # on the node's loopback only (docs/security.md)
                 with pytest.raises(httpx.ConnectError):
                     httpx.get(f"http://{address}:{port}/health", timeout=5, trust_env=False)
+            # the proxy's loopback is the node's: a rogue process on the node gets no request either
+            check_rogue_gets_nothing(operator, serving, tmp_path, api_port)
         for kind in SERVING_CONDITIONS[mode]:
             wait_for(functools.partial(condition_true, cp, namespace, name, kind), 60, f"{kind} True")
         for engine in engine_names(obj):
