@@ -303,21 +303,22 @@ replica ready),
 e.g. a failed launcher preflight; or the pod's node is NotReady or unreachable), **Failed** (invalid
 spec, or the pod ended).
 
-Conditions: `SpecValid`; `PrefillReady` and `DecodeReady` (disaggregated) or `EngineReady` (colocated);
-`ProxyReady`; `Ready`; `KVTransferVerified` (True once the proxy's admin `/status` reports a transfer
-whose prefill and decode legs both succeeded, from user traffic, the proxy canary or a probe; it stays
-True for the life of the pod unless the canary finds decode's greedy tokens after a transfer differ
-from the prefill engine's own for the same request: then False, reason `KVMismatch`, with the first
-differing token position, for as long as that proxy reports it (see `spec.proxy.onKvMismatch`);
-`Unknown`/`NotApplicable` in colocated mode); `GoodputMet` (attainment of
-the last probe >= `spec.goodputProbe.slo.target` at the configured rate; `Unknown` until a probe ran);
-`NodeLost`, shown from the first time the serving pod's node is NotReady or unreachable: False
-(`NodeNotReady`) within the grace, True (`NodeLost`) once the grace has passed and the pod is
-force-deleted (zero grace, as its kubelet will never confirm) and recreated on a node with free GPUs,
-until the new pod is Ready, then False (`Recovered`, or `NodeReady` if the node came back in time). The
-grace is the operator's `--node-lost-grace-seconds` (default 300, the cluster's default toleration),
-shortened by the pod's own `tolerationSeconds` for `node.kubernetes.io/not-ready`/`unreachable`
-(set them in `spec.node.tolerations`); a pod that tolerates them forever is never replaced.
+Conditions: `SpecValid` (False with reason `InvalidSpec` for a spec the API refuses, or the tenancy policy's
+rule, e.g. `HostPathNotAllowed`, for a spec outside the operator's policy: docs/security.md; either way
+nothing is created or changed); `PrefillReady` and `DecodeReady` (disaggregated) or `EngineReady` (colocated);
+`ProxyReady`; `Ready`; `KVTransferVerified` (True once the proxy's admin `/status` reports a transfer whose
+prefill and decode legs both succeeded, from user traffic, the proxy canary or a probe; it stays True for the
+life of the pod unless the canary finds decode's greedy tokens after a transfer differ from the prefill
+engine's own for the same request: then False, reason `KVMismatch`, with the first differing token position,
+for as long as that proxy reports it (see `spec.proxy.onKvMismatch`); `Unknown`/`NotApplicable` in colocated
+mode); `GoodputMet` (attainment of the last probe >= `spec.goodputProbe.slo.target` at the configured rate;
+`Unknown` until a probe ran); `NodeLost`, shown from the first time the serving pod's node is NotReady or
+unreachable: False (`NodeNotReady`) within the grace, True (`NodeLost`) once the grace has passed and the pod
+is force-deleted (zero grace, as its kubelet will never confirm) and recreated on a node with free GPUs, until
+the new pod is Ready, then False (`Recovered`, or `NodeReady` if the node came back in time). The grace is the
+operator's `--node-lost-grace-seconds` (default 300, the cluster's default toleration), shortened by the pod's
+own `tolerationSeconds` for `node.kubernetes.io/not-ready`/`unreachable` (set them in
+`spec.node.tolerations`); a pod that tolerates them forever is never replaced.
 
 Replicas: each replica is one serving pod (`NAME`, `NAME-1`, ...) observed on its own; its phase,
 readiness (`ready`, containers) and `available` (Ready and KV transfer verified) are in
@@ -330,7 +331,8 @@ replacement to be Ready and KVTransferVerified; with one replica the pod is dele
 A PodDisruptionBudget (`minAvailable: replicas - maxUnavailable`) guards node drains.
 
 Events: one per phase change (`Pending`, `Progressing`, `Ready`, `Degraded`, `Failed`), `CreatedPod`,
-`RollingPod`, `ReplacingPod`, `ScalingDown`, `InvalidSpec`, `KVTransferVerified`, `KVMismatch` (Warning),
+`RollingPod`, `ReplacingPod`, `ScalingDown`, `InvalidSpec` (or the tenancy policy's rule), `KVTransferVerified`,
+`KVMismatch` (Warning),
 `GoodputProbeStarted`,
 `GoodputMeasured`, `GoodputProbeFailed`, `GoodputMet`, `GoodputMissed`, `NodeNotReady`, `NodeLost`.
 

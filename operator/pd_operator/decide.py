@@ -18,7 +18,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any, ClassVar, Literal
 
-from pd_operator import autoscale, autotune, goodput, layout, observe, render
+from pd_operator import autoscale, autotune, goodput, layout, observe, policy, render
 from pd_operator.api import (
     RUN_PROBE_ANNOTATION,
     AutoscalingStatus,
@@ -50,12 +50,14 @@ class Deployment:
     spec: Mapping[str, Any]
     status: Mapping[str, Any] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    tenancy: policy.TenancyPolicy = policy.DEFAULT_POLICY  # what the spec may ask for (pdctl operator --policy)
 
     @cached_property
     def checked(self) -> PDDeploymentSpec | SpecError:
-        """The spec validated, once per snapshot: every step of one reconcile reads this."""
+        """The spec validated and inside the tenancy policy, once per snapshot: every step of one reconcile
+        reads this, so a spec outside the policy creates and changes nothing."""
         try:
-            return validate_spec(self.spec)
+            return policy.enforce(validate_spec(self.spec), self.tenancy)
         except SpecError as exc:
             return exc
 
@@ -716,7 +718,14 @@ def decide(snap: Snapshot) -> Decision:
     now = goodput.rfc3339(snap.now)
     spec = d.checked
     if isinstance(spec, SpecError):
-        obs = Observation(generation=d.generation, now=now, spec=None, spec_problems=spec.problems, previous=previous)
+        obs = Observation(
+            generation=d.generation,
+            now=now,
+            spec=None,
+            spec_problems=spec.problems,
+            spec_reason=spec.reason,
+            previous=previous,
+        )
         new = observe.status(obs)
         return _decision(d.status, new, [Emit(e) for e in observe.events(previous, new)])
     step = _now(snap, spec)

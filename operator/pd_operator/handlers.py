@@ -317,6 +317,7 @@ def _snapshot(kwargs: Mapping[str, Any], now: datetime, repair: bool, settings: 
         spec=dict(body.spec),
         status=dict(body.status),
         annotations=dict(meta.annotations),
+        tenancy=settings.policy,
     )
     pods, jobs = list(kwargs["pd_pods"].get(key, [])), list(kwargs["pd_jobs"].get(key, []))
     index = kwargs["pd_nodes"]

@@ -125,6 +125,7 @@ class Observation:
     spec: PDDeploymentSpec | None
     layout: Layout | None = None  # None exactly when the spec is invalid
     spec_problems: Sequence[str] = ()
+    spec_reason: str = "InvalidSpec"  # SpecValid's reason with spec_problems: the tenancy policy's rule, if one
     replicas: Sequence[ReplicaObservation] = (ReplicaObservation(),)  # one per spec.replicas, by index
     surplus: int = 0  # serving pods beyond spec.replicas, being deleted (scale-down)
     previous: PDDeploymentStatus = field(default_factory=PDDeploymentStatus)
@@ -532,7 +533,7 @@ def _role_conditions(
 def _invalid(obs: Observation) -> PDDeploymentStatus:
     """An invalid spec changes phase, message and SpecValid; everything else stays as it was."""
     phase, message = "Failed", "invalid spec: " + "; ".join(obs.spec_problems)
-    invalid = condition("SpecValid", False, "InvalidSpec", "; ".join(obs.spec_problems))
+    invalid = condition("SpecValid", False, obs.spec_reason, "; ".join(obs.spec_problems))
     kept = [c for c in obs.previous.conditions if c.type != "SpecValid"]
     conds = _with_transition_times([invalid, *kept], obs.previous.conditions, obs.now, obs.generation)
     return obs.previous.model_copy(update={"phase": phase, "message": message[:MESSAGE_LIMIT], "conditions": conds})
@@ -716,7 +717,7 @@ def events(old: PDDeploymentStatus, new: PDDeploymentStatus) -> list[Event]:
         if before.get(kind) == value or value == "Unknown":
             continue
         if kind == "SpecValid" and value == "False":
-            found.append(Event("Warning", "InvalidSpec", cond.message))
+            found.append(Event("Warning", cond.reason, cond.message))
         elif kind == KV_VERIFIED and value == "True":
             found.append(Event("Normal", KV_VERIFIED, cond.message))
         elif kind == "GoodputMet":

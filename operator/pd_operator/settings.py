@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pd_operator.policy import DEFAULT_POLICY, TenancyPolicy
+
 FIELD_MANAGER = "pd-operator"
 
 
@@ -20,3 +22,4 @@ class Settings:
     node_lost_grace_seconds: float = 300.0
     field_manager: str = FIELD_MANAGER  # server-side apply owner of the children's fields
     probe_image: str | None = None  # image of the goodput probe Jobs (the operator's); None: the runtime image
+    policy: TenancyPolicy = DEFAULT_POLICY  # what a PDDeployment may ask for (--policy FILE, the chart's ConfigMap)

@@ -19,13 +19,17 @@ from pydantic_core import ErrorDetails
 from pd_operator.api import PDDeploymentSpec
 from pd_operator.rules import Violation
 
+INVALID_SPEC = "InvalidSpec"
+
 
 class SpecError(ValueError):
-    """An invalid PDDeployment spec; ``problems`` are ``"<path>: <message>"`` lines."""
+    """An invalid PDDeployment spec; ``problems`` are ``"<path>: <message>"`` lines; ``reason`` is SpecValid's
+    reason: InvalidSpec for the API's rules, the rule's name for the tenancy policy's (policy.py)."""
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[str], reason: str = INVALID_SPEC) -> None:
         super().__init__("\n".join(problems))
         self.problems = problems
+        self.reason = reason
 
 
 def _path(root: str, loc: tuple[int | str, ...], suffix: str = "") -> str:

@@ -230,7 +230,7 @@ def test_annotation_runs_a_probe_on_demand() -> None:
 
 
 def test_spec_change_rolls_the_pod() -> None:
-    decision = decide.decide(snapshot({**SPEC, "image": "other:2"}, pods=[serving()]))
+    decision = decide.decide(snapshot({**SPEC, "image": "ghcr.io/pd-serving/pd-runtime:0.2.0"}, pods=[serving()]))
     assert [(a.kind, a.name) for a in decision.actions if isinstance(a, Delete)] == [("Pod", NAME)]
     assert "RollingPod" in {e.reason for e in decision.events}
     assert decision.status.phase == "Progressing" and "observedGeneration" not in decision.patch

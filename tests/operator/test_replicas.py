@@ -120,7 +120,7 @@ def test_a_spec_change_rolls_one_replica_at_a_time_waiting_for_ready_and_verifie
     pods = pods_of(SPEC)
     status = serving_status(SPEC, pods)
     assert status["readyReplicas"] == 3 and status["availableReplicas"] == 3 and status["phase"] == "Ready"
-    changed = {**SPEC, "image": "other:2"}
+    changed = {**SPEC, "image": "ghcr.io/pd-serving/pd-runtime:0.2.0"}
     first = decide.decide(snapshot(changed, pods, status))
     assert deleted(first) == [f"{NAME}-2"]
     assert [r.phase for r in first.status.replica_statuses] == ["Progressing"] * 3
@@ -152,7 +152,8 @@ def test_one_replica_is_recreated_even_while_it_serves() -> None:
     spec = {**SPEC, "replicas": 1}
     pods = pods_of(spec, count=1)
     status = serving_status(spec, pods)
-    assert deleted(decide.decide(snapshot({**spec, "image": "other:2"}, pods, status))) == [NAME]
+    changed = {**spec, "image": "ghcr.io/pd-serving/pd-runtime:0.2.0"}
+    assert deleted(decide.decide(snapshot(changed, pods, status))) == [NAME]
 
 
 def test_scaling_down_deletes_the_surplus_pods() -> None:

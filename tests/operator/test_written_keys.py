@@ -27,7 +27,7 @@ from pd_operator.decide import Apply, Create, Decision, Deployment, Snapshot
 from pd_operator.observe import ProxyReport, RouterRead, wire
 from pd_operator.validation import SpecError, validate_spec
 from pd_operator.views import DeploymentView, job_view, pod_view
-from tests.operator.conftest import DRA, EXAMPLES, REPO
+from tests.operator.conftest import DRA, EXAMPLES, REPO, WIDE_POLICY
 from tests.operator.podfacts import container_status, finished_job, proxy_status, running_pod, summary
 from tests.operator.test_decide import planned
 
@@ -154,7 +154,7 @@ VARIANTS = valid_variants()
 def snap(spec: Obj, status: Obj, pods: list[Obj] = (), jobs: list[Obj] = (), **kw: Any) -> Snapshot:  # type: ignore[assignment]
     annotations = kw.pop("annotations", {})
     kw.setdefault("router", RouterRead(DeploymentView("demo-router", 1, 1, 1)))  # read only with spec.router
-    deployment = Deployment("demo", "ns1", "uid-1", 3, spec, status, annotations)
+    deployment = Deployment("demo", "ns1", "uid-1", 3, spec, status, annotations, tenancy=WIDE_POLICY)
     views = [pod_view(p) for p in pods], [job_view(j) for j in jobs]
     return planned(Snapshot(deployment, kw.pop("now", T0), *views, **kw))
 
@@ -182,7 +182,7 @@ def life(spec: Obj) -> Iterator[Decision]:
         container_status(c["name"], False, 2, "CrashLoopBackOff", "preflight failed") for c in pod["spec"]["containers"]
     ]
     yield decide.decide(snap(enabled, wire(ready.status), [running_pod(pod, statuses=statuses)]))
-    yield decide.decide(snap({**enabled, "image": "other:2"}, wire(ready.status), [pod]))
+    yield decide.decide(snap({**enabled, "image": "ghcr.io/pd-serving/pd-runtime:0.2.0"}, wire(ready.status), [pod]))
     unscheduled = running_pod(pod, ready=False)
     unscheduled["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "message": "Insufficient"}]
     yield decide.decide(snap(enabled, wire(ready.status), [unscheduled]))

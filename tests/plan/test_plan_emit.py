@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from pd_operator.commands.render import objects_for
+from pd_operator.policy import TenancyPolicy
 from pd_runtime.plan.emit import manifest, supported, to_yaml
 from pd_runtime.plan.layouts import Layout, layouts
 from pd_runtime.plan.price import Demand
@@ -21,7 +22,8 @@ EXPRESSIBLE = [
 def test_expressible_layouts_render(layout: Layout) -> None:
     doc = yaml.safe_load(to_yaml(manifest(layout, MODEL, DEMAND)))
     assert doc == manifest(layout, MODEL, DEMAND)  # the YAML writer round-trips
-    pod = next(o for o in objects_for(doc, None) if o["kind"] == "Pod")
+    tenancy = TenancyPolicy(allow_privileged=layout.backend == "xgmi")  # hostDevices (docs/security.md)
+    pod = next(o for o in objects_for(doc, None, tenancy) if o["kind"] == "Pod")
     engines = [c["command"] for c in pod["spec"]["containers"] if "serve" in c["command"]]
     tps = sorted(int(args[args.index("-tp") + 1]) for args in engines)
     expected = (

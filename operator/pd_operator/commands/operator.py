@@ -11,7 +11,9 @@ import logging
 import random
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+from pd_operator import policy
 from pd_operator.settings import Settings
 
 DEFAULT_LIVENESS_PORT = 8080
@@ -73,6 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="image of the goodput probe Jobs: the operator's own, which has `pdctl bench` (the chart sets it); "
         "default: each PDDeployment's runtime image",
     )
+    parser.add_argument(
+        "--policy",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the tenancy policy (YAML, the chart's ConfigMap; docs/security.md): a PDDeployment outside it is not "
+        "reconciled (SpecValid False). Default: the restrictive default policy",
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     return parser
 
@@ -84,11 +94,18 @@ def main(argv: Sequence[str]) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    log = logging.getLogger(__name__)
+    try:
+        tenancy = policy.load(args.policy) if args.policy else policy.DEFAULT_POLICY
+    except policy.PolicyError as exc:
+        log.error("%s", exc)
+        return 2
     settings = Settings(
         resync_seconds=args.resync_seconds,
         drift_repair_seconds=args.drift_repair_seconds,
         node_lost_grace_seconds=args.node_lost_grace_seconds,
         probe_image=args.probe_image,
+        policy=tenancy,
     )
     import kopf  # imported late: `pdctl crd` and `pdctl render` never pay for it
     from prometheus_client import start_http_server
@@ -97,10 +114,11 @@ def main(argv: Sequence[str]) -> int:
 
     if args.metrics_port:
         start_http_server(args.metrics_port)
-    logging.getLogger(__name__).info(
-        "pd-operator starting (%s; handlers from %s)",
+    log.info(
+        "pd-operator starting (%s; handlers from %s; tenancy policy %s)",
         "all namespaces" if args.all_namespaces else "namespaces " + ", ".join(args.namespace),
         handlers.__name__,
+        args.policy or "default",
     )
     kopf.run(
         registry=handlers.registry(settings),

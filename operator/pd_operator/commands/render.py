@@ -1,7 +1,9 @@
 """`pdctl render FILE`: print every object the operator would create for the PDDeployments in FILE.
 
-Validation runs offline with the same rules and messages as the API server; an invalid spec prints
-one line per problem on stderr and exits 2.
+Validation runs offline with the same rules and messages as the API server, then the tenancy policy
+(the default one, or ``--policy FILE``: the chart's ``policy:`` values, docs/security.md) as the chart's
+ValidatingAdmissionPolicy and the operator apply it; an invalid or refused spec prints one line per
+problem on stderr and exits 2.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ from typing import Any
 
 import yaml
 
-from pd_operator import api, goodput, layout, naming, render
+from pd_operator import api, goodput, layout, naming, policy, render
 from pd_operator.validation import SpecError, validate_spec
 
 EXIT_INVALID = 2
 
 
-def objects_for(doc: Any, namespace: str | None) -> list[dict[str, Any]]:
+def objects_for(
+    doc: Any, namespace: str | None, tenancy: policy.TenancyPolicy = policy.DEFAULT_POLICY
+) -> list[dict[str, Any]]:
     """The children (and the probe Job, when probes are enabled) of one PDDeployment document."""
     if not isinstance(doc, dict) or doc.get("apiVersion") != api.API_VERSION or doc.get("kind") != api.KIND:
         raise SpecError([f"apiVersion/kind: expected {api.API_VERSION} {api.KIND}"])
@@ -36,6 +40,7 @@ def objects_for(doc: Any, namespace: str | None) -> list[dict[str, Any]]:
         raise SpecError([*problems, *exc.problems]) from exc
     if problems:
         raise SpecError(problems)
+    policy.enforce(spec, tenancy)
     owner = layout.Owner(name=name, namespace=namespace or meta.get("namespace") or "default")
     lay = layout.build(owner, spec)
     objs = render.children(lay).all
@@ -54,16 +59,26 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("file", help="PDDeployment YAML file ('-' = stdin)")
     parser.add_argument("-n", "--namespace", help="namespace of the objects (default: the file's, or default)")
     parser.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    parser.add_argument(
+        "--policy",
+        type=Path,
+        metavar="FILE",
+        help="tenancy policy YAML (the chart's policy: values; default: the chart's defaults)",
+    )
     args = parser.parse_args(list(argv))
     try:
         docs = _load(args.file)
+        tenancy = policy.load(args.policy) if args.policy else policy.DEFAULT_POLICY
     except (OSError, yaml.YAMLError) as exc:
         sys.stderr.write(f"pdctl render: cannot read {args.file}: {exc}\n")
+        return EXIT_INVALID
+    except policy.PolicyError as exc:
+        sys.stderr.write(f"pdctl render: {exc}\n")
         return EXIT_INVALID
     objs: list[dict[str, Any]] = []
     for doc in docs:
         try:
-            objs += objects_for(doc, args.namespace)
+            objs += objects_for(doc, args.namespace, tenancy)
         except SpecError as exc:
             name = (doc.get("metadata") or {}).get("name", "?") if isinstance(doc, dict) else "?"
             lines = "".join(f"  {p}\n" for p in exc.problems)

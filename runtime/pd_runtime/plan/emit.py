@@ -60,7 +60,8 @@ def manifest(layout: Layout, model: str, demand: Demand, name: str | None = None
             # the seed's single-node setup: RoCE through the NIC, GIDs in the host network namespace
             spec["kvTransfer"]["rdma"] = {"resourceName": RDMA_RESOURCE, "resourceCount": 1, "hostNetwork": True}
         else:
-            # XGMI between the two engines needs both to see every GPU of the node (docs/gpu-allocation.md)
+            # XGMI between the two engines needs both to see every GPU of the node (docs/gpu-allocation.md):
+            # privileged engines, which the chart's tenancy policy admits only with policy.allowPrivileged
             spec["gpuAllocation"] = {"strategy": "hostDevices"}
     spec["goodputProbe"] = {
         "enabled": True,

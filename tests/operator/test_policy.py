@@ -1,0 +1,274 @@
+"""The tenancy policy: every rule refuses its escalation under the default policy and admits it once widened;
+the operator refuses to reconcile a refused spec; `pdctl render` applies the default policy or a file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pd_operator import decide, policy
+from pd_operator.commands import render as render_command
+from pd_operator.decide import Deployment, Emit, Snapshot
+from pd_operator.policy import DEFAULT_POLICY, RULES, HostPathPrefix, TenancyPolicy, violations
+from pd_operator.validation import SpecError, validate_spec
+from tests.operator.conftest import EXAMPLES
+from tests.operator.test_decide import T0
+
+BASE: dict[str, Any] = {"model": "m", "engine": "simulated"}
+WRITABLE_MODELS = HostPathPrefix(path_prefix="/models", read_only=False)
+
+# rule -> (the escalation, the opt-in that admits it, the field named); one case per rule and place.
+CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any], str]] = {
+    "image": ("ImageNotAllowed", {"image": "evil.io/root:1"}, {"images": ["evil.io/"]}, "spec.image"),
+    "image of a look-alike repository": (
+        "ImageNotAllowed",
+        {"image": "ghcr.io/pd-serving/pd-runtime-evil:1"},
+        {"images": ["ghcr.io/pd-serving/"]},
+        "spec.image",
+    ),
+    "model hostPath /": (
+        "HostPathNotAllowed",
+        {"modelStorage": {"hostPath": "/", "readOnly": True}},
+        {"hostPaths": [{"pathPrefix": "/"}]},
+        "spec.modelStorage.hostPath",
+    ),
+    "model hostPath writable": (
+        "HostPathNotReadOnly",
+        {"modelStorage": {"hostPath": "/models/hf"}},
+        {"hostPaths": [{"pathPrefix": "/models", "readOnly": False}]},
+        "spec.modelStorage.hostPath",
+    ),
+    "cache hostPath": (
+        "HostPathNotAllowed",
+        {"cacheStorage": {"hostPath": "/var/lib/kubelet"}},
+        {"hostPaths": [{"pathPrefix": "/var/lib/kubelet", "readOnly": False}]},
+        "spec.cacheStorage.hostPath",
+    ),
+    "cache hostPath under a read-only prefix": (
+        "HostPathNotReadOnly",
+        {"cacheStorage": {"hostPath": "/cache/pd"}},
+        {"hostPaths": [{"pathPrefix": "/cache", "readOnly": False}]},
+        "spec.cacheStorage.hostPath",
+    ),
+    "hostPath volume /etc/kubernetes/pki": (
+        "HostPathNotAllowed",
+        {"podTemplate": {"volumes": [{"name": "pki", "hostPath": {"path": "/etc/kubernetes/pki"}}]}},
+        {"hostPaths": [{"pathPrefix": "/etc/kubernetes"}]},
+        "spec.podTemplate.volumes[0].hostPath.path",
+    ),
+    "hostPath volume mounted writable": (
+        "HostPathNotReadOnly",
+        {
+            "podTemplate": {
+                "volumes": [{"name": "data", "hostPath": {"path": "/data/x"}}],
+                "volumeMounts": {"proxy": [{"name": "data", "mountPath": "/data"}]},
+            }
+        },
+        {"hostPaths": [{"pathPrefix": "/data", "readOnly": False}]},
+        "spec.podTemplate.volumes[0].hostPath.path",
+    ),
+    "nfs volume": (
+        "VolumeTypeNotAllowed",
+        {"podTemplate": {"volumes": [{"name": "n", "nfs": {"server": "nfs", "path": "/"}}]}},
+        {"volumeTypes": ["nfs"]},
+        "spec.podTemplate.volumes[0]",
+    ),
+    "projected ServiceAccount token": (
+        "ServiceAccountTokenNotAllowed",
+        {
+            "podTemplate": {
+                "volumes": [{"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]
+            }
+        },
+        {"allowServiceAccountTokens": True},
+        "spec.podTemplate.volumes[0].projected.sources[0].serviceAccountToken",
+    ),
+    "serviceAccountName": (
+        "ServiceAccountNotAllowed",
+        {"podTemplate": {"serviceAccountName": "cluster-admin-sa"}},
+        {"serviceAccountNames": ["cluster-admin-sa"]},
+        "spec.podTemplate.serviceAccountName",
+    ),
+    "toleration of every taint with a control-plane selector": (
+        "TolerationNotAllowed",
+        {
+            "node": {
+                "tolerations": [{"operator": "Exists"}],
+                "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
+            }
+        },
+        {"tolerationKeys": [""]},
+        "spec.node.tolerations[0].key",
+    ),
+    "control-plane toleration": (
+        "TolerationNotAllowed",
+        {"node": {"tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]}},
+        {"tolerationKeys": ["node-role.kubernetes.io/control-plane"]},
+        "spec.node.tolerations[0].key",
+    ),
+    "system-cluster-critical": (
+        "PriorityClassNotAllowed",
+        {"node": {"priorityClassName": "system-cluster-critical"}},
+        {"priorityClassNames": ["system-cluster-critical"]},
+        "spec.node.priorityClassName",
+    ),
+    "hostDevices": (
+        "PrivilegedNotAllowed",
+        {"engine": "vllm", "gpuAllocation": {"strategy": "hostDevices"}},
+        {"allowPrivileged": True},
+        "spec.gpuAllocation.strategy",
+    ),
+    "hostNetwork": (
+        "HostNetworkNotAllowed",
+        {"kvTransfer": {"rdma": {"hostNetwork": True}}},
+        {"allowHostNetwork": True},
+        "spec.kvTransfer.rdma.hostNetwork",
+    ),
+    "LoadBalancer": (
+        "ServiceTypeNotAllowed",
+        {"proxy": {"serviceType": "LoadBalancer"}},
+        {"serviceTypes": ["ClusterIP", "LoadBalancer"]},
+        "spec.proxy.serviceType",
+    ),
+}
+# The policy a case starts from, where not the default: the default admits host networking (the RDMA
+# examples need it); the read-only cases start with the directory allowed read-only.
+STARTS = {
+    "hostNetwork": {"allowHostNetwork": False},
+    "model hostPath writable": {"hostPaths": [{"pathPrefix": "/models"}]},
+    "cache hostPath under a read-only prefix": {"hostPaths": [{"pathPrefix": "/cache"}]},
+    "hostPath volume mounted writable": {"hostPaths": [{"pathPrefix": "/data"}]},
+}
+
+
+def spec_of(change: dict[str, Any]) -> Any:
+    return validate_spec({**BASE, **change})
+
+
+def base_policy(name: str) -> dict[str, Any]:
+    return STARTS.get(name, {})
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_escalation_is_refused_naming_field_and_rule(name: str) -> None:
+    rule, change, _, field = CASES[name]
+    found = violations(spec_of(change), TenancyPolicy.model_validate(base_policy(name)))
+    assert [(v.field_path, v.rule) for v in found] == [(field, rule)]
+    assert found[0].line.startswith(f"{field}: ") and "policy." in found[0].message
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_administrators_opt_in_admits_it(name: str) -> None:
+    _, change, opt_in, _ = CASES[name]
+    assert violations(spec_of(change), TenancyPolicy.model_validate({**base_policy(name), **opt_in})) == []
+
+
+def test_every_rule_has_a_case() -> None:
+    assert {rule.rule for rule in RULES} == {case[0] for case in CASES.values()}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_every_example_is_inside_the_default_policy(path: Path) -> None:
+    assert violations(validate_spec(yaml.safe_load(path.read_text())["spec"])) == []
+
+
+@pytest.mark.parametrize(
+    "allowed",
+    [
+        {"image": "ghcr.io/pd-serving/pd-runtime@sha256:" + "a" * 64},
+        {"image": "ghcr.io/pd-serving/pd-runtime"},
+        {"modelStorage": {"hostPath": "/models", "readOnly": True}},
+        {"modelStorage": {"hostPath": "/models/hf/", "readOnly": True}},
+        {"node": {"tolerations": [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}},
+        {"gpuAllocation": {"strategy": "hostDevices"}},  # simulated engines are not privileged
+        {"podTemplate": {"serviceAccountName": "default"}},
+        {
+            "podTemplate": {
+                "volumes": [
+                    {"name": "ro", "hostPath": {"path": "/models/x"}},
+                    {"name": "cm", "configMap": {"name": "c"}},
+                    {"name": "p", "projected": {"sources": [{"configMap": {"name": "c"}}]}},
+                ],
+                "volumeMounts": {"engine": [{"name": "ro", "mountPath": "/ro", "readOnly": True}]},
+            }
+        },
+    ],
+)
+def test_what_the_policy_admits(allowed: dict[str, Any]) -> None:
+    models = TenancyPolicy(host_paths=(HostPathPrefix(path_prefix="/models"),))
+    assert violations(spec_of(allowed), models) == []
+
+
+@pytest.mark.parametrize("path", ["/modelsx", "/models/./x", "/models/..", "/models/../etc", "/"])
+def test_a_host_path_is_under_a_prefix_by_whole_segments(path: str) -> None:
+    models = TenancyPolicy(host_paths=(HostPathPrefix(path_prefix="/models"),))
+    found = violations(spec_of({"modelStorage": {"hostPath": path, "readOnly": True}}), models)
+    assert [v.rule for v in found] == ["HostPathNotAllowed"]
+
+
+def test_enforce_names_the_first_rule_as_reason() -> None:
+    with pytest.raises(SpecError) as caught:
+        policy.enforce(spec_of({"image": "x:1", "proxy": {"serviceType": "NodePort"}}), DEFAULT_POLICY)
+    assert caught.value.reason == "ImageNotAllowed"
+    assert [p.split(":")[0] for p in caught.value.problems] == ["spec.image", "spec.proxy.serviceType"]
+
+
+def test_a_policy_file_loads_and_a_bad_one_is_refused(tmp_path: Path) -> None:
+    good = tmp_path / "policy.yaml"
+    good.write_text(yaml.safe_dump({"images": ["r/"], "hostPaths": [{"pathPrefix": "/m", "readOnly": False}]}))
+    assert policy.load(good) == TenancyPolicy(
+        images=("r/",), host_paths=(WRITABLE_MODELS.model_copy(update={"path_prefix": "/m"}),)
+    )
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("imagez: []\n")
+    with pytest.raises(policy.PolicyError, match="imagez"):
+        policy.load(bad)
+    with pytest.raises(policy.PolicyError):
+        policy.load(tmp_path / "missing.yaml")
+
+
+# ---- the operator refuses to reconcile -------------------------------------------------------------------------
+
+
+def test_the_operator_refuses_a_spec_outside_the_policy_and_creates_nothing() -> None:
+    spec = {**BASE, "node": {"priorityClassName": "system-cluster-critical"}}
+    decision = decide.decide(Snapshot(Deployment("demo", "ns", "uid", 1, spec), T0))
+    cond = next(c for c in decision.status.conditions if c.type == "SpecValid")
+    assert (cond.status, cond.reason) == ("False", "PriorityClassNotAllowed")
+    assert cond.message.startswith("spec.node.priorityClassName: ")
+    assert all(isinstance(a, Emit) for a in decision.actions)
+    assert ("Warning", "PriorityClassNotAllowed") in [(e.type, e.reason) for e in decision.events]
+    widened = TenancyPolicy(priority_class_names=("system-cluster-critical",))
+    admitted = decide.decide(Snapshot(Deployment("demo", "ns", "uid", 1, spec, tenancy=widened), T0))
+    assert any(a.key.startswith("create Pod/") for a in admitted.actions)
+
+
+# ---- pdctl render --------------------------------------------------------------------------------------------------
+
+
+def write(tmp_path: Path, spec: dict[str, Any]) -> Path:
+    doc = {"apiVersion": "pd.serving.dev/v1alpha1", "kind": "PDDeployment", "metadata": {"name": "x"}, "spec": spec}
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_render_refuses_a_spec_outside_the_default_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, {**BASE, "proxy": {"serviceType": "LoadBalancer"}})
+    assert render_command.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "spec.proxy.serviceType: the Service type is not in the allowed types" in err
+    assert "policy.serviceTypes" in err
+
+
+def test_render_applies_another_policy_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, {**BASE, "proxy": {"serviceType": "LoadBalancer"}})
+    wide = tmp_path / "policy.yaml"
+    wide.write_text(json.dumps({"serviceTypes": ["ClusterIP", "LoadBalancer"]}))
+    assert render_command.main([str(path), "--policy", str(wide)]) == 0
+    assert "type: LoadBalancer" in capsys.readouterr().out
+    assert render_command.main([str(path), "--policy", str(tmp_path / "none.yaml")]) == 2
