@@ -55,8 +55,11 @@ cluster-up: venv control-plane
 cluster-down: venv
 	$(PY) -m e2e.cluster down
 
-# Regenerate what is generated from the pydantic models: the CRD, its chart copy, the CRD reference.
+# Regenerate what is generated from the pydantic models: the CRD, its chart copy, the CRD reference,
+# the chart's tenancy ValidatingAdmissionPolicy (from policy.py's rules).
 generate: venv
 	$(VENV)/bin/pdctl crd > crds/pddeployment.yaml
 	$(PY) -m pd_operator.crd --docs > docs/crd-reference.md
+	$(PY) -c 'from pd_operator import policy; print(policy.admission_policy_template(), end="")' \
+		> charts/pd-operator/templates/tenancy-policy.yaml
 	PD_UPDATE_GOLDEN=1 $(VENV)/bin/pytest -q tests/chart

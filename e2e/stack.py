@@ -34,6 +34,21 @@ POOL_KEY = "pd.serving.dev/e2e-pool"  # label and NoSchedule taint of the nodes 
 OPERATOR_NAMESPACE = "pd-system"
 RELEASE = "pd-operator"
 CHART = REPO_ROOT / "charts" / "pd-operator"
+MISCONFIGURED_TAINT = "pd.serving.dev/e2e-misconfigured"  # test_seed_examples: a node without RDMA verbs
+# The chart's tenancy policy (docs/security.md) widened for what the suite's tests ask for, as an
+# administrator who trusts every PDDeployment author would; test_tenancy.py runs the chart's defaults.
+SUITE_POLICY: dict[str, Any] = {
+    "hostPaths": [{"pathPrefix": "/", "readOnly": False}],
+    "serviceAccountNames": ["serving"],
+    "tolerationKeys": [
+        "amd.com/gpu",
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+        POOL_KEY,
+        MISCONFIGURED_TAINT,
+    ],
+    "allowPrivileged": True,
+}
 
 
 class Stack:
@@ -138,12 +153,22 @@ class Stack:
             raise RuntimeError(f"helm {' '.join(args)} failed: {proc.stderr.strip()}")
         return proc.stdout
 
-    def install_operator(self, helm_version: int = 3, values: dict[str, Any] | None = None) -> None:
-        """Install the chart with the operator Deployment scaled to zero: the operator runs as our process."""
+    def install_operator(
+        self,
+        helm_version: int = 3,
+        values: dict[str, Any] | None = None,
+        policy: dict[str, Any] | None = SUITE_POLICY,
+    ) -> None:
+        """Install the chart with the operator Deployment scaled to zero: the operator runs as our process.
+        ``policy`` widens the chart's tenancy policy (the suite's by default; None: the chart's defaults)."""
         sets = {"replicaCount": "0", **{k: str(v) for k, v in (values or {}).items()}}
         args = ["upgrade", "--install", RELEASE, str(CHART), "-n", OPERATOR_NAMESPACE, "--create-namespace"]
         for key, value in sets.items():
             args += ["--set", f"{key}={value}"]
+        if policy is not None:
+            widened = self.cp.workdir / "policy-values.yaml"
+            widened.write_text(json.dumps({"policy": policy}))  # JSON is YAML
+            args += ["--values", str(widened)]
         self.helm(*args, "--wait", "--timeout", "120s", version=helm_version)
 
     def operator_kubeconfig(self) -> Path:
@@ -167,9 +192,20 @@ class Stack:
         container = deployments[0]["spec"]["template"]["spec"]["containers"][0]
         argv = [*container.get("command", []), *container.get("args", [])]
         argv[0] = str(Path(sys.executable).parent / argv[0])  # pdctl of this project's install
-        ports = {"--liveness-port": self.cp.ports.port(), "--metrics-port": self.cp.ports.port()}
+        ports: dict[str, object] = {"--liveness-port": self.cp.ports.port(), "--metrics-port": self.cp.ports.port()}
         self.cp.extras["operator_ports"] = {k.strip("-"): v for k, v in ports.items()}
+        ports["--policy"] = self.operator_policy_file()  # the chart's ConfigMap, as the Deployment mounts it
         return [f"{a.split('=')[0]}={ports[a.split('=')[0]]}" if a.split("=")[0] in ports else a for a in argv]
+
+    def operator_policy_file(self) -> Path:
+        """The chart's tenancy policy ConfigMap written where our operator process reads it."""
+        out = self.cp.kubectl("get", "configmaps", "-n", OPERATOR_NAMESPACE, "-o", "json")
+        found = [i for i in json.loads(out)["items"] if i["metadata"]["name"].endswith("-policy")]
+        if len(found) != 1:
+            raise RuntimeError(f"expected the chart's one policy ConfigMap in {OPERATOR_NAMESPACE}, found {len(found)}")
+        path = self.cp.workdir / "operator-policy.yaml"
+        path.write_text(found[0]["data"]["policy.yaml"])
+        return path
 
     def start_operator(self, name: str = "operator") -> ProcRef:
         """Run the operator as the chart's ServiceAccount, so its RBAC is exactly what is exercised."""

@@ -26,7 +26,7 @@ import yaml
 
 from e2e.cluster import REPO_ROOT, ControlPlane
 from e2e.procs import stop
-from e2e.stack import NODE_NAME, Stack
+from e2e.stack import MISCONFIGURED_TAINT, NODE_NAME, Stack
 from e2e.tests.kube import (
     Obj,
     apply,
@@ -48,7 +48,6 @@ SERVING_CONDITIONS = {
     "colocated": ["EngineReady", "ProxyReady", "Ready"],
 }
 MISCONFIGURED_NODE = "mi300x-no-uverbs"
-MISCONFIGURED_TAINT = "pd.serving.dev/e2e-misconfigured"
 
 
 def seed_example(mode: str) -> Obj:

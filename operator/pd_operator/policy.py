@@ -186,11 +186,11 @@ def _cel_under(path: str, prefix: str) -> str:
 
 def _cel_host_path_allowed(path: str) -> str:
     dotted = f"{path}.contains('/./') || {path}.contains('/../') || {path}.endsWith('/.') || {path}.endsWith('/..')"
-    return f"(!({dotted}) && {V}.hostPaths.exists(h, {_cel_under(path, 'h.pathPrefix')}))"
+    return f"(!({dotted}) && {V}.hostPaths.exists(h, {_cel_under(path, 'h')}))"
 
 
 def _cel_host_path_writable(path: str) -> str:
-    return f"{V}.hostPaths.exists(h, {_cel_under(path, 'h.pathPrefix')} && has(h.readOnly) && !h.readOnly)"
+    return f"{V}.writableHostPaths.exists(h, {_cel_under(path, 'h')})"
 
 
 def _cel_volumes_all(body: str) -> str:
@@ -501,6 +501,14 @@ def enforce(spec: PDDeploymentSpec, policy: TenancyPolicy) -> PDDeploymentSpec:
 # ---- the chart's ValidatingAdmissionPolicy ---------------------------------------------------------------------
 
 KNOBS = tuple(to_camel(name) for name in TenancyPolicy.model_fields)
+# The admission policy's variables: each knob's values as a CEL literal, except hostPaths, whose entries
+# become two lists of prefixes (CEL on the API server refuses a list of maps with string and bool values).
+_HOST_PATHS = '(dict "hostPaths" .Values.policy.hostPaths "writable" {})'
+VARIABLES = {
+    **{knob: f"toJson (toJson .Values.policy.{knob})" for knob in KNOBS if knob != "hostPaths"},
+    "hostPaths": f'toJson (include "pd-operator.hostPathPrefixes" {_HOST_PATHS.format("false")})',
+    "writableHostPaths": f'toJson (include "pd-operator.hostPathPrefixes" {_HOST_PATHS.format("true")})',
+}
 TEMPLATE_PATH = "charts/pd-operator/templates/tenancy-policy.yaml"
 
 
@@ -531,7 +539,7 @@ def admission_policy_template() -> str:
             "matchConditions": [
                 {"name": "spec-written", "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec"}
             ],
-            "variables": [{"name": knob, "expression": f"VALUE:{knob}"} for knob in KNOBS],
+            "variables": [{"name": name, "expression": f"VALUE:{name}"} for name in VARIABLES],
             "validations": [rule.validation() for rule in RULES],
         },
     }
@@ -543,9 +551,8 @@ def admission_policy_template() -> str:
     }
     body = yaml.safe_dump_all([policy, binding], sort_keys=False, width=100000)
     body = body.replace("labels: LABELS", 'labels:\n    {{- include "pd-operator.labels" . | nindent 4 }}')
-    for knob in KNOBS:
-        value = f"{{{{ toJson (toJson .Values.policy.{knob}) }}}}"
-        body = body.replace(f"expression: VALUE:{knob}", f"expression: {value}")
+    for name, helm in VARIABLES.items():
+        body = body.replace(f"expression: VALUE:{name}", f"expression: {{{{ {helm} }}}}")
     header = (
         "# Generated from operator/pd_operator/policy.py (make generate); do not edit. docs/security.md.\n"
         "{{- if .Values.policy.admission }}\n"

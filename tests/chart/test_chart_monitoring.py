@@ -114,7 +114,8 @@ def test_no_monitoring_objects_by_default(helm: Path) -> None:
 
 
 def test_dashboard_config_map_carries_the_file_for_the_grafana_sidecar(helm: Path) -> None:
-    (config_map,) = find(documents(helm_render(helm, sets=MONITORING)), "ConfigMap")
+    configs = find(documents(helm_render(helm, sets=MONITORING)), "ConfigMap")
+    (config_map,) = [d for d in configs if d["metadata"]["name"].endswith("-dashboard")]
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(config_map["data"]["pd-serving.json"]) == dashboard()
 

@@ -151,6 +151,23 @@ reading EndpointSlices, which it never does otherwise. */}}
 {{- end }}
 
 {{/* `pdctl operator` arguments: scope, peering, probe and metrics ports, then the user's extras. */}}
+{{- /* The operator's copy of the tenancy policy: the chart's policy values less the VAP switch. */}}
+{{- define "pd-operator.policy" -}}
+{{- toYaml (omit .Values.policy "admission") }}
+{{- end }}
+
+{{- /* The tenancy policy's hostPaths prefixes as a JSON list of strings: every one, or with writable
+those with readOnly false (a missing readOnly is true, as in pd_operator.policy.HostPathPrefix). */}}
+{{- define "pd-operator.hostPathPrefixes" -}}
+{{- $out := list }}
+{{- range .hostPaths }}
+{{- if or (not $.writable) (and (hasKey . "readOnly") (not .readOnly)) }}
+{{- $out = append $out .pathPrefix }}
+{{- end }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
 {{- define "pd-operator.args" -}}
 {{- if .Values.watchNamespaces }}
 {{- range .Values.watchNamespaces }}
@@ -167,6 +184,8 @@ reading EndpointSlices, which it never does otherwise. */}}
 - --liveness-port={{ .Values.liveness.port }}
 {{- /* The goodput probe Jobs run `pdctl bench` from this (small) image, not the ROCm runtime image. */}}
 - --probe-image={{ include "pd-operator.image" . }}
+{{- /* The tenancy policy ConfigMap (policy.yaml), mounted by the Deployment. */}}
+- --policy=/etc/pd-operator/policy/policy.yaml
 {{- if .Values.metrics.enabled }}
 - --metrics-port={{ .Values.metrics.port }}
 {{- end }}
