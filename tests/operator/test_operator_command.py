@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from pd_operator.commands.operator import build_parser
+from pd_operator.commands.operator import build_parser, main
 
 
 def test_namespaces_repeat_and_defaults() -> None:
@@ -32,3 +34,10 @@ def test_conflicting_or_missing_scope_is_a_usage_error(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as err:
         build_parser().parse_args(argv)
     assert err.value.code == 2
+
+
+def test_a_policy_file_that_does_not_parse_stops_the_operator_before_it_starts(tmp_path: Path) -> None:
+    bad = tmp_path / "policy.yaml"
+    bad.write_text("allowPrivileged: maybe\n")
+    assert main(["-A", "--policy", str(bad)]) == 2  # before kopf: nothing reconciled under a wrong policy
+    assert build_parser().parse_args(["-A"]).policy is None  # the default policy
