@@ -15,7 +15,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -126,6 +126,20 @@ class Exchange:
         timer, deadline = self.first_byte_timer, self.kv_deadline
         if timer is not None and deadline is not None and deadline < (timer.when() or math.inf):
             timer.reschedule(deadline)
+
+    @contextlib.asynccontextmanager
+    async def first_byte_bounded(self, timer: asyncio.Timeout, bounded: bool) -> AsyncIterator[None]:
+        """While a streaming decode leg waits inside ``timer``, prefill's answer may bring its deadline
+        forward; never once the leg is over (a decode that failed fast leaves a finished Timeout, which
+        cannot be rescheduled: prefill's answer arriving just then was a 500)."""
+        if bounded:
+            self.first_byte_timer = timer
+            self.bound_first_byte()
+        try:
+            yield
+        finally:
+            if self.first_byte_timer is timer:
+                self.first_byte_timer = None
 
 
 @dataclass(frozen=True)
@@ -608,62 +622,63 @@ class ProxyCore:
         streaming = False
         started = time.monotonic()
         slack = min(1.0, timeouts.idle / 10)  # move the idle deadline only when it is this far off
+        bounded = exchange.request.stream and name == "decode"
         try:
-            async with asyncio.timeout(first_deadline) as deadline:
-                if exchange.request.stream and name == "decode":
-                    exchange.first_byte_timer = deadline
-                    exchange.bound_first_byte()
-                async with self._post(target, leg) as resp:
-                    if resp.status != 200:
-                        body = await resp.read()
-                        raise LegFailure(
-                            name, "http", upstream_error_for_client(resp.status, body, name, exchange.rewriter)
-                        )
-                    content_type = resp.headers.get("content-type", "application/json")
-                    if not content_type.startswith("text/event-stream"):
-                        body = await resp.read()
-                        self._answered(target)
-                        body = exchange.rewriter.whole(body)
-                        if name == "decode" and exchange.prompt_details is not None:
-                            body = merge_usage(body, exchange.prompt_details)
-                        await sink.whole(200, content_type, body)
-                        return
-                    # The per-chunk path: one read, the id rewrite, one write, one histogram count.
-                    rewriter, itl, idle, write = exchange.rewriter, self.metrics.itl, timeouts.idle, sink.write
-                    usage = name == "decode" and _streams_usage(exchange.request)
-                    last = due = 0.0
-                    while data := await resp.read_some():
-                        out = rewriter.feed(data)
-                        if usage and (details := exchange.prompt_details) is not None:
-                            out = merge_usage_events(out, details)
-                        now = loop.time()
-                        if not streaming:
-                            due = deadline.when() or 0.0  # the kv wait may have moved it
-                            if out:
-                                streaming = True
-                                self._answered(target)
-                                exchange.first_byte_timer = None
-                                await sink.begin_stream(content_type)
-                                self.metrics.ttft.observe(time.monotonic() - exchange.started)
-                                last = now
-                                await write(out)
-                        elif out:
-                            itl.observe(now - last)
+            async with (
+                asyncio.timeout(first_deadline) as deadline,
+                exchange.first_byte_bounded(deadline, bounded),
+                self._post(target, leg) as resp,
+            ):
+                if resp.status != 200:
+                    body = await resp.read()
+                    raise LegFailure(
+                        name, "http", upstream_error_for_client(resp.status, body, name, exchange.rewriter)
+                    )
+                content_type = resp.headers.get("content-type", "application/json")
+                if not content_type.startswith("text/event-stream"):
+                    body = await resp.read()
+                    self._answered(target)
+                    body = exchange.rewriter.whole(body)
+                    if name == "decode" and exchange.prompt_details is not None:
+                        body = merge_usage(body, exchange.prompt_details)
+                    await sink.whole(200, content_type, body)
+                    return
+                # The per-chunk path: one read, the id rewrite, one write, one histogram count.
+                rewriter, itl, idle, write = exchange.rewriter, self.metrics.itl, timeouts.idle, sink.write
+                usage = name == "decode" and _streams_usage(exchange.request)
+                last = due = 0.0
+                while data := await resp.read_some():
+                    out = rewriter.feed(data)
+                    if usage and (details := exchange.prompt_details) is not None:
+                        out = merge_usage_events(out, details)
+                    now = loop.time()
+                    if not streaming:
+                        due = deadline.when() or 0.0  # the kv wait may have moved it
+                        if out:
+                            streaming = True
+                            self._answered(target)
+                            exchange.first_byte_timer = None
+                            await sink.begin_stream(content_type)
+                            self.metrics.ttft.observe(time.monotonic() - exchange.started)
                             last = now
                             await write(out)
-                        if abs(now + idle - due) > slack:
-                            due = now + idle
-                            deadline.reschedule(due)
-                    tail = exchange.rewriter.flush()
-                    if usage and tail and (details := exchange.prompt_details) is not None:
-                        tail = merge_usage_events(tail, details)
-                    if not streaming:
-                        await sink.begin_stream(content_type)
-                    if tail:
-                        await sink.write(tail)
-                    await sink.end_stream()
+                    elif out:
+                        itl.observe(now - last)
+                        last = now
+                        await write(out)
+                    if abs(now + idle - due) > slack:
+                        due = now + idle
+                        deadline.reschedule(due)
+                tail = exchange.rewriter.flush()
+                if usage and tail and (details := exchange.prompt_details) is not None:
+                    tail = merge_usage_events(tail, details)
+                if not streaming:
+                    await sink.begin_stream(content_type)
+                if tail:
+                    await sink.write(tail)
+                await sink.end_stream()
         except TimeoutError as exc:
-            if not streaming and exchange.first_byte_timer is not None and _kv_bound(exchange, first_byte_due):
+            if not streaming and bounded and _kv_bound(exchange, first_byte_due):
                 raise LegFailure(name, "kv_timeout", kv_transfer_timeout(timeouts.kv_wait)) from exc
             if not streaming and name == "decode" and exchange.prefill is not None and exchange.kv_deadline is None:
                 # write mode: decode's first byte waits for prefill's KV, and prefill has not answered yet
