@@ -315,3 +315,14 @@ def wait_idle(pair: Pair, timeout: float = IDLE_TIMEOUT_S) -> dict[str, dict[str
         if time.monotonic() > deadline:
             raise AssertionError(f"engines still busy after {timeout:.0f} s: {held}")
         time.sleep(0.5)
+
+
+def wait_idle_accepting_decode_leak(pair: Pair) -> float:
+    """Write mode, after decode's leg was aborted during its KV wait: nothing running or waiting on either
+    engine, prefill holds nothing, and whatever KV decode keeps (vLLM 0.31's leak, docs/vllm-versions.md)
+    becomes the pair's new idle level. Returns what decode holds."""
+    pair.leaked["decode"] = 1.0
+    held = wait_idle(pair)
+    assert held["prefill"]["vllm:kv_cache_usage_perc"] == 0
+    pair.leaked["decode"] = usage = held["decode"]["vllm:kv_cache_usage_perc"]
+    return usage

@@ -15,10 +15,9 @@ import pytest
 import requests
 
 from live.client import TIMEOUT_S, completion_body, generate
-from live.cluster import Faults, Pair, wait_idle
+from live.cluster import Faults, Pair, wait_idle, wait_idle_accepting_decode_leak
 
 PROMPT = "def dedent(text):\n    "
-RECV_ABORT_TIMEOUT_S = 120.0  # MoRIIOConstants.DEFAULT_RECV_ABORT_TIMEOUT (vLLM 0.31)
 
 
 def _connection(url: str) -> http.client.HTTPConnection:
@@ -52,7 +51,7 @@ def test_disconnect_during_kv_wait(pair: Pair, faults: Faults) -> None:
         return
     before = pair.leaked["decode"]
     time.sleep(15)  # past the 8 s delay: the late write has landed
-    leaked = _wait_idle_accepting_decode_leak(pair)
+    leaked = wait_idle_accepting_decode_leak(pair)
     assert leaked > before, "vLLM no longer leaks decode KV after an abort during the KV wait: drop the allowance"
 
 
@@ -90,6 +89,13 @@ def test_lost_transfer_gets_a_clear_answer(
             "raised from wait_for_save -> seal_pending_transfers on the engine thread), which would take the "
             "shared pair down; needs a pair of its own (docs/vllm-versions.md)"
         )
+    if (pair.mode, fault) == ("read", "drop"):
+        pytest.skip(
+            "read mode, dropped read: vLLM 0.31's decode keeps the never-completing read pending and later "
+            "reads on the shared pair time out (30 s each) or fail with a 500, even past recv_abort_timeout; "
+            "needs a pair of its own, or a stand-in whose dropped read fails its status like real MoRI "
+            "(docs/live-tier.md)"
+        )
     if (pair.mode, fault) == ("read", "fail"):
         request.applymarker(
             pytest.mark.xfail(
@@ -101,7 +107,6 @@ def test_lost_transfer_gets_a_clear_answer(
     body = completion_body(PROMPT + fault, stream=True)
     whole = generate(pair.prefill.url, "/v1/completions", body | {"stream": False})
     faults.set(fault)
-    started = time.monotonic()
     with requests.post(f"{pair.proxy_url}/v1/completions", json=body, timeout=TIMEOUT_S, stream=True) as resp:
         faults.clear()
         if resp.status_code != 200:
@@ -115,28 +120,6 @@ def test_lost_transfer_gets_a_clear_answer(
             logprobs = [lp for ch in choices for lp in (ch.get("logprobs") or {}).get("token_logprobs") or []]
             assert errors or logprobs == whole.logprobs, chunks
     if pair.mode == "write":
-        _wait_idle_accepting_decode_leak(pair)
-    elif fault == "drop":
-        # Read mode: prefill keeps the blocks decode never read (nor released) after both legs were
-        # aborted, for minutes at least: a vLLM 0.31 bug, asserted so that a release without it fails here.
-        pair.leaked["prefill"] = 1.0
-        held = wait_idle(pair)
-        pair.leaked["prefill"] = usage = held["prefill"]["vllm:kv_cache_usage_perc"]
-        assert usage > 0, "vLLM no longer keeps prefill KV after a dropped read: drop the allowance"
-        assert held["decode"]["vllm:kv_cache_usage_perc"] == 0
-        # The aborted request's read stays pending on decode until recv_abort_timeout (120 s, vLLM's
-        # default) and its failure then fails whatever decode runs at that moment (a 500 seen in the
-        # live tier): let it pass before the next test.
-        time.sleep(max(0.0, started + RECV_ABORT_TIMEOUT_S + 15 - time.monotonic()))
+        wait_idle_accepting_decode_leak(pair)
     else:
         wait_idle(pair)
-
-
-def _wait_idle_accepting_decode_leak(pair: Pair) -> float:
-    """Write mode, after an abort during the KV wait: nothing running or waiting on either engine, prefill
-    holds nothing, and whatever KV decode keeps (vLLM 0.31's leak) becomes the pair's new idle level."""
-    pair.leaked["decode"] = 1.0
-    held = wait_idle(pair)
-    assert held["prefill"]["vllm:kv_cache_usage_perc"] == 0
-    pair.leaked["decode"] = usage = held["decode"]["vllm:kv_cache_usage_perc"]
-    return usage

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from live.client import completion_body, generate, post
-from live.cluster import Pair, wait_idle
+from live.cluster import Pair, wait_idle, wait_idle_accepting_decode_leak
 
 PROMPT = "class HelpFormatter(object):\n    "
 
@@ -30,4 +30,10 @@ def test_first_token_ends_the_request(pair: Pair, ending: str, stream: bool) -> 
     assert whole.finish_reason == "stop"
     assert (through.text, through.finish_reason) == (whole.text, whole.finish_reason)
     assert through.token_ids == whole.token_ids
-    wait_idle(pair)
+    if pair.mode == "write":
+        # Decode's leg, waiting for KV that a finished prefill never sends, is aborted by the proxy: nothing
+        # runs or waits after it, but vLLM 0.31's decode may keep that request's blocks (its abort-during-
+        # KV-wait leak, asserted in test_faults), which the pair's later tests then accept.
+        wait_idle_accepting_decode_leak(pair)
+    else:
+        wait_idle(pair)
