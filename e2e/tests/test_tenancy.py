@@ -150,14 +150,16 @@ def tenant(operator: Stack, cp: ControlPlane) -> Iterator[Tenant]:
         cp.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
-def install_policy(operator: Stack, tenant: Tenant, policy: Obj | None, probe: Obj, admitted: bool) -> None:
-    """Install the chart with this policy and wait until the API server enforces it (policies load async)."""
+def install_policy(operator: Stack, tenant: Tenant, policy: Obj | None, probes: list[Obj], admitted: bool) -> None:
+    """Install the chart with this policy and wait until the API server enforces it (policies load async):
+    every probe spec admitted, or every one refused (one probe is not enough: the policy in force before
+    may refuse it too, and then the wait would end before the new one is loaded)."""
     operator.install_operator(policy=policy)
 
     def enforced() -> bool | None:
-        return (tenant.create(probe, dry_run=True).returncode == 0) == admitted or None
+        return all((tenant.create(p, dry_run=True).returncode == 0) == admitted for p in probes) or None
 
-    wait_for(enforced, 60, f"the admission policy {'admitting' if admitted else 'refusing'} the probe spec", 0.5)
+    wait_for(enforced, 90, f"the admission policy {'admitting' if admitted else 'refusing'} the probe specs", 0.5)
 
 
 def test_the_tenant_may_only_create_and_read_pddeployments(tenant: Tenant) -> None:
@@ -167,8 +169,7 @@ def test_the_tenant_may_only_create_and_read_pddeployments(tenant: Tenant) -> No
 
 def test_each_escalation_is_refused_at_apply_and_admitted_after_the_opt_in(operator: Stack, tenant: Tenant) -> None:
     objs = {name: manifest(f"esc-{i}", change) for i, (name, (change, _, _)) in enumerate(ESCALATIONS.items())}
-    first = next(iter(objs.values()))
-    install_policy(operator, tenant, None, first, admitted=False)  # the chart's defaults
+    install_policy(operator, tenant, None, list(objs.values()), admitted=False)  # the chart's defaults
     for name, (_, rule, field) in ESCALATIONS.items():
         proc = tenant.create(objs[name])
         assert proc.returncode != 0, f"{name}: admitted with the chart's defaults"
@@ -180,7 +181,7 @@ def test_each_escalation_is_refused_at_apply_and_admitted_after_the_opt_in(opera
     for path in sorted((REPO_ROOT / "examples").glob("*.yaml")):  # the defaults admit every example
         proc = tenant.create(yaml.safe_load(path.read_text()), dry_run=True)
         assert proc.returncode == 0, f"{path.name}: {proc.stderr}"
-    install_policy(operator, tenant, WIDENED, first, admitted=True)
+    install_policy(operator, tenant, WIDENED, list(objs.values()), admitted=True)
     widened = TenancyPolicy.model_validate(WIDENED)
     for name, obj in objs.items():
         proc = tenant.create(obj)
@@ -196,7 +197,7 @@ def test_the_operator_refuses_what_its_policy_does_not_allow_without_admission(
     change, rule, field = ESCALATIONS["system-cluster-critical"]
     assert "priorityClassNames" not in SUITE_POLICY
     obj = manifest("no-admission", change)
-    install_policy(operator, tenant, {**SUITE_POLICY, "admission": False}, obj, admitted=True)
+    install_policy(operator, tenant, {**SUITE_POLICY, "admission": False}, [obj], admitted=True)
     proc = tenant.create(obj)
     assert proc.returncode == 0, proc.stderr
 
