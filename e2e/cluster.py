@@ -205,6 +205,15 @@ class ControlPlane:
             "--allow-privileged=true",
             "--profiling=false",
             "--event-ttl=1h",
+            # API aggregation (extension API servers such as the suite's external metrics API): the
+            # aggregator proxies with this client certificate and the requestheader identity headers.
+            f"--proxy-client-cert-file={material.proxy_client_cert}",
+            f"--proxy-client-key-file={material.proxy_client_key}",
+            f"--requestheader-client-ca-file={material.ca_cert}",
+            f"--requestheader-allowed-names={pki_mod.FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
         ]
         self._spawn("kube-apiserver", argv + self._audit_args(), detach)
         _wait_until(self._apiserver_ready, 120, "kube-apiserver /readyz")
@@ -254,6 +263,7 @@ class ControlPlane:
             f"--cluster-cidr={self.cluster_cidr}",
             "--node-cidr-mask-size=24",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--horizontal-pod-autoscaler-sync-period=5s",  # the HPA controller (default 15s), for test_hpa
         ]
         self._spawn("kube-controller-manager", argv, detach)
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Fetch third-party CRDs from their projects' Go modules at pinned versions into the Go module cache
 # (outside the repo), as build-control-plane.sh fetches its modules. A warm cache returns at once.
-# Usage: fetch-crds.sh prometheus|inference; prints the directory holding the CRD YAML files last.
+# Usage: fetch-crds.sh prometheus|inference|keda; prints the directory holding the CRD YAML files last.
 #   prometheus: the Prometheus Operator's (PodMonitor, ServiceMonitor, ...)
 #   inference:  the Gateway API Inference Extension's (InferencePool, ...)
+#   keda:       KEDA's (ScaledObject, ...)
 set -euo pipefail
 export GOTOOLCHAIN=local
 
@@ -14,7 +15,10 @@ case "${1:-}" in
   inference)
     module=sigs.k8s.io/gateway-api-inference-extension version=v1.0.1
     subdir=config/crd/bases probe=inference.networking.k8s.io_inferencepools.yaml ;;
-  *) echo "usage: $0 prometheus|inference" >&2; exit 2 ;;
+  keda)
+    module=github.com/kedacore/keda/v2 version=v2.18.1
+    subdir=config/crd/bases probe=keda.sh_scaledobjects.yaml ;;
+  *) echo "usage: $0 prometheus|inference|keda" >&2; exit 2 ;;
 esac
 
 dir=$(cd "${TMPDIR:-/tmp}" && go mod download -json "$module@$version" \

@@ -1,7 +1,8 @@
 """Certificates and keys for the local control plane, generated with `cryptography`.
 
-One CA signs the API server's serving certificate; a separate RSA key pair signs and verifies
-ServiceAccount tokens. The admin client authenticates with a static token, which keeps the kubeconfig
+One CA signs the API server's serving certificate and the aggregator's client certificate (the front
+proxy towards extension API servers such as the suite's external metrics API); a separate RSA key pair
+signs and verifies ServiceAccount tokens. The admin client authenticates with a static token, which keeps the kubeconfig
 simple for kubectl, helm, kopf and the Python client alike.
 """
 
@@ -20,6 +21,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 _VALIDITY = datetime.timedelta(days=30)
 SERVICE_CLUSTER_IP = "10.0.0.1"
+FRONT_PROXY_CLIENT = "front-proxy-client"  # the aggregator's client certificate's CN (requestheader-allowed-names)
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class Pki:
     admin_token: str
     kubelet_client_cert: Path
     kubelet_client_key: Path
+    proxy_client_cert: Path  # the aggregator's client certificate towards extension API servers
+    proxy_client_key: Path
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> None:
@@ -111,6 +115,12 @@ def generate(directory: Path, extra_ips: list[str] | None = None) -> Pki:
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
+    proxy_client_key = ec.generate_private_key(ec.SECP256R1())
+    proxy_client_cert = (
+        _builder(FRONT_PROXY_CLIENT, ca_cert.subject, proxy_client_key.public_key())
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     pki = Pki(
         ca_cert=directory / "ca.crt",
@@ -123,7 +133,11 @@ def generate(directory: Path, extra_ips: list[str] | None = None) -> Pki:
         admin_token=secrets.token_hex(24),
         kubelet_client_cert=directory / "kubelet-client.crt",
         kubelet_client_key=directory / "kubelet-client.key",
+        proxy_client_cert=directory / "front-proxy-client.crt",
+        proxy_client_key=directory / "front-proxy-client.key",
     )
+    pki.proxy_client_cert.write_bytes(proxy_client_cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(pki.proxy_client_key, proxy_client_key)
     pki.kubelet_client_cert.write_bytes(kubelet_client_cert.public_bytes(serialization.Encoding.PEM))
     _write_key(pki.kubelet_client_key, kubelet_client_key)
     pki.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))

@@ -11,6 +11,8 @@ is the "node dies" fault: the agent stops heartbeating and its pods die with it.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import logging
 import os
@@ -19,10 +21,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from e2e import netns
+from e2e import pki as pki_mod
 from e2e.cluster import REPO_ROOT, ControlPlane
 from e2e.procs import ProcRef, is_running, spawn, stop
 from e2e.sandbox import unmount_leftovers
@@ -32,6 +36,7 @@ log = logging.getLogger(__name__)
 NODE_NAME = "mi300x-0"
 POOL_KEY = "pd.serving.dev/e2e-pool"  # label and NoSchedule taint of the nodes of a pool
 OPERATOR_NAMESPACE = "pd-system"
+EXTERNAL_METRICS = "v1beta1.external.metrics.k8s.io"  # the APIService of e2e.metrics_api
 RELEASE = "pd-operator"
 CHART = REPO_ROOT / "charts" / "pd-operator"
 MISCONFIGURED_TAINT = "pd.serving.dev/e2e-misconfigured"  # test_seed_examples: a node without RDMA verbs
@@ -221,6 +226,62 @@ class Stack:
             stop(ref, grace_s=20)
             self.cp.procs.remove(ref)
         self.cp.save()
+
+    # ---- external metrics API ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def external_metrics(self) -> Iterator[None]:
+        """``e2e.metrics_api`` over the running operator's /metrics, registered with the aggregator (an
+        APIService on an ExternalName Service, so the API server dials it on loopback) until Available;
+        removed afterwards, APIService first (an unavailable aggregated API fails every discovery)."""
+        name, port = "pd-external-metrics", self.cp.ports.port()
+        metrics_port = self.cp.extras["operator_ports"]["metrics-port"]
+        certs = self.cp.workdir / "pki"
+        cert, key = pki_mod.self_signed_serving_cert(certs, f"{name}.{OPERATOR_NAMESPACE}.svc", ["127.0.0.1"])
+        argv = [
+            sys.executable,
+            "-m",
+            "e2e.metrics_api",
+            f"--metrics-url=http://127.0.0.1:{metrics_port}/metrics",
+            f"--port={port}",
+            f"--cert={cert}",
+            f"--key={key}",
+            f"--client-ca={self.cp.ca_file}",
+        ]
+        env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}:{os.environ.get('PYTHONPATH', '')}".rstrip(":")}
+        ref, _ = spawn(name, argv, self.cp.workdir / "logs" / f"{name}.log", env, self.detach)
+        self.cp.register(ref)
+        service = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": name, "namespace": OPERATOR_NAMESPACE},
+            "spec": {"type": "ExternalName", "externalName": "localhost"},
+        }
+        api = {
+            "apiVersion": "apiregistration.k8s.io/v1",
+            "kind": "APIService",
+            "metadata": {"name": EXTERNAL_METRICS},
+            "spec": {
+                "group": "external.metrics.k8s.io",
+                "version": "v1beta1",
+                "service": {"namespace": OPERATOR_NAMESPACE, "name": name, "port": port},
+                "caBundle": base64.b64encode(cert.read_bytes()).decode(),
+                "groupPriorityMinimum": 100,
+                "versionPriority": 100,
+            },
+        }
+        try:
+            for obj in (service, api):
+                self.cp.kubectl("apply", "-f", "-", input_text=json.dumps(obj))
+            self.cp.kubectl("wait", f"apiservice/{EXTERNAL_METRICS}", "--for=condition=Available", "--timeout=90s")
+            log.info("external metrics API Available (pid %d, port %d)", ref.pid, port)
+            yield
+        finally:
+            self.cp.kubectl("delete", "apiservice", EXTERNAL_METRICS, "--ignore-not-found", check=False)
+            self.cp.kubectl("delete", "service", name, "-n", OPERATOR_NAMESPACE, "--ignore-not-found", check=False)
+            stop(ref, grace_s=10)
+            self.cp.procs.remove(ref)
+            self.cp.save()
 
     # ---- all -----------------------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ answers finish, the Service stops sending it new ones).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -187,6 +188,14 @@ class Verdict:
     message: str
     recommendations: tuple[ScaleRecommendation, ...]
     event: str | None = None  # a scaling decision's reason, for an Event
+    advised: int | None = None  # with an HPA owning replicas: what the operator would write (published)
+
+    def desired(self, current: int) -> int:
+        """The replicas to publish: those written, else those advised to the HPA, else the current ones."""
+        for found in (self.replicas, self.advised):
+            if found is not None:
+                return found
+        return current
 
 
 def _dated(history: Sequence[ScaleRecommendation], now: datetime) -> list[tuple[datetime, ScaleRecommendation]]:
@@ -235,16 +244,19 @@ def decide(
     now: datetime,
 ) -> Verdict:
     """One reconcile's scaling decision (see the module docstring for the rules)."""
-    past = tuple(history)
-    if replicas.hpa is not None:
+    if replicas.hpa is not None:  # decided as if the operator owned replicas, published for the HPA
+        advice = decide(spec, dataclasses.replace(replicas, hpa=None), live, per_replica, history, now)
+        advised = replicas.spec if advice.replicas is None else advice.replicas
         return Verdict(
             None,
             "False",
             "ReplicasOwnedElsewhere",
             f"HorizontalPodAutoscaler {replicas.hpa} targets this PDDeployment: it owns spec.replicas, so "
-            "autoscaling only publishes capacity and demand (disable one of the two)",
-            past,
+            f"autoscaling only publishes capacity, demand and desired replicas {advised} ({advice.reason})",
+            advice.recommendations,
+            advised=advised,
         )
+    past = tuple(history)
     current = replicas.spec
     bounded = min(spec.max_replicas, max(spec.min_replicas, current))
     if bounded != current:  # the bounds are the user's word: kept whatever capacity and demand say

@@ -797,7 +797,7 @@ def _autoscaling(
     if failure is not None:
         cond = observe.condition(autoscale.CONDITION, False, "ScaleFailed", f"cannot set replicas: {failure}")
     state = AutoscalingStatus(
-        desired_replicas=spec.replicas if verdict.replicas is None else verdict.replicas,
+        desired_replicas=verdict.desired(spec.replicas),
         recommendations=list(verdict.recommendations),
         last_scale_time=goodput.rfc3339(snap.now) if action and not failure else (before and before.last_scale_time),
         message=cond.message,

@@ -214,6 +214,22 @@ def test_another_owner_of_replicas_or_missing_inputs_stop_it_with_a_reason() -> 
     owned = autoscale.decide(SPEC, Replicas(1, 1, hpa="web"), _demand(30.0), _capacity(8.9), (), T0)
     assert (owned.replicas, owned.status, owned.reason) == (None, "False", "ReplicasOwnedElsewhere")
     assert "HorizontalPodAutoscaler web" in owned.message
+    # It still decides as if it owned replicas and publishes that for the HPA (pd_operator_desired_replicas).
+    assert owned.advised == 1 and "desired replicas 1 (DemandWithinCapacity)" in owned.message  # the up window
+    later = autoscale.decide(
+        SPEC,
+        Replicas(1, 1, hpa="web"),
+        _demand(30.0),
+        _capacity(8.9),
+        owned.recommendations,
+        T0 + timedelta(seconds=61),
+    )
+    assert later.advised == 4 and later.desired(1) == 4 and "desired replicas 4 (ScaledUp)" in later.message
+    assert [r.replicas for r in later.recommendations] == [4] and later.replicas is None
+    bounded = autoscale.decide(SPEC, Replicas(6, 6, hpa="web"), None, None, (), T0)
+    assert (bounded.replicas, bounded.advised, bounded.reason) == (None, 4, "ReplicasOwnedElsewhere")
+    idle = autoscale.decide(SPEC, Replicas(2, 2, hpa="web"), None, None, (), T0)
+    assert (idle.advised, idle.desired(2)) == (2, 2) and "(NoCapacity)" in idle.message
     blind = autoscale.decide(SPEC, Replicas(1, 1), _demand(30.0), None, (), T0)
     assert (blind.replicas, blind.reason) == (None, "NoCapacity")
     deaf = autoscale.decide(SPEC, Replicas(1, 1), None, _capacity(8.9), (), T0)
