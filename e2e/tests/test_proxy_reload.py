@@ -57,7 +57,9 @@ def test_a_policy_change_reaches_the_proxy_without_restarting_the_engines(
     pids = _pids(stack, before)
     assert _proxy_config(before)["settings"]["policy"] == "round_robin"
 
-    patch = json.dumps({"spec": {"proxy": {"policy": "least_outstanding", "timeouts": {"idleSeconds": 30}}}})
+    admission = {"maxInFlight": 64, "maxQueued": 128, "queueTimeoutSeconds": 20}
+    proxy = {"policy": "least_outstanding", "timeouts": {"idleSeconds": 30}, "admission": admission}
+    patch = json.dumps({"spec": {"proxy": proxy}})
     cp.kubectl("patch", "pdd", NAME, "-n", deployed, "--type=merge", "-p", patch)
 
     def reloaded() -> dict[str, Any] | None:
@@ -66,6 +68,8 @@ def test_a_policy_change_reaches_the_proxy_without_restarting_the_engines(
 
     doc = wait_for(reloaded, 60, "the proxy running the new policy")
     assert doc["settings"]["idle-timeout"] == 30 and doc["refused"] is None
+    settings = doc["settings"]
+    assert (settings["max-in-flight"], settings["max-queued"], settings["queue-timeout"]) == (64, 128, 20)
     after = wait_pdd_ready(cp, deployed, NAME, timeout_s=60)
     current = _serving(cp, deployed)
     assert current["metadata"]["uid"] == before["metadata"]["uid"], "the pod was not rolled"

@@ -971,6 +971,45 @@ class ProxyTimeouts(ApiModel):
     response_seconds: float | None = Field(None, gt=0, le=86400, description="Whole non-streaming decode answer.")
 
 
+class ProxyAdmission(ApiModel):
+    """How many client requests the proxy serves at once, and how the rest wait (reloaded: no restart)."""
+
+    max_in_flight: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description=(
+            "Most client requests the proxy serves at once (the canary is not counted); past it requests wait "
+            "in the admission queue, then get 429 with Retry-After. 0 = no limit."
+        ),
+    )
+    max_queued: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description=(
+            "Requests past maxInFlight wait in a FIFO queue of at most this many, served in arrival order as "
+            "slots free; a request finding it full gets 429 with Retry-After (when the queue ahead should have "
+            "drained, from how long requests hold a slot). 0 = refused at once. Needs maxInFlight > 0."
+        ),
+    )
+    queue_timeout_seconds: float = Field(
+        30,
+        gt=0,
+        le=3600,
+        description="Longest wait in the admission queue; then 429 with Retry-After.",
+    )
+
+    _rules = (
+        Rule(
+            cel="!has(self.maxQueued) || self.maxQueued == 0 || (has(self.maxInFlight) && self.maxInFlight > 0)",
+            message="admission.maxQueued needs admission.maxInFlight > 0: without a limit no request ever waits",
+            check=lambda s: s.max_queued == 0 or s.max_in_flight > 0,
+            field_path=".maxQueued",
+        ),
+    )
+
+
 class ProxySpec(ApiModel):
     """The proxy: the only component clients talk to."""
 
@@ -1006,6 +1045,10 @@ class ProxySpec(ApiModel):
         ),
     )
     timeouts: ProxyTimeouts = Field(default_factory=ProxyTimeouts, description="Upstream timeouts.")
+    admission: ProxyAdmission = Field(
+        default_factory=ProxyAdmission,
+        description="A limit on client requests served at once, with a bounded FIFO queue and 429 past it.",
+    )
     canary_interval_seconds: float = Field(
         300,
         ge=0,
@@ -1922,7 +1965,9 @@ class DemandStatus(ApiModel):
 
     requests_per_second: float = Field(ge=0, description="Requests arriving per second.")
     in_flight: int = Field(ge=0, description="Requests being served now.")
-    queued: int = Field(ge=0, description="Requests waiting for a decode slot now.")
+    queued: int = Field(
+        ge=0, description="Requests waiting now: in the admission queue (proxy.admission) or for a decode slot."
+    )
     mean_prompt_tokens: float | None = Field(None, ge=0, description="Mean prompt length of the window's requests.")
     mean_output_tokens: float | None = Field(None, ge=0, description="Mean output length of the window's requests.")
     window_seconds: float = Field(ge=0, description="The window the rate and means cover.")

@@ -342,7 +342,8 @@ def proxy_settings(spec: PDDeploymentSpec) -> dict[str, Any]:
     """The proxy's reloadable settings, keyed by flag name without dashes (``pd_runtime.proxy.reload``).
 
     The operator renders them into the ConfigMap the proxy container mounts; the proxy applies a changed
-    file while it runs, so neither engine restarts. Unset timeouts are left out: the proxy's defaults apply.
+    file while it runs, so neither engine restarts. Unset timeouts and admission limit are left out: the
+    proxy's defaults apply.
     """
     p = spec.proxy
     settings: dict[str, Any] = {"policy": p.policy}
@@ -354,6 +355,12 @@ def proxy_settings(spec: PDDeploymentSpec) -> dict[str, Any]:
         "response-timeout": p.timeouts.response_seconds,
     }
     settings |= {key: value for key, value in timeouts.items() if value is not None}
+    if p.admission.max_in_flight:  # unset: the flags' values (no limit, or extraArgs' --max-in-flight)
+        settings |= {
+            "max-in-flight": p.admission.max_in_flight,
+            "max-queued": p.admission.max_queued,
+            "queue-timeout": p.admission.queue_timeout_seconds,
+        }
     if spec.disaggregated:
         settings |= {
             "kv-wait-timeout": spec.proxy_kv_wait_seconds(),

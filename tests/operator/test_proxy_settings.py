@@ -108,3 +108,15 @@ def test_the_proxy_accepts_every_rendered_settings_file() -> None:
         base = ProxyConfig(kv_wait_limit_s=spec.proxy_kv_wait_limit() if spec.disaggregated else None)
         assert reload.relation_problems(reload.merged(base, values)) == [], path.name
         assert values["policy"] == spec.proxy.policy
+
+
+def test_the_admission_limit_and_queue_reach_the_settings_file_only_when_set() -> None:
+    spec = load_example("qwen3-235b-write.yaml")["spec"]
+    assert "max-in-flight" not in proxy_settings(validate_spec(spec))  # the flag's value (no limit) applies
+    admission = {"maxInFlight": 256, "maxQueued": 512, "queueTimeoutSeconds": 10}
+    settings = proxy_settings(validate_spec({**spec, "proxy": {**spec.get("proxy", {}), "admission": admission}}))
+    assert (settings["max-in-flight"], settings["max-queued"], settings["queue-timeout"]) == (256, 512, 10)
+    values = reload.parse_settings(json.dumps(settings).encode())  # the proxy takes them
+    config = reload.merged(ProxyConfig(), values)
+    assert (config.max_in_flight, config.max_queued, config.queue_timeout_s) == (256, 512, 10.0)
+    assert "--max-in-flight" not in proxy_command(validate_spec(spec))  # reloaded, never a restart

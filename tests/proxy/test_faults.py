@@ -243,8 +243,8 @@ async def test_admission_limit_sheds_load_with_retry_after(pd_setup: SetupFactor
     first = asyncio.create_task(setup.stream(BODY))
     await wait_for(lambda: setup.proxy.core.in_flight == 1, what="first request in flight")
     async with setup.client.post(setup.url + "/v1/completions", json=BODY) as resp:
-        assert resp.status == 503 and resp.headers["Retry-After"] == "1"
-        assert json.loads(await resp.read())["error"]["code"] == "overloaded"
+        assert resp.status == 429 and resp.headers["Retry-After"] == "1"  # no request finished yet: 1 s
+        assert json.loads(await resp.read())["error"]["code"] == "rate_limit_exceeded"
     assert (await first)[0] == 200
 
 

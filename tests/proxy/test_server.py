@@ -42,7 +42,8 @@ async def test_health_ready_and_status_follow_contract_3(pd_setup: SetupFactory)
 
     _, doc = await _get_json(setup.client, setup.admin_url + "/status")
     assert set(doc) == {
-        "mode", "transfer_mode", "policy", "instances", "counts", "last_transfer", "canary", "config", "demand"
+        "mode", "transfer_mode", "policy", "instances", "counts", "last_transfer", "canary", "config", "demand",
+        "admission",
     }  # fmt: skip
     assert doc["mode"] == "disaggregated" and doc["transfer_mode"] == "write"
     assert doc["last_transfer"] is None

@@ -73,9 +73,12 @@ async def test_a_changed_policy_takes_effect_and_an_unsafe_wait_is_refused(
     doc = (await _status(setup.client, setup.admin_url))["config"]
     assert doc["file"] == str(path) and doc["settings"]["policy"] == "round_robin" and doc["refused"] is None
 
-    _publish(volume, {"policy": "least_outstanding", "kv-wait-timeout": 40})
+    admission = {"max-in-flight": 4, "max-queued": 8, "queue-timeout": 5}
+    _publish(volume, {"policy": "least_outstanding", "kv-wait-timeout": 40, **admission})
     await wait_for(lambda: setup.proxy.core.router.policy == "least_outstanding", what="policy reloaded")
     assert setup.proxy.core.config.timeouts.kv_wait == 40.0
+    gate = setup.proxy.admission
+    assert (gate.state.limit, gate.state.max_queued, gate.timeout_s) == (4, 8, 5.0)  # the admission queue too
     assert (await setup.post("/v1/completions", {"model": "m", "prompt": "Hi", "max_tokens": 2}))[0] == 200
     doc = (await _status(setup.client, setup.admin_url))["config"]
     assert doc["settings"]["policy"] == "least_outstanding" and doc["reloads"] == {"applied": 2, "refused": 0}

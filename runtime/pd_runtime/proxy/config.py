@@ -197,7 +197,25 @@ class ProxyConfig:
     max_in_flight: int = field(
         default=0,
         metadata=flag(
-            "answer 503 + Retry-After past this many requests in the proxy; 0: no limit", parse=non_negative_int
+            "serve at most this many client requests at once; the next ones wait in the admission queue "
+            "(--max-queued), past it they get 429 + Retry-After; 0: no limit",
+            parse=non_negative_int,
+            reload=True,
+        ),
+    )
+    max_queued: int = field(
+        default=0,
+        metadata=flag(
+            "requests past --max-in-flight wait in a FIFO queue of at most this many, each up to --queue-timeout; "
+            "0: refused at once",
+            parse=non_negative_int,
+            reload=True,
+        ),
+    )
+    queue_timeout_s: float = field(
+        default=30.0,
+        metadata=flag(
+            "longest wait in the admission queue before 429 + Retry-After", parse=positive_float, reload=True
         ),
     )
     decode_max_in_flight: int = field(

@@ -18,6 +18,7 @@ class ApiError(Exception):
         param: str | None = None,
         code: str | None = None,
         raw_body: bytes | None = None,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -26,14 +27,17 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.raw_body = raw_body  # an engine's own 4xx body, passed through as is
+        self.retry_after = retry_after  # seconds for Retry-After (a 503 without one says 1)
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def headers(self) -> dict[str, str]:
-        """A 503 tells clients to come back soon instead of treating the proxy as broken."""
+        """A 503 or 429 tells clients when to come back instead of treating the proxy as broken."""
         headers = {"Content-Type": "application/json"}
-        if self.status == 503:
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(self.retry_after)
+        elif self.status == 503:
             headers["Retry-After"] = "1"
         return headers
 

@@ -192,13 +192,15 @@ class ProxyCore:
 
     # -- entry point ---------------------------------------------------------------------------
 
+    def arrived(self, request: ClientRequest) -> None:
+        """A client request arrived (before admission: a refused one is demand too; the canary is not)."""
+        self.demand.arrived(time.monotonic(), asked_output_tokens(request.body))
+
     async def handle(self, request: ClientRequest, sink: Sink, source: Source = "request") -> Result:
         """Serve one request; every failure ends as an OpenAI-style error on the sink, never a raise
         (except cancellation: the client went away, and the upstream legs are closed on the way out)."""
         self.in_flight += 1
         self.metrics.in_flight.inc()
-        if source == "request":
-            self.demand.arrived(time.monotonic(), asked_output_tokens(request.body))
         exchange: Exchange | None = None
         try:
             exchange = await self._route(request, source)

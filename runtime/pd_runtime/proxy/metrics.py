@@ -141,6 +141,18 @@ class ProxyMetrics:
         self.decode_queue = Gauge(
             "pd_proxy_decode_queue", "Requests waiting for a decode DP rank below --decode-max-in-flight", registry=r
         )
+        self.admission_queue = Gauge(
+            "pd_proxy_admission_queue", "Client requests waiting for a slot below --max-in-flight", registry=r
+        )
+        self.admission_rejections = Counter(
+            "pd_proxy_admission_rejections",
+            "Client requests answered 429 by admission, by reason: queue_full, queue_timeout",
+            ["reason"],
+            registry=r,
+        )
+        self.admission_wait = LoopHistogram(
+            "pd_proxy_admission_wait_seconds", "Time admitted requests waited in the admission queue", TTFT_BUCKETS, r
+        )
         self.canary_ok = Gauge("pd_proxy_canary_ok", "1 if the last canary transfer succeeded", registry=r)
         self.kv_canary = Counter(
             "pd_proxy_kv_canary",

@@ -20,6 +20,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from pd_runtime.proxy.admission_gate import AdmissionGate
 from pd_runtime.proxy.canary import Canary
 from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.errors import ApiError, unavailable
@@ -96,6 +97,9 @@ class ProxyServer:
         config = self.watcher.initial() if self.watcher else config
         self.config = config
         self.core = ProxyCore(config, self.registry, Router(config.policy), self.metrics)
+        self.admission = AdmissionGate(
+            config.max_in_flight, config.max_queued, config.queue_timeout_s, self.metrics, time.monotonic
+        )
         self.listener = RegistrationListener(config.registration_address, self.registry, self.metrics)
         self.canary: Canary | None = None
         self.housekeeping: Housekeeping | None = None
@@ -157,6 +161,7 @@ class ProxyServer:
         self.config = self.core.config = config
         self.core.router.policy = config.policy
         self.core.upstream.connect_timeout = config.timeouts.connect
+        self.admission.reconfigure(config.max_in_flight, config.max_queued, config.queue_timeout_s)
         if self.housekeeping is not None:
             self.housekeeping.health_timeout_s = config.timeouts.health
         if self.canary is not None:
@@ -165,6 +170,7 @@ class ProxyServer:
     async def stop(self) -> None:
         """Graceful: stop taking requests (503, /ready false), let in-flight streams finish, then close."""
         self.core.draining = True
+        self.admission.drain(unavailable("the proxy is shutting down", "shutting_down"))
         if self.watcher is not None:
             await self.watcher.stop()
         log.info("draining in_flight=%d timeout=%gs", self.core.in_flight, self.config.drain_timeout_s)
@@ -199,12 +205,6 @@ class ProxyServer:
         if not hmac.compare_digest(supplied.encode(), f"Bearer {expected}".encode()):
             raise ApiError(401, "invalid or missing API key", type="authentication_error", code="invalid_api_key")
 
-    def _admit(self) -> None:
-        """Admission control: past --max-in-flight, shed load with 503 + Retry-After instead of collapsing."""
-        limit = self.config.max_in_flight
-        if limit and self.core.in_flight >= limit:
-            raise unavailable(f"the proxy is at its limit of {limit} requests in flight", "overloaded")
-
     async def _completions(self, request: HttpRequest, sink: ResponseSink) -> None:
         await self._relay(request, sink, "completions")
 
@@ -222,17 +222,30 @@ class ProxyServer:
             )
 
     async def _relay(self, request: HttpRequest, sink: ResponseSink, endpoint: Endpoint) -> None:
+        """Checks, then admission (``--max-in-flight``, a FIFO queue, 429 + Retry-After past it), then the
+        engines. A request refused by admission is demand too: it counts as an arrival (docs/proxy.md)."""
         try:
             self._authorize(request)
             self._refuse_after_kv_mismatch()
-            self._admit()
             client_request = parse_client_request(
                 request.body, endpoint, self.config.mode, self.config.max_tokens_limit, request.headers
             )
         except ApiError:
             self.metrics.request_done(endpoint, "rejected")
             raise
-        await self.core.handle(client_request, sink)
+        self.core.arrived(client_request)
+        served = False
+        try:
+            async with self.admission.admitted():
+                served = True
+                await self.core.handle(client_request, sink)
+        except ApiError as err:  # refused by admission (429), or drained from its queue (503)
+            self.metrics.request_done(endpoint, "rate_limited" if err.status == 429 else "unavailable")
+            raise
+        except asyncio.CancelledError:
+            if not served:  # the client left while queued (a served request is counted by handle)
+                self.metrics.request_done(endpoint, "cancelled")
+            raise
 
     async def _models(self, request: HttpRequest, sink: ResponseSink) -> None:
         """The engines' own model list, from a live decode engine (or any engine when colocated)."""
@@ -296,7 +309,9 @@ class ProxyServer:
         )
         reload_state = self.watcher.state if self.watcher else ReloadState(file=None)
         document["config"] = reload_state.to_json(self.config)
-        document["demand"] = self.core.demand.report(time.monotonic(), self.core.in_flight, self.core.decode_queue)
+        document["admission"] = self.admission.state.to_json()
+        queued = self.core.decode_queue + self.admission.state.queued
+        document["demand"] = self.core.demand.report(time.monotonic(), self.core.in_flight, queued)
         return document
 
     async def _status(self, request: web.Request) -> web.StreamResponse:
