@@ -1,7 +1,9 @@
-"""The first token ends the request (a stop string or a stop token on prefill).
+"""The first token ends the request (a stop string or a stop token): decode samples it.
 
-The client gets what one engine computing it whole answers, and no decode request is left waiting for KV
-that will never come: vLLM's own gauges on both engines return to nothing running, waiting or held.
+The prefill leg's ``min_tokens: 1`` keeps that token from ending the request on prefill (vLLM masks stop
+tokens and skips stop strings until ``min_tokens`` tokens are out), so prefill ends length-capped and sends
+its KV, and decode, given the client's stop conditions, stops at its own first token. The client gets what
+one engine computing it whole answers, and both engines' gauges return to nothing running, waiting or held.
 """
 
 from __future__ import annotations
@@ -9,9 +11,10 @@ from __future__ import annotations
 import pytest
 
 from live.client import completion_body, generate, post
-from live.cluster import Pair, wait_idle, wait_idle_accepting_decode_leak
+from live.cluster import Pair, wait_idle
 
 PROMPT = "class HelpFormatter(object):\n    "
+SUCCESS = "vllm:request_success_total"
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
@@ -26,14 +29,13 @@ def test_first_token_ends_the_request(pair: Pair, ending: str, stream: bool) -> 
     if ending == "stop" and not first_text.strip():
         pytest.skip(f"the first token {first_text!r} is whitespace: not a usable stop string")
     whole = generate(pair.prefill.url, "/v1/completions", body)
+    capped = pair.prefill.sample(SUCCESS, finished_reason="length")
+    stopped = pair.decode.sample(SUCCESS, finished_reason="stop")
     through = generate(pair.proxy_url, "/v1/completions", body | {"stream": stream})
     assert whole.finish_reason == "stop"
     assert (through.text, through.finish_reason) == (whole.text, whole.finish_reason)
     assert through.token_ids == whole.token_ids
-    if pair.mode == "write":
-        # Decode's leg, waiting for KV that a finished prefill never sends, is aborted by the proxy: nothing
-        # runs or waits after it, but vLLM 0.31's decode may keep that request's blocks (its abort-during-
-        # KV-wait leak, asserted in test_faults), which the pair's later tests then accept.
-        wait_idle_accepting_decode_leak(pair)
-    else:
-        wait_idle(pair)
+    # prefill's one token did not stop (length-capped: it kept and sent the KV); decode stopped at its first.
+    assert pair.prefill.sample(SUCCESS, finished_reason="length") == capped + 1
+    assert pair.decode.sample(SUCCESS, finished_reason="stop") == stopped + 1
+    wait_idle(pair)

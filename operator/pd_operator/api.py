@@ -1039,9 +1039,9 @@ class ProxySpec(ApiModel):
     no_kv_fallback: Literal["prefill", "error"] = Field(
         "prefill",
         description=(
-            "When prefill answers without usable KV for decode and did not finish the request itself (EOS or a "
-            "stop string, then prefill's answer is the client's): prefill = serve the request on the prefill "
-            "engine as a plain request, error = answer 502. Never decode, which vLLM < 0.32/0.33 would hang."
+            "When prefill answers without usable KV for decode (an aborted prefill; its min_tokens: 1 keeps EOS "
+            "and stop strings from ending it): prefill = serve the request on the prefill engine as a plain "
+            "request, error = answer 502. Never decode, which vLLM < 0.32/0.33 would hang."
         ),
     )
     timeouts: ProxyTimeouts = Field(default_factory=ProxyTimeouts, description="Upstream timeouts.")

@@ -53,8 +53,7 @@ class FakeEngine:
     # behaviour
     status: int = 200
     null_params: bool = False
-    null_params_finish: str = "stop"  # with null_params: stop = EOS first token; else e.g. abort
-    chat_message: dict[str, Any] | None = None  # prefill answers in the chat shape with this message
+    null_params_finish: str = "stop"  # with null_params: stop (a grammar left only a stop token), abort
     prefill_gate: asyncio.Event | None = None  # P waits for it before answering
     prefill_delay: float = 0.0
     chunks: int = 5
@@ -196,9 +195,6 @@ class FakeEngine:
             }
         record.answered = time.monotonic()
         self.events.append("P:done")
-        choice: dict[str, Any] = {"index": 0, "text": "x"}
-        if self.chat_message is not None:
-            choice = {"index": 0, "message": self.chat_message}
         return web.json_response(
             {
                 "id": f"cmpl-{request_id}-0-11223344",
@@ -207,7 +203,8 @@ class FakeEngine:
                 "model": "m",
                 "choices": [
                     {
-                        **choice,
+                        "index": 0,
+                        "text": "x",
                         "logprobs": None,
                         "finish_reason": "length" if returned else self.null_params_finish,
                         "stop_reason": None,

@@ -123,7 +123,7 @@ async def test_legs_follow_section_3(pd_setup: SetupFactory, generation: str, mo
     assert p_req.body["stream"] is False
     assert p_req.body["max_tokens"] == 1
     assert "stream_options" not in p_req.body
-    assert "min_tokens" not in p_req.body
+    assert p_req.body["min_tokens"] == 1  # its one token never stops: prefill always returns KV
     assert p_req.body["prompt"] == "Hello there"
     p_params = p_req.body["kv_transfer_params"]
     _check_types(p_params)

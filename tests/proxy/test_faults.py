@@ -90,57 +90,15 @@ async def test_prefill_500_in_read_mode_never_reaches_decode(pd_setup: SetupFact
     assert setup.decode.requests == []
 
 
+@pytest.mark.parametrize("finish", ["abort", "stop"])
 @pytest.mark.parametrize("mode", ["READ", "WRITE"])
-async def test_eos_on_prefill_answers_with_prefills_own_response(pd_setup: SetupFactory, mode: str) -> None:
-    """Prefill's first token ended the request (null kv_transfer_params, finish_reason stop): its answer is
-    the whole answer. Never a plain request to decode: vLLM 0.29's decode engine would wait for KV forever."""
+async def test_unusable_prefill_is_served_on_prefill_as_a_plain_request(
+    pd_setup: SetupFactory, mode: str, finish: str
+) -> None:
+    """No KV for decode, whatever prefill's finish reason (a stop can still happen under min_tokens: 1
+    when a grammar allows only a stop token): never a plain request to decode, which vLLM 0.29 would hang."""
     setup = await pd_setup(mode=mode)
-    setup.prefill.null_params = True
-    setup.decode.first_chunk_delay = 0.5
-    status, body = await setup.post("/v1/completions", BODY)
-    assert status == 200
-    assert body["choices"][0]["text"] == "x" and body["choices"][0]["finish_reason"] == "stop"
-    assert body["usage"]["completion_tokens"] == 1
-    uid = body["id"].removeprefix("cmpl-").split("-")[0]
-    assert len(uid) == 32 and "prefill_addr" not in body["id"]
-    assert all("kv_transfer_params" in r.body and r.cancelled for r in setup.decode.requests)
-    assert len(setup.decode.requests) == (1 if mode == "WRITE" else 0)
-    assert len(setup.prefill.requests) == 1
-
-
-@pytest.mark.parametrize("chat", [False, True])
-async def test_eos_on_prefill_streams_prefills_response_as_sse(pd_setup: SetupFactory, chat: bool) -> None:
-    setup = await pd_setup(mode="WRITE")
-    setup.prefill.null_params = True
-    setup.decode.first_chunk_delay = 0.5  # a write-mode decode answers only once the KV arrived
-    path = "/v1/chat/completions" if chat else "/v1/completions"
-    request = {"model": "m", "max_tokens": 8, "stream_options": {"include_usage": True}}
-    request |= {"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "Hello"}
-    if chat:  # the fake answers in the completions shape; give its choice a chat message instead
-        setup.prefill.chat_message = {"role": "assistant", "content": "x"}
-    status, text = await setup.stream(request, path)
-    assert status == 200
-    events = _sse_events(text)
-    assert events[-1] == "[DONE]"
-    chunks = [json.loads(e) for e in events[:-1]]
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 1
-    content = chunks[:-1]
-    assert all("prefill_addr" not in c["id"] for c in chunks)
-    if chat:
-        assert [c["object"] for c in content] == ["chat.completion.chunk"] * 2
-        assert content[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-        assert content[1]["choices"][0]["delta"] == {"content": "x"}
-    else:
-        assert [c["object"] for c in content] == ["text_completion"]
-        assert content[0]["choices"][0]["text"] == "x"
-    assert content[-1]["choices"][0]["finish_reason"] == "stop"
-    assert setup.proxy.metrics.no_kv.labels("prefill_finished")._value.get() == 1
-
-
-@pytest.mark.parametrize("mode", ["READ", "WRITE"])
-async def test_unusable_prefill_is_served_on_prefill_as_a_plain_request(pd_setup: SetupFactory, mode: str) -> None:
-    setup = await pd_setup(mode=mode)
-    setup.prefill.null_params, setup.prefill.null_params_finish = True, "abort"
+    setup.prefill.null_params, setup.prefill.null_params_finish = True, finish
     setup.decode.first_chunk_delay = 0.5
     status, text = await setup.stream(BODY)
     assert status == 200 and text.endswith("data: [DONE]\n\n")

@@ -1,5 +1,6 @@
-"""Real processes (`pdctl proxy` + simulated engines at the image's vLLM version, 0.29): requests whose
-KV never reaches decode end cleanly, and the decode engine is left with no request waiting for KV.
+"""Real processes (`pdctl proxy` + simulated engines at the image's vLLM version, 0.29): a first token
+that is EOS is decode's to sample, requests whose KV never reaches decode end cleanly, and the decode
+engine is left with no request waiting for KV.
 
 On vLLM 0.29 a decode engine treats every request as a remote prefill, so a plain request sent there
 waits for KV forever; the simulator reproduces that, which is what makes these tests able to fail.
@@ -46,9 +47,9 @@ async def _decode_metrics_once_idle(session: aiohttp.ClientSession, url: str) ->
 
 
 @pytest.mark.parametrize("mode", ["write", "read"])
-async def test_eos_on_prefill_is_answered_without_touching_decode(
-    stacks: list[LocalStack], tmp_path: Path, mode: str
-) -> None:
+async def test_an_eos_first_token_is_sampled_by_decode(stacks: list[LocalStack], tmp_path: Path, mode: str) -> None:
+    """Every prompt's first token is EOS: the prefill leg's ``min_tokens: 1`` masks it, so prefill ends
+    length-capped with KV, and decode samples the EOS itself (vLLM 0.29's decode would hang on a plain request)."""
     stack = await _start(stacks, tmp_path, mode, ("--sim-eos-first-token",), ("--response-timeout", "20"))
     async with aiohttp.ClientSession() as session:
         async with session.post(stack.proxy_url + "/v1/completions", json=BODY) as resp:
@@ -58,12 +59,15 @@ async def test_eos_on_prefill_is_answered_without_touching_decode(
             assert resp.status == 200
             events = (await resp.read()).decode().split("\n\n")
         decode = await _decode_metrics_once_idle(session, stack.engine_urls["decode"])
+        async with session.get(stack.admin_url + "/metrics") as resp:
+            proxy = await resp.text()
     assert answer["choices"][0]["finish_reason"] == "stop" and answer["usage"]["completion_tokens"] == 1
     chunk = json.loads(events[0].removeprefix("data: "))
     assert chunk["choices"][0]["finish_reason"] == "stop" and events[-2] == "data: [DONE]"
+    assert metric(decode, "vllm:request_success_total", finished_reason="stop") == 2  # decode answered both
     assert metric(decode, "pd_sim_requests_waiting_for_kv") == 0
     assert metric(decode, "pd_sim_requests_decoded_without_kv_total") == 0
-    assert metric(decode, "vllm:request_success_total") == 0
+    assert metric(proxy, "pd_proxy_no_kv_total") == 0
 
 
 async def test_a_transfer_that_never_completes_ends_with_504_and_leaves_decode_idle(

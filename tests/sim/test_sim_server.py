@@ -112,6 +112,19 @@ async def test_eos_first_token_gives_null_params(start_engine: EngineFactory, ht
     status, body = await call(http, eng.url, P_LEG)
     assert status == 200 and body["kv_transfer_params"] is None
     assert body["choices"][0]["finish_reason"] == "stop"
+    status, body = await call(http, eng.url, {"prompt": "plain", "max_tokens": 8})
+    assert body["choices"][0]["finish_reason"] == "stop" and body["usage"]["completion_tokens"] == 1
+
+
+async def test_min_tokens_masks_the_eos_as_vllm_does(start_engine: EngineFactory, http: aiohttp.ClientSession) -> None:
+    """vLLM's MinTokensLogitsProcessor: no stop token among the first min_tokens, so a prefill leg with
+    min_tokens 1 ends length-capped and keeps its KV, and a plain request's earliest EOS is min_tokens + 1."""
+    eng = await start_engine(producer_argv("--sim-eos-first-token"))
+    status, body = await call(http, eng.url, {**P_LEG, "min_tokens": 1})
+    assert status == 200 and body["choices"][0]["finish_reason"] == "length"
+    assert body["kv_transfer_params"]["transfer_id"] == "tx-1"
+    status, body = await call(http, eng.url, {"prompt": "plain", "max_tokens": 8, "min_tokens": 3})
+    assert body["choices"][0]["finish_reason"] == "stop" and body["usage"]["completion_tokens"] == 4
 
 
 @pytest.mark.parametrize("code", [404, 503])

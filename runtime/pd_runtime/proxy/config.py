@@ -185,7 +185,7 @@ class ProxyConfig:
     no_kv_fallback: NoKvFallback = field(
         default="prefill",
         metadata=flag(
-            "when prefill answers without usable kv_transfer_params and did not finish the request itself: "
+            "when prefill answers without usable kv_transfer_params (an aborted prefill): "
             "prefill = serve it on the prefill engine as a plain request, error = answer 502. Never decode: "
             "vLLM < 0.32 (write) / 0.33 (read) treats every decode request as a remote prefill",
             reload=True,

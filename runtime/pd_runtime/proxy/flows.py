@@ -23,13 +23,7 @@ from typing import Any, Literal
 import aiohttp
 
 from pd_runtime.protocol import check_prefill_response, new_request_uid
-from pd_runtime.proxy.answers import (
-    final_answer_events,
-    finished_on_prefill,
-    merge_usage,
-    merge_usage_events,
-    prompt_details,
-)
+from pd_runtime.proxy.answers import merge_usage, merge_usage_events, prompt_details
 from pd_runtime.proxy.breaker import OpenReason
 from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.demand import DemandWindow, asked_output_tokens, reported_prompt_tokens
@@ -76,9 +70,8 @@ class LegFailure(Exception):
 
 @dataclass(frozen=True)
 class PrefillAnswer:
-    """Prefill's HTTP answer (status 200), internal ids already replaced by the public one."""
+    """Prefill's HTTP answer (status 200), parsed."""
 
-    body: bytes
     document: Any
 
     @property
@@ -87,13 +80,12 @@ class PrefillAnswer:
 
 
 class NoKvTransfer(LegFailure):
-    """Prefill answered but its kv_transfer_params cannot feed a decode (e.g. first token was EOS)."""
+    """Prefill answered but its kv_transfer_params cannot feed a decode (e.g. the prefill was aborted)."""
 
-    def __init__(self, problem: str, answer: PrefillAnswer) -> None:
+    def __init__(self, problem: str) -> None:
         super().__init__(
             "prefill", "no_kv", upstream_failed(f"prefill produced no KV transfer: {problem}", "prefill_no_kv")
         )
-        self.answer = answer
 
 
 @dataclass
@@ -455,7 +447,7 @@ class ProxyCore:
         params = answer.kv_transfer_params
         problem = check_prefill_response(params, exchange.ids.transfer_id)
         if problem:
-            await self._without_kv(exchange, sink, NoKvTransfer(problem, answer))
+            await self._without_kv(exchange, sink, NoKvTransfer(problem))
             return False
         exchange.prefill_answered(self.config.timeouts.kv_wait)
         await self._relay(exchange, exchange.decode, self._decode_leg(exchange, params), "decode", sink)
@@ -515,16 +507,13 @@ class ProxyCore:
         self._record_transfer(exchange)
 
     async def _without_kv(self, exchange: Exchange, sink: Sink, missing: NoKvTransfer) -> None:
-        """Prefill gave no KV for decode (any decode leg is already cancelled). Never a plain request to
-        decode: vLLM < 0.32 (write) / 0.33 (read) would wait for KV forever or decode from nothing.
-        Prefill's answer when its first token ended the request; else the configured fallback."""
+        """Prefill gave no KV for decode (any decode leg is already cancelled): an aborted prefill, or
+        one that stopped although ``min_tokens: 1`` masked its stop tokens (a grammar allowing nothing
+        else). Never a plain request to decode: vLLM < 0.32 (write) / 0.33 (read) would wait for KV
+        forever or decode from nothing. The configured fallback decides."""
         assert exchange.prefill is not None
         if sink.started:
             raise missing
-        if finished_on_prefill(missing.answer.document):
-            self.metrics.no_kv.labels("prefill_finished").inc()
-            await self._answer_from_prefill(exchange, missing.answer, sink)
-            return
         if self.config.no_kv_fallback == "error":
             self.metrics.no_kv.labels("error").inc()
             raise missing
@@ -532,15 +521,6 @@ class ProxyCore:
         log.warning("serving on prefill as a plain request transfer_id=%s: %s", exchange.ids.transfer_id, missing)
         plain = self._plain(exchange, exchange.prefill)
         await self._relay(exchange, exchange.prefill, plain, "prefill", sink)
-
-    async def _answer_from_prefill(self, exchange: Exchange, answer: PrefillAnswer, sink: Sink) -> None:
-        if not exchange.request.stream:
-            await sink.whole(200, "application/json", answer.body)
-            return
-        await sink.begin_stream("text/event-stream")
-        self.metrics.ttft.observe(time.monotonic() - exchange.started)
-        await sink.write(final_answer_events(answer.document, exchange.request))
-        await sink.end_stream()
 
     def _record_transfer(self, exchange: Exchange) -> None:
         assert exchange.prefill is not None and exchange.decode is not None
@@ -569,8 +549,8 @@ class ProxyCore:
         """Write mode: a P answer without kv_transfer_params means no KV will ever reach D."""
         answer = await self._prefill(exchange)
         if not isinstance(answer.kv_transfer_params, dict):
-            problem = "kv_transfer_params is null (first token was EOS or the request was aborted)"
-            raise NoKvTransfer(problem, answer)
+            problem = "kv_transfer_params is null (the prefill was aborted or did not end length-capped)"
+            raise NoKvTransfer(problem)
         exchange.prefill_answered(self.config.timeouts.kv_wait)
 
     async def _prefill(self, exchange: Exchange) -> PrefillAnswer:
@@ -599,9 +579,8 @@ class ProxyCore:
             self.metrics.leg_seconds.labels("prefill").observe(time.monotonic() - started)
         if status != 200:
             raise LegFailure("prefill", "http", upstream_error_for_client(status, body, "prefill", exchange.rewriter))
-        body = exchange.rewriter.whole(body)
         try:
-            document = json.loads(body)
+            document = json.loads(body)  # never the client's: decode answers it
         except ValueError as exc:
             raise LegFailure(
                 "prefill", "protocol", upstream_failed("prefill answered invalid JSON", "prefill_failed")
@@ -609,7 +588,7 @@ class ProxyCore:
         if exchange.source == "request" and (prompt := reported_prompt_tokens(document)) is not None:
             self.demand.prompt_measured(time.monotonic(), prompt)
         exchange.prompt_details = prompt_details(document)
-        return PrefillAnswer(body, document)
+        return PrefillAnswer(document)
 
     async def _relay(self, exchange: Exchange, target: Target, leg: Leg, name: str, sink: Sink) -> None:
         """POST a decode (or colocated, or plain prefill) leg and pass its answer through, SSE chunk by chunk."""

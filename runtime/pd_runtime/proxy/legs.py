@@ -250,8 +250,11 @@ def _headers(
 def prefill_leg(
     request: ClientRequest, prefill: Target, decode: Target, ids: TransferIds, engine_api_key: str | None
 ) -> Leg:
-    """One token, not streamed, no minimum length, D's address and sizes.
+    """One token that cannot end the request, not streamed, D's address and sizes.
 
+    ``min_tokens: 1`` masks every stop token for that token and keeps stop strings unchecked (vLLM's
+    MinTokensLogitsProcessor and detokenizer), so prefill always finishes length-capped and returns KV;
+    decode samples the first token itself (docs/proxy.md, "What each leg carries").
     docs/protocol.md#http-legs and docs/protocol.md#prefill-leg-params.
     """
     body = dict(request.body)
@@ -260,7 +263,7 @@ def prefill_leg(
     body["max_tokens"] = 1
     if "max_completion_tokens" in body:
         body["max_completion_tokens"] = 1
-    body.pop("min_tokens", None)
+    body["min_tokens"] = 1
     body.pop("min_completion_tokens", None)
     body["kv_transfer_params"] = prefill_leg_params(decode.instance, ids.transfer_id)
     return Leg(request.path, _headers(request, ids.request_id, prefill.dp_rank, engine_api_key), body)

@@ -132,8 +132,8 @@ class ProxyMetrics:
         self.health_checks = Counter("pd_proxy_health_checks", "Instance /health probes", ["result"], registry=r)
         self.no_kv = Counter(
             "pd_proxy_no_kv",
-            "Requests whose prefill gave no KV for decode, by answer: prefill_finished (prefill's own answer, "
-            "its first token ended the request), prefill_plain (served on prefill as a plain request), error",
+            "Requests whose prefill gave no KV for decode, by answer: prefill_plain (served on prefill as a plain "
+            "request), error",
             ["answer"],
             registry=r,
         )

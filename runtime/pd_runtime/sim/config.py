@@ -65,7 +65,9 @@ class Faults:
     prefill_error: int = 0
     """HTTP status returned to every producer (P-leg) request instead of serving it; 0 = off."""
     eos_first_token: bool = False
-    """The producer's one token is EOS: finish_reason stop, no kv_transfer_params (docs/protocol.md#prefill-answer)."""
+    """Every prompt's first token is EOS, on every leg (P and D agree), unless ``min_tokens`` masks it as vLLM
+    does: a producer without min_tokens answers finish_reason stop, no kv_transfer_params
+    (docs/protocol.md#prefill-answer); with the proxy's ``min_tokens: 1`` decode samples the EOS itself."""
     drop_notify: float = 0.0
     """Fraction of incoming notify messages silently dropped."""
     crash_after: int = 0

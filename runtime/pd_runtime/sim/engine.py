@@ -72,13 +72,15 @@ class Output:
     finish_reason: str | None
 
 
-def output_length(request: openai.GenerationRequest, profile: Profile) -> tuple[int, str]:
-    """Tokens to generate and the finish reason. Without ignore_eos the calibrated profile stops at an
-    EOS drawn from the prompt (so P and D of one request agree), never before min_tokens."""
-    if request.ignore_eos or profile.eos_mean_tokens <= 0:
+def output_length(request: openai.GenerationRequest, profile: Profile, eos_first: bool = False) -> tuple[int, str]:
+    """Tokens to generate and the finish reason. Without ignore_eos the output stops at an EOS drawn from
+    the prompt (so P and D of one request agree) by the calibrated profile, or at the first token with the
+    ``eos_first`` fault knob. As in vLLM (MinTokensLogitsProcessor masks every stop token while fewer than
+    ``min_tokens`` tokens are out), the earliest EOS is token ``min_tokens + 1``."""
+    if request.ignore_eos or (profile.eos_mean_tokens <= 0 and not eos_first):
         return request.max_tokens, "length"
-    rng = random.Random(request.prompt_key)
-    eos = max(eos_length(profile.eos_mean_tokens, 10**9, rng), request.min_tokens, 1)
+    eos = 1 if eos_first else eos_length(profile.eos_mean_tokens, 10**9, random.Random(request.prompt_key))
+    eos = max(eos, request.min_tokens + 1)
     return (eos, "stop") if eos <= request.max_tokens else (request.max_tokens, "length")
 
 
@@ -264,7 +266,7 @@ class SimEngine:
         rid = openai.response_id(request.chat, xid, suffix)
         leg = self._leg(request)
         params = request.kv_transfer_params or {}
-        length, finish = output_length(request, self.profile)
+        length, finish = output_length(request, self.profile, self.config.faults.eos_first_token)
         transfer_id: str | None = None
         if leg in ("producer", "consumer"):
             transfer_id = self._transfer_id(params, rid)
@@ -334,13 +336,12 @@ class SimEngine:
         return f"sidecar-{rid}"
 
     def _producer_output(self, finish: str, length: int) -> tuple[int, str]:
+        """One token: the request stops there when its EOS falls on it, else it is length-capped (KV kept)."""
         faults = self.config.faults
         if faults.prefill_error:
             err_type = "InternalServerError" if faults.prefill_error >= 500 else "BadRequestError"
             raise openai.RequestError(faults.prefill_error, "simulated prefill failure (fault knob)", None, err_type)
-        if faults.eos_first_token or (finish == "stop" and length == 1):
-            return 1, "stop"
-        return 1, "length"
+        return 1, ("stop" if finish == "stop" and length == 1 else "length")
 
     def _producer_peer(self, params: dict[str, Any], xid: str) -> protocol.PeerAddress | None:
         assert self.connector is not None

@@ -100,8 +100,7 @@ def poisson_arrivals(rate: float, count: int, rng: random.Random, rescaled: bool
 def eos_length(mean: float, max_tokens: int, rng: random.Random) -> int:
     """Where EOS falls without ignore_eos: 2 + a geometric count (mean ``mean``), capped at max_tokens.
 
-    Never the first token: a prefill-only request would then return no KV at all, a separate failure
-    mode that the ``--sim-eos-first-token`` knob tests on purpose.
+    Never the first token: that case is the ``--sim-eos-first-token`` knob.
     """
     if mean <= 0:
         return max_tokens
