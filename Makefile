@@ -23,9 +23,10 @@ lint: venv
 	$(VENV)/bin/lint-imports --no-cache
 
 # The report tests open pages in headless Chromium from Debian's packages; installed here when missing.
+# The contract comparison (tests/proxy/test_router_contract.py) drives vLLM's router from its cached venv.
 unit: venv
 	bash tests/browser/ensure-chromium.sh
-	$(VENV)/bin/pytest -q tests
+	@router_venv=$$(bash benchmarks/router_venv.sh) && PD_VLLM_ROUTER=$$router_venv/bin/vllm-router $(VENV)/bin/pytest -q tests
 
 # Conformance against vLLM's own code (conformance/): vLLM from PyPI at the image's version (override with
 # VLLM_VERSION=...) in its own venv under ~/.cache/pd-operator-vllm (several GB, made once).
