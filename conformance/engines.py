@@ -148,7 +148,9 @@ class Behaviour:
     """How a test wants the engine to answer."""
 
     prefill_delay_s: float = 0.0
-    first_token_ends: bool = False  # prefill's first token is EOS: FINISHED_STOPPED, no KV to send
+    # the prompt's first token is EOS: a prefill stops there (FINISHED_STOPPED, no KV to send) unless its
+    # min_tokens masks the stop token, as vLLM's MinTokensLogitsProcessor does (then FINISHED_LENGTH_CAPPED)
+    first_token_ends: bool = False
     chunks: int = 3
     chunk_gap_s: float = 0.0
 
@@ -292,14 +294,14 @@ class RecordingEngine:
         except (KeyError, ValueError) as err:
             leg.violations.append(f"prefill connector cannot ingest the leg: {err!r}")
         await asyncio.sleep(self.behaviour.prefill_delay_s)
-        request.status = (
-            RequestStatus.FINISHED_STOPPED if self.behaviour.first_token_ends else RequestStatus.FINISHED_LENGTH_CAPPED
-        )
+        assert request.sampling_params is not None
+        stops = self.behaviour.first_token_ends and request.sampling_params.min_tokens == 0
+        request.status = RequestStatus.FINISHED_STOPPED if stops else RequestStatus.FINISHED_LENGTH_CAPPED
         delay_free, returned = self.connector.request_finished(request, block_ids)
         if leg.transfer_id:
             sent_blocks = returned.get("remote_block_ids") if returned else None
             self.ledger.record(leg.transfer_id, ProducerOutcome(delay_free and returned is not None, sent_blocks))
-        finish = "stop" if self.behaviour.first_token_ends else "length"
+        finish = "stop" if stops else "length"
         response = CompletionResponse(
             id=leg.request_id,
             model=leg.body.get("model", ""),

@@ -104,15 +104,18 @@ async def test_colocated_legs_are_plain_requests(monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("mode", ["write", "read"])
-async def test_a_prefill_that_finished_never_sends_decode_a_request_without_kv(
+async def test_a_first_token_that_would_end_the_request_is_sampled_by_decode(
     mode: str, stream: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Prefill's first token ends the request (EOS/stop): vLLM returns kv_transfer_params null."""
+    """The prompt's first token is EOS: without min_tokens vLLM's prefill would stop there and return
+    kv_transfer_params null; the prefill leg's min_tokens 1 (as vLLM's API server parses it) keeps it
+    length-capped, so the KV goes to decode, which answers."""
     async with deployment(mode, Behaviour(first_token_ends=True), monkeypatch, tmp_path) as dep:
         status, text = await complete(dep, stream)
-        assert [leg.kv_transfer_params for leg in dep.legs("prefill")] != []
+        prefill = dep.legs("prefill")
+        assert prefill and all(leg.body.get("min_tokens") == 1 for leg in prefill)
         await assert_conformant(dep)
-        assert status == 200 and "first" in text, (status, text)  # the prefill's own answer
+        assert status == 200 and "tok" in text and "first" not in text, (status, text)  # decode's answer
 
 
 @pytest.mark.parametrize("mode", ["write", "read"])
