@@ -46,6 +46,9 @@ PROXY_API_KEY_ENV = "PD_PROXY_API_KEY"
 PROXY_SETTINGS_KEY = "proxy.json"
 PROXY_SETTINGS_FILE = f"{PROXY_SETTINGS_DIR}/{PROXY_SETTINGS_KEY}"
 BENCH_API_KEY_ENV = "PDCTL_BENCH_API_KEY"
+DRAIN_DELAY_S = 5.0
+"""How long a deleted replica's proxy keeps serving while the Service and the routers drop it (the
+EndpointSlice update reaches them well within it), at most a quarter of the termination grace period."""
 TERMINATION_LOG = "/dev/termination-log"
 
 
@@ -300,6 +303,7 @@ def proxy_command(spec: PDDeploymentSpec) -> list[str]:
         for eng in engine_containers(spec):
             cmd += ["--engine", f"http://127.0.0.1:{eng.http_port}"]
     cmd += ["--admin-port", str(p.admin_port), "--config-file", PROXY_SETTINGS_FILE]
+    cmd += ["--drain-delay", _number(drain_delay(spec)), "--drain-timeout", _number(drain_timeout(spec))]
     if spec.disaggregated and p.canary_interval_seconds:
         cmd += ["--canary-interval", _number(p.canary_interval_seconds)]
     if p.heartbeat_ttl_seconds is not None:
@@ -314,6 +318,16 @@ def proxy_command(spec: PDDeploymentSpec) -> list[str]:
         max_num_seqs = spec.decode.max_num_seqs or DEFAULT_MAX_NUM_SEQS
         cmd += ["--kv-wait-timeout", limit, "--kv-wait-limit", limit, "--decode-max-in-flight", str(max_num_seqs)]
     return cmd + list(p.extra_args)
+
+
+def drain_delay(spec: PDDeploymentSpec) -> float:
+    """On deletion the proxy answers /ready 503 but serves on for this long, so no request is refused."""
+    return min(DRAIN_DELAY_S, spec.termination_grace_period_seconds / 4)
+
+
+def drain_timeout(spec: PDDeploymentSpec) -> float:
+    """Then in-flight streams may finish for the rest of the grace period (less a second for the exit)."""
+    return max(0.0, spec.termination_grace_period_seconds - drain_delay(spec) - 1)
 
 
 def expected_heartbeat(spec: PDDeploymentSpec, eng: EngineContainer) -> str:

@@ -52,6 +52,15 @@ def test_decode_in_flight_limit_is_decodes_max_num_seqs_or_vllms_default() -> No
     assert _flag(proxy_command(validate_spec(spec)), "--decode-max-in-flight") == "1024"
 
 
+@pytest.mark.parametrize(("grace", "delay", "timeout"), [(300, "5", "294"), (5, "1.25", "2.75"), (0, "0", "0")])
+def test_the_drain_delay_and_timeout_share_the_termination_grace_period(grace: int, delay: str, timeout: str) -> None:
+    """A deleted replica serves on (not ready) while the Service drops it, then drains in what is left."""
+    spec = load_example("simulated-write.yaml")["spec"]
+    spec["terminationGracePeriodSeconds"] = grace
+    cmd = proxy_command(validate_spec(spec))
+    assert (_flag(cmd, "--drain-delay"), _flag(cmd, "--drain-timeout")) == (delay, timeout)
+
+
 def test_no_kv_fallback_is_passed_through() -> None:
     spec = load_example("qwen3-235b-write.yaml")["spec"]
     spec["proxy"] = {**spec.get("proxy", {}), "noKvFallback": "error"}

@@ -301,6 +301,11 @@ def test_proxy_command_follows_the_contract() -> None:
         "8001",
         "--config-file",
         "/etc/pd-proxy/proxy.json",
+        # on deletion: serve on, not ready, for 5 s (grace / 4, at most 5), then drain for the rest less 1 s
+        "--drain-delay",
+        "5",
+        "--drain-timeout",
+        "294",
         "--canary-interval",
         "300",
         # the only registrations the proxy accepts: each engine's heartbeat, vLLM's G2 frame, literally

@@ -293,6 +293,19 @@ async def test_shutdown_drains_in_flight_streams(pd_setup: SetupFactory) -> None
     assert status == 200 and text.count("data: ") == 11 and text.endswith("data: [DONE]\n\n")
 
 
+async def test_shutdown_serves_through_the_drain_delay_while_not_ready(pd_setup: SetupFactory) -> None:
+    """A replica being removed keeps answering what reaches it until the Service has dropped it."""
+    setup = await pd_setup(mode="WRITE", drain_delay_s=0.6)
+    stopping = asyncio.create_task(setup.proxy.stop())
+    await wait_for(lambda: setup.proxy.leaving, what="SIGTERM's stop begun")
+    status, ready = await _get_json(setup.client, setup.url + "/ready")
+    assert (status, ready) == (503, {"ready": False, "reason": "shutting down"})
+    status, text = await setup.stream(BODY)  # arrives during the delay: served whole
+    assert status == 200 and text.endswith("data: [DONE]\n\n") and not stopping.done()
+    await stopping
+    assert setup.proxy.core.draining
+
+
 def test_cli_reads_keys_from_the_named_env_vars() -> None:
     from pd_runtime.proxy.cli import build_parser, config_from_args
 

@@ -244,6 +244,14 @@ class ProxyConfig:
             reload=True,
         ),
     )
+    drain_delay_s: float = field(
+        default=0.0,
+        metadata=flag(
+            "seconds after SIGTERM during which every request is still served while /ready answers 503, so the "
+            "Service and routers drop this replica before it stops taking requests (what a preStop sleep is for)",
+            parse=non_negative_float,
+        ),
+    )
     drain_timeout_s: float = field(
         default=30.0, metadata=flag("seconds to let streams finish on SIGTERM", parse=non_negative_float)
     )

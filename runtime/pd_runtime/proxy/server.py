@@ -107,6 +107,7 @@ class ProxyServer:
         self._runners: list[web.AppRunner] = []
         self.api_port = 0
         self.admin_port: int | None = None
+        self.leaving = False  # SIGTERM came: /ready answers 503 (requests are served until core.draining)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -168,7 +169,12 @@ class ProxyServer:
             self.canary.config = config
 
     async def stop(self) -> None:
-        """Graceful: stop taking requests (503, /ready false), let in-flight streams finish, then close."""
+        """Graceful: /ready false at once, requests still served for ``drain_delay_s`` (the Service drops
+        this replica meanwhile), then no more taken (503), in-flight streams finish, and close."""
+        self.leaving = True
+        if self.config.drain_delay_s > 0:
+            log.info("leaving: /ready 503, serving for %gs more", self.config.drain_delay_s)
+            await asyncio.sleep(self.config.drain_delay_s)
         self.core.draining = True
         self.admission.drain(unavailable("the proxy is shutting down", "shutting_down"))
         if self.watcher is not None:
@@ -275,7 +281,7 @@ class ProxyServer:
         await sink.whole(503 if reason else 200, "application/json", json.dumps(document).encode())
 
     def not_ready_reason(self) -> str:
-        if self.core.draining:
+        if self.leaving:
             return "shutting down"
         if self.canary is not None and self.canary.stops_serving:
             return "stopped serving after a KV mismatch (on-kv-mismatch stopServing)"
