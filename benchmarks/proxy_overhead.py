@@ -7,15 +7,21 @@ process: a prefill port answering at once with ``kv_transfer_params``, a decode 
 vLLM-shaped completion chunks whose ``id`` embeds the X-Request-Id and whose ``bench_sent_ns`` is the
 monotonic clock at the write), registering over ZMQ like vLLM's G2 heartbeat.
 
-Scenarios: closed-loop streams of ``--chunks`` chunks, one every 20 ms (paced), at 64 and 8 streams,
-with staggered starts (steady state) and all-at-once starts (waves); then saturated streams (chunks as
-fast as the engine writes them). Each target gets the same windows, interleaved in rounds so the
-machine's background load hits all alike. Reported per target: TTFT p50/p99 at the client, the gap
-between chunks (ITL) and each chunk's delivery latency (engine write to client read), requests per
-second, and the proxy's CPU per relayed chunk (a chunk is one SSE event counted at the client).
+Scenarios: closed-loop streams of ``--chunks`` chunks, one every 20 ms (paced), at each ``--streams``
+count, with staggered starts (steady state) and all-at-once starts (waves); saturated streams (chunks as
+fast as the engine writes them) at each count; with ``--burst N`` a wave of N paced streams starting
+together. Each target gets the same windows, interleaved in rounds so the machine's background load hits
+all alike. Reported per target: TTFT p50/p99 at the client, the gap between chunks (ITL) and each
+chunk's delivery latency (engine write to client read), requests per second, the proxy's CPU per relayed
+chunk (a chunk is one SSE event counted at the client) and per request, its resident memory, and at the
+end one summary table of every scenario.
 
-    .venv/bin/python benchmarks/proxy_overhead.py [--toy-proxy PATH --toy-python PYTHON]
+    .venv/bin/python benchmarks/proxy_overhead.py [--vllm-router VENV] [--toy-proxy PATH --toy-python PYTHON]
         [--compare "NAME=PYTHON" ...] [--json FILE] [--profile-with PY_SPY --profile-dir DIR]
+
+``--vllm-router`` runs vLLM's own P/D router (the venv of ``benchmarks/router_venv.sh``) beside ours, in
+MoRI-IO discovery mode against the same fake engines, with the round-robin policy (its default,
+cache_aware, first renders the prompt on both engines: two more upstream requests per client request).
 
 ``--toy-proxy`` points at a local copy of vLLM's moriio_toy_proxy_server.py (never committed here); it
 binds ZMQ port 36367, so only one toy run at a time. ``--compare`` adds `pdctl proxy` from another
@@ -51,7 +57,6 @@ from pd_runtime.localports import PortReservation
 from pd_runtime.protocol import Registration, g2_payload
 
 TOY_REGISTRATION = "tcp://127.0.0.1:36367"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PACE_MS = 20.0
 LOAD_SAMPLES: list[float] = []  # the 1-minute load average as each window starts
 LOAD_CPU, PROXY_CPU = 0, 1
@@ -208,6 +213,16 @@ class Scenario:
     streams: int
     paced: bool
     staggered: bool
+    burst: bool = False  # one wave of requests sent together per round, not a closed loop
+
+    @property
+    def label(self) -> str:
+        """The load in words, for the summary table."""
+        if self.burst:
+            return f"burst of {self.streams} paced streams"
+        if not self.paced:
+            return f"saturated, {self.streams} streams"
+        return f"paced, {self.streams} streams, {'staggered' if self.staggered else 'all at once'}"
 
 
 @dataclass
@@ -228,10 +243,14 @@ class Window:
     streams: int = 0
     span: tuple[int, int] = (0, 0)  # monotonic ns; nothing counts outside it
     round_ttft_p50_ms: list[float] = field(default_factory=list)  # each round's own p50 (the spread)
+    rss_kib: int = 0  # the proxy's resident memory at the window's end (the largest of the rounds)
+    load: list[float] = field(default_factory=list)  # the 1-minute load average as each round's window starts
 
     def add(self, other: Window) -> None:
         if other.ttft_ms:
             self.round_ttft_p50_ms.append(statistics.median(other.ttft_ms))
+        self.rss_kib = max(self.rss_kib, other.rss_kib)
+        self.load.extend(other.load)
         self.requests += other.requests
         self.errors += other.errors
         self.chunks += other.chunks
@@ -258,12 +277,30 @@ class Window:
         data["chunks_per_s"] = self.chunks / self.seconds if self.seconds else 0.0
         if self.proxy_cpu_s:
             data["chunks_per_cpu_s"] = self.chunks / self.proxy_cpu_s
+            if self.chunks:
+                data["cpu_us_per_chunk"] = 1e6 * self.proxy_cpu_s / self.chunks
+            if self.requests:
+                data["cpu_us_per_request"] = 1e6 * self.proxy_cpu_s / self.requests
         return data
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime, all threads
+    """CPU time of a process, all its threads, in nanoseconds' resolution (``/proc/PID/stat`` counts clock
+    ticks of 10 ms, too coarse for a window of a few thousand requests): each thread's time on a CPU from
+    its schedstat. A thread that ends inside a window takes its time with it (the proxies keep theirs)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
+
+
+def rss_kib(pid: int) -> int:
+    """VmRSS of a process (all its threads share it)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
 
 
 def _stamps(data: bytes) -> Iterator[int]:
@@ -342,8 +379,28 @@ async def run_window(
             await asyncio.sleep(max(0.0, end - time.monotonic()))
             if proxy_pid and before is not None:
                 window.proxy_cpu_s = cpu_seconds(proxy_pid) - before
+                window.rss_kib = rss_kib(proxy_pid)
 
         await asyncio.gather(meter(), *(client(i) for i in range(scenario.streams)))
+    return window
+
+
+async def run_burst(target: str, url: str, scenario: Scenario, body: dict[str, Any], proxy_pid: int | None) -> Window:
+    """``scenario.streams`` requests sent together, once, on warm connections: a first, unmeasured wave
+    opens the client's connections and the proxy's upstream pools, the second is measured whole (every
+    request's latencies, the proxy's CPU from the first request out to the last answer in)."""
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
+        warm = Window(target, "warmup", span=(0, 0))
+        await asyncio.gather(*(_one_stream(session, url, body, warm) for _ in range(scenario.streams)))
+        began = time.monotonic()
+        before = cpu_seconds(proxy_pid) if proxy_pid else None
+        window = Window(target, scenario.name, streams=scenario.streams, span=(int(began * 1e9), 2**63))
+        await asyncio.gather(*(_one_stream(session, url, body, window) for _ in range(scenario.streams)))
+        window.seconds = time.monotonic() - began
+        if proxy_pid and before is not None:
+            window.proxy_cpu_s = cpu_seconds(proxy_pid) - before
+            window.rss_kib = rss_kib(proxy_pid)
     return window
 
 
@@ -396,14 +453,35 @@ def _pdctl_proxy(name: str, command: list[str], loop: str, registration: str, po
     return Target(f"{name} ({loop})", f"http://127.0.0.1:{port}/v1/completions", _spawn(argv, PROXY_CPU))
 
 
+def _vllm_router(venv: str, discovery: str, ports: PortReservation) -> Target:
+    """vLLM's own P/D router in MoRI-IO mode. It takes MoRI-IO engines only from their ZMQ heartbeats (it
+    refuses static URLs for MoRI-IO), so the fake engines register with it as with ours; round robin,
+    like ours by default (its default, cache_aware, renders the prompt on both engines before the legs)."""
+    port = ports.port()
+    argv = [f"{venv}/bin/vllm-router", "--host", "127.0.0.1", "--port", str(port), "--vllm-pd-disaggregation",
+            "--kv-connector", "moriio", "--vllm-discovery-address", discovery.removeprefix("tcp://"),
+            "--policy", "round_robin", "--prometheus-host", "127.0.0.1",
+            "--prometheus-port", str(ports.port())]  # fmt: skip
+    name = f"vllm-router {router_version(venv)}"
+    return Target(name, f"http://127.0.0.1:{port}/v1/completions", _spawn(argv, PROXY_CPU))
+
+
+def router_version(venv: str) -> str:
+    script = "from importlib.metadata import version; print(version('vllm-router'))"
+    found = subprocess.run([f"{venv}/bin/python", "-c", script], check=True, capture_output=True, text=True)
+    return found.stdout.strip()
+
+
 def scenarios(args: argparse.Namespace) -> list[Scenario]:
     paced = [
         Scenario(f"{n} streams, {'staggered' if staggered else 'all at once'}", n, True, staggered)
         for n in args.streams
         for staggered in (True, False)
     ]
-    every = [*paced, Scenario(f"{args.streams[0]} streams, saturated", args.streams[0], False, False)]
-    return [s for s in every if args.only in s.name]
+    saturated = [Scenario(f"{n} streams, saturated", n, False, False) for n in args.streams]
+    burst = [Scenario(f"{args.burst} streams, burst", args.burst, True, False, burst=True)] if args.burst else []
+    every = [*paced, *saturated, *burst]
+    return [s for s in every if not args.only or any(only in s.name for only in args.only)]
 
 
 @contextlib.contextmanager
@@ -435,11 +513,15 @@ async def main_async(args: argparse.Namespace) -> list[Window]:
     if args.prototype:
         pdctl.append((Path(args.prototype).stem, [sys.executable, args.prototype]))
     registrations = {(name, loop): f"tcp://127.0.0.1:{ports.port()}" for name, _ in pdctl for loop in args.loops}
+    router_discovery = f"tcp://127.0.0.1:{ports.port()}" if args.vllm_router else None
     addresses = [*registrations.values()] + ([TOY_REGISTRATION] if args.toy_proxy else [])
+    addresses += [router_discovery] if router_discovery else []
     engines = _spawn([sys.executable, __file__, "engine", str(prefill_port), str(decode_port), *addresses], LOAD_CPU)
     targets = [Target("direct", f"http://127.0.0.1:{decode_port}/v1/completions")]
     for name, command in pdctl:
         targets += [_pdctl_proxy(name, command, loop, registrations[name, loop], ports) for loop in args.loops]
+    if args.vllm_router and router_discovery:
+        targets.append(_vllm_router(args.vllm_router, router_discovery, ports))
     if args.go_relay:
         port = ports.port()
         argv = [args.go_relay, "--port", str(port), "--prefill", f"127.0.0.1:{prefill_port}",
@@ -463,13 +545,15 @@ async def main_async(args: argparse.Namespace) -> list[Window]:
             merged: dict[str, Window] = {}
             for _ in range(args.rounds):
                 for target in targets:
-                    if not scenario.paced and target.pid is None:
-                        continue  # saturated: the proxies' CPU per chunk only
                     LOAD_SAMPLES.append(os.getloadavg()[0])
                     with profiling(args, target, scenario):
-                        part = await run_window(
-                            target.name, target.url, scenario, body, args.seconds / args.rounds, target.pid
-                        )
+                        if scenario.burst:
+                            part = await run_burst(target.name, target.url, scenario, body, target.pid)
+                        else:
+                            part = await run_window(
+                                target.name, target.url, scenario, body, args.seconds / args.rounds, target.pid
+                            )
+                    part.load.append(LOAD_SAMPLES[-1])
                     merged.setdefault(target.name, Window(target.name, scenario.name)).add(part)
             windows.extend(merged.values())
     finally:
@@ -559,6 +643,8 @@ def _saturated_table(rows: list[dict[str, Any]]) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        if r["target"] == "direct":
+            continue  # measured only as the summary's TTFT baseline
         per_s = r.get("chunks_per_cpu_s") or 0.0
         lines.append(
             f"| {r['target']} | {r['requests']} | {r['errors']} | {r['chunks']} | {r['chunks_per_s']:.0f} "
@@ -567,8 +653,37 @@ def _saturated_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _summary_table(windows: list[Window], args: argparse.Namespace) -> list[str]:
+    """Every scenario and target in one table: what the issue's comparison reads."""
+    lines = [
+        "| load | target | requests | errors | TTFT p50 / p99 ms | added TTFT p50 / p99 ms "
+        "| added TTFT p50 by round ms: median [min, max] | µs CPU per chunk | µs CPU per request | RSS MiB "
+        "| load average |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for scenario in scenarios(args):
+        rows = [w.summary() for w in windows if w.scenario == scenario.name]
+        direct = next((r for r in rows if r["target"] == "direct"), None)
+        for r in rows:
+            ttft = f"{r['ttft_p50_ms']:.2f} / {r['ttft_p99_ms']:.2f}" if "ttft_p50_ms" in r else "-"
+            added = ""
+            if direct is not None and r is not direct and "ttft_p50_ms" in r and "ttft_p50_ms" in direct:
+                added = (
+                    f"{r['ttft_p50_ms'] - direct['ttft_p50_ms']:+.2f} / {r['ttft_p99_ms'] - direct['ttft_p99_ms']:+.2f}"
+                )
+            chunk = f"{r['cpu_us_per_chunk']:.1f}" if "cpu_us_per_chunk" in r else ""
+            request = f"{r['cpu_us_per_request']:.0f}" if "cpu_us_per_request" in r else ""
+            rss = f"{r['rss_kib'] / 1024:.0f}" if r["rss_kib"] else ""
+            load = f"{statistics.median(r['load']):.1f}" if r["load"] else ""
+            lines.append(
+                f"| {scenario.label} | {r['target']} | {r['requests']} | {r['errors']} | {ttft} | {added} "
+                f"| {_round_spread(r, direct)} | {chunk} | {request} | {rss} | {load} |"
+            )
+    return lines
+
+
 def render(windows: list[Window], args: argparse.Namespace) -> str:
-    lines: list[str] = []
+    lines: list[str] = ["**Summary**, every scenario:", "", *_summary_table(windows, args), ""]
     for scenario in scenarios(args):
         rows = [w.summary() for w in windows if w.scenario == scenario.name]
         if scenario.paced:
@@ -584,6 +699,7 @@ def render(windows: list[Window], args: argparse.Namespace) -> str:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", type=int, nargs="+", default=[64, 8], help="concurrent closed-loop streams")
+    parser.add_argument("--burst", type=int, default=0, help="also a burst: this many paced requests sent together")
     parser.add_argument("--chunks", type=int, default=64, help="chunks per request")
     parser.add_argument("--seconds", type=float, default=6.0, help="measured seconds per target and scenario")
     parser.add_argument("--rounds", type=int, default=2, help="each target's time is split into this many rounds")
@@ -592,9 +708,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="also measure `pdctl proxy` of another installation (its python)")  # fmt: skip
     parser.add_argument("--prototype", default=None, help="a script taking pdctl proxy's flags (a candidate stack)")
     parser.add_argument("--go-relay", default=None, help="binary of benchmarks/prototypes/go-relay (go build)")
+    parser.add_argument("--vllm-router", default=None, metavar="VENV", help="vllm-router's venv (router_venv.sh)")
     parser.add_argument("--toy-proxy", default=None, help="path to a local moriio_toy_proxy_server.py")
     parser.add_argument("--toy-python", default=sys.executable, help="python with quart and hypercorn")
-    parser.add_argument("--only", default="", help="run only the scenarios whose name contains this")
+    parser.add_argument("--only", nargs="+", default=[], help="run only the scenarios whose name contains one of these")
     parser.add_argument("--json", default=None, help="also write the summaries to this file")
     parser.add_argument("--profile-with", default=None, metavar="PY_SPY", help="py-spy: a flame graph per window")
     parser.add_argument("--profile-dir", default=".", help="where --profile-with writes its files")
