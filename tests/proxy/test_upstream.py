@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 
 import pytest
 
@@ -206,4 +207,57 @@ async def test_a_response_head_that_never_ends_fails_the_leg(serve: Serve) -> No
     pool = UpstreamPool(connect_timeout=2, keepalive_s=4)
     with pytest.raises(UpstreamError, match="64 KiB"):
         await asyncio.wait_for(_stream(pool, port), 5)
+    pool.close()
+
+
+def _keep(received: list[bytes], data: bytes) -> bool:
+    received.append(data)
+    return True
+
+
+async def test_forward_hands_every_byte_over_from_the_callback_and_reuses_the_connection(serve: Serve) -> None:
+    """The relay's path after a stream's first chunk: far more body than the 64 KiB framing bound, in
+    pieces, delivered without buffering; the connection goes back to the pool at the end."""
+    events = [b"data: %d %s\n\n" % (i, b"z" * 500) for i in range(400)]  # about 200 KB
+    raw = RawServer([_chunked(*events)], step=700)
+    port = await serve(raw)
+    pool = UpstreamPool(connect_timeout=2, keepalive_s=4)
+    for _ in range(2):
+        received: list[bytes] = []
+        async with pool.post("127.0.0.1", port, "/v1/completions", {}, b"{}") as resp:
+            assert await resp.forward(partial(_keep, received))
+        assert b"".join(received) == b"".join(events)
+    assert raw.connections == 1
+    pool.close()
+
+
+async def test_forward_stops_when_the_receiver_is_full_and_resumes_with_nothing_lost(serve: Serve) -> None:
+    events = [b"data: %d\n\n" % i for i in range(200)]
+    port = await serve(RawServer([_chunked(*events)], step=30))
+    pool = UpstreamPool(connect_timeout=2, keepalive_s=4)
+    received: list[bytes] = []
+    halts = 0
+    async with pool.post("127.0.0.1", port, "/v1/completions", {}, b"{}") as resp:
+
+        def deliver(data: bytes) -> bool:
+            received.append(data)
+            return len(received) % 5 != 0  # full after every fifth read
+
+        while not await resp.forward(deliver):
+            halts += 1
+            await asyncio.sleep(0.001)  # the client drains; the engine's bytes wait in the buffer
+    assert b"".join(received) == b"".join(events)
+    assert halts > 0
+    pool.close()
+
+
+async def test_forward_raises_when_the_engine_breaks_mid_answer(serve: Serve) -> None:
+    broken = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata: a\n\n\r\n"
+    port = await serve(RawServer([broken], close_after=True))
+    pool = UpstreamPool(connect_timeout=2, keepalive_s=4)
+    received: list[bytes] = []
+    async with pool.post("127.0.0.1", port, "/v1/completions", {}, b"{}") as resp:
+        with pytest.raises(UpstreamError, match="mid-answer"):
+            await resp.forward(partial(_keep, received))
+    assert received == [b"data: a\n\n"]
     pool.close()

@@ -602,7 +602,6 @@ class ProxyCore:
         first_byte_due = loop.time() + first_deadline
         streaming = False
         started = time.monotonic()
-        slack = min(1.0, timeouts.idle / 10)  # move the idle deadline only when it is this far off
         bounded = exchange.request.stream and name == "decode"
         try:
             async with (
@@ -624,35 +623,26 @@ class ProxyCore:
                         body = merge_usage(body, exchange.prompt_details)
                     await sink.whole(200, content_type, body)
                     return
-                # The per-chunk path: one read, the id rewrite, one write, one histogram count.
-                rewriter, itl, idle, write = exchange.rewriter, self.metrics.itl, timeouts.idle, sink.write
-                usage = name == "decode" and _streams_usage(exchange.request)
-                last = due = 0.0
-                while data := await resp.read_some():
-                    out = rewriter.feed(data)
-                    if usage and (details := exchange.prompt_details) is not None:
-                        out = merge_usage_events(out, details)
+                relay = _ChunkRelay(exchange, sink, deadline, self.metrics, name == "decode", timeouts.idle)
+                while not streaming and (data := await resp.read_some()):
+                    out = relay.rewrite(data)
                     now = loop.time()
-                    if not streaming:
-                        due = deadline.when() or 0.0  # the kv wait may have moved it
-                        if out:
-                            streaming = True
-                            self._answered(target)
-                            exchange.first_byte_timer = None
-                            await sink.begin_stream(content_type)
-                            self.metrics.ttft.observe(time.monotonic() - exchange.started)
-                            last = now
-                            await write(out)
-                    elif out:
-                        itl.observe(now - last)
-                        last = now
-                        await write(out)
-                    if abs(now + idle - due) > slack:
-                        due = now + idle
-                        deadline.reschedule(due)
-                tail = exchange.rewriter.flush()
-                if usage and tail and (details := exchange.prompt_details) is not None:
-                    tail = merge_usage_events(tail, details)
+                    relay.due = deadline.when() or 0.0  # the kv wait may have moved it
+                    if out:
+                        streaming = True
+                        self._answered(target)
+                        exchange.first_byte_timer = None
+                        await sink.begin_stream(content_type)
+                        self.metrics.ttft.observe(time.monotonic() - exchange.started)
+                        relay.last = now
+                        await sink.write(out)
+                    relay.idle_from(now)
+                if streaming:  # every further chunk is relayed from the engine connection's callback
+                    while not await resp.forward(relay.deliver):
+                        relay.raise_failure()
+                        await sink.drain()
+                    relay.raise_failure()
+                tail = relay.rewrite(exchange.rewriter.flush(), feed=False)
                 if not streaming:
                     await sink.begin_stream(content_type)
                 if tail:
@@ -674,6 +664,65 @@ class ProxyCore:
             ) from exc
         finally:
             self.metrics.leg_seconds.labels(name).observe(time.monotonic() - started)
+
+
+class _ChunkRelay:
+    """A streamed leg's chunks on their way to the client: the id rewrite, prefill's usage details merged
+    into decode's usage, the ITL histogram, the idle deadline moved on. After the first chunk ``deliver``
+    runs in the engine connection's own callback (``UpstreamResponse.forward``): a chunk costs one read,
+    one rewrite, one write and no task switch. It never raises there; the leg's task raises what failed."""
+
+    def __init__(
+        self,
+        exchange: Exchange,
+        sink: Sink,
+        deadline: asyncio.Timeout,
+        metrics: ProxyMetrics,
+        decode: bool,
+        idle: float,
+    ) -> None:
+        self._exchange = exchange
+        self._rewriter = exchange.rewriter
+        self._send = sink.send
+        self._deadline = deadline
+        self._itl = metrics.itl
+        self._usage = decode and _streams_usage(exchange.request)
+        self._idle = idle
+        self._slack = min(1.0, idle / 10)  # the idle deadline moves only when it is this far off
+        self._loop = asyncio.get_running_loop()
+        self.last = self.due = 0.0
+        self.failure: Exception | None = None
+
+    def rewrite(self, data: bytes, feed: bool = True) -> bytes:
+        out = self._rewriter.feed(data) if feed else data
+        if self._usage and out and (details := self._exchange.prompt_details) is not None:
+            out = merge_usage_events(out, details)
+        return out
+
+    def idle_from(self, now: float) -> None:
+        if abs(now + self._idle - self.due) > self._slack:
+            self.due = now + self._idle
+            self._deadline.reschedule(self.due)
+
+    def deliver(self, data: bytes) -> bool:
+        """One read of the engine's body: False stops the forwarding (client's socket full, or a failure)."""
+        try:
+            out = self.rewrite(data)
+            now = self._loop.time()
+            more = True
+            if out:
+                self._itl.observe(now - self.last)
+                self.last = now
+                more = self._send(out)
+            self.idle_from(now)
+            return more
+        except Exception as exc:  # ClientGone, or a failure the leg's task must see
+            self.failure = exc
+            return False
+
+    def raise_failure(self) -> None:
+        if self.failure is not None:
+            raise self.failure
 
 
 def _no_live(role: InstanceRole | None) -> ApiError:

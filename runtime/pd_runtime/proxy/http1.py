@@ -96,15 +96,22 @@ class ResponseSink:
         )
 
     async def write(self, data: bytes) -> None:
-        if not data:
-            return
-        head, self._head = self._head, b""
-        if self._conn.http10:
-            self._conn.send(head + data)
-        else:
-            self._conn.send(b"%s%x\r\n%s\r\n" % (head, len(data), data))
-        if self._conn.write_paused:
+        if not self.send(data):
             await self._conn.drain()
+
+    def send(self, data: bytes) -> bool:
+        """Write ``data`` now (raises ClientGone); False once the client's socket buffer is full: ``drain``
+        before sending more."""
+        if data:
+            head, self._head = self._head, b""
+            if self._conn.http10:
+                self._conn.send(head + data)
+            else:
+                self._conn.send(b"%s%x\r\n%s\r\n" % (head, len(data), data))
+        return not self._conn.write_paused
+
+    async def drain(self) -> None:
+        await self._conn.drain()
 
     async def end_stream(self) -> None:
         head, self._head = self._head, b""

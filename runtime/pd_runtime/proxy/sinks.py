@@ -21,6 +21,12 @@ class Sink(Protocol):
 
     async def write(self, data: bytes) -> None: ...
 
+    def send(self, data: bytes) -> bool:
+        """``write`` without waiting: False when the reader is behind and ``drain`` is due."""
+        ...
+
+    async def drain(self) -> None: ...
+
     async def end_stream(self) -> None: ...
 
     async def whole(self, status: int, content_type: str, body: bytes) -> None: ...
@@ -45,7 +51,14 @@ class BufferSink:
         self.status = 200
 
     async def write(self, data: bytes) -> None:
+        self.send(data)
+
+    def send(self, data: bytes) -> bool:
         self.body += data
+        return True
+
+    async def drain(self) -> None:
+        return None
 
     async def end_stream(self) -> None:
         return None

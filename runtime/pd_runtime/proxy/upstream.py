@@ -68,7 +68,10 @@ class _Connection(asyncio.Protocol):
         self._fed = 0  # bytes of the head, then bytes in a row without a body byte
         self._pieces: list[bytes] = []
         self._buffered = 0
+        self._received = 0  # body bytes parsed, buffered or forwarded
         self._paused = False
+        self._deliver: Callable[[bytes], bool] | None = None  # ``forward``'s receiver, while it forwards
+        self._halted = False  # the receiver asked to stop (its client's socket is full)
 
     # -- protocol callbacks --------------------------------------------------------------------
 
@@ -89,20 +92,24 @@ class _Connection(asyncio.Protocol):
         if self.complete:
             self.close()  # bytes nobody asked for: this connection is out of step, never reuse it
             return
-        status, buffered = self.status, self._buffered
+        status, received = self.status, self._received
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(f"engine answered malformed HTTP: {exc}")
             return
-        if self.complete or (self.status and (not status or self._buffered != buffered)):
+        if self.complete or (self.status and (not status or self._received != received)):
             self._fed = 0  # the head ended, or body bytes came
         else:  # a read spent in the head, or without a body byte (chunk extensions, trailer fields)
             self._fed += len(data)
             if self._fed > (MAX_GAP_BYTES if self.status else MAX_HEAD_BYTES):
                 self._fail("engine's response head or chunk framing is over 64 KiB")
                 return
-        self._wake()
+        deliver = self._deliver
+        if deliver is not None and self._pieces and not deliver(self._take()):  # one delivery per read
+            self._deliver, self._halted = None, True
+        if self._deliver is None or self.complete:  # while forwarding, the reader sleeps until the end
+            self._wake()
 
     def _fail(self, message: str) -> None:
         if not self.complete:  # bytes after a complete answer only make the connection unusable
@@ -142,6 +149,7 @@ class _Connection(asyncio.Protocol):
         self.status = status
 
     def on_body(self, body: bytes) -> None:
+        self._received += len(body)
         self._pieces.append(body)
         self._buffered += len(body)
         if self._buffered > PAUSE_BYTES and not self._paused and self.transport is not None:
@@ -182,6 +190,29 @@ class _Connection(asyncio.Protocol):
             if self.complete:
                 return b""
             await self._wait()
+        return self._take()
+
+    async def forward(self, deliver: Callable[[bytes], bool]) -> bool:
+        """Hand the body to ``deliver`` as it is parsed, in the protocol's own callback: one read costs
+        no task switch (a relayed stream's per-chunk cost, docs/benchmarks.md). Returns True at the end
+        of the body, False as soon as ``deliver`` returns False (the caller drains its client, then
+        calls again); raises what ``read_some`` raises. ``deliver`` must not raise."""
+        while True:
+            if self._pieces and not deliver(self._take()):
+                return False
+            if self._error is not None:
+                raise self._error
+            if self.complete:
+                return True
+            self._deliver, self._halted = deliver, False
+            try:
+                await self._wait()
+            finally:
+                self._deliver = None
+            if self._halted:
+                return False
+
+    def _take(self) -> bytes:
         pieces = self._pieces
         data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         pieces.clear()
@@ -229,6 +260,9 @@ class UpstreamResponse:
 
     async def read_some(self) -> bytes:
         return await self._conn.read_some()
+
+    async def forward(self, deliver: Callable[[bytes], bool]) -> bool:
+        return await self._conn.forward(deliver)
 
     def release(self) -> None:
         self._pool.release(self._key, self._conn)
