@@ -132,9 +132,24 @@ def test_demand_is_read_replicas_go_through_the_scale_subresource_and_an_hpa_tak
         assert f"PDDeployment/{NAME}" in table and "/1 (avg)" in table, table
         # One owner: the operator wrote none of it and says whose replicas they are, and what it advises.
         owned = wait_for(owned_elsewhere, timeout_s=30, what="ScalingActive still ReplicasOwnedElsewhere")
-        assert "desired replicas 3 (ScaledToBounds)" in str(condition(owned, "ScalingActive")), owned["status"]
+        assert "desired replicas 3 (" in str(condition(owned, "ScalingActive")), owned["status"]
         assert [e["message"] for e in pdd_events(cp, namespace, NAME, "ScaledToBounds")] == [events[0]["message"]]
         assert (owned["status"].get("autoscaling") or {}).get("desiredReplicas") == 3
+
+    # The goodput probe on (its SLO), no search yet: the planner's capacity for this layout, and an Event.
+    probe = {"enabled": True, "promptTokens": 200, "outputTokens": 20, "requests": 20, "intervalSeconds": 3600}
+    cp.kubectl(
+        "patch", "pdd", NAME, "-n", namespace, "--type=merge", "-p", json.dumps({"spec": {"goodputProbe": probe}})
+    )
+
+    def predicted() -> Obj | None:
+        found = ((pdd(cp, namespace, NAME) or {}).get("status") or {}).get("capacity") or {}
+        return found if found.get("source") == "predicted" and float(found["requestsPerSecond"]) > 0 else None
+
+    capacity = wait_for(predicted, timeout_s=90, what="status.capacity predicted by the planner")
+    assert "the planner's prediction for this layout at 200/20 tokens" in capacity["message"], capacity
+    noted = [e["message"] for e in pdd_events(cp, namespace, NAME, "CapacityPredicted")]
+    assert noted and "(predicted)" in noted[0], noted
 
 
 @pytest.fixture(scope="module")

@@ -1955,6 +1955,12 @@ class CapacityStatus(ApiModel):
     output_tokens: float = Field(ge=0, description="Mean output length the capacity is for.")
     time: Timestamp | None = Field(None, description="When it was measured (measured) or derived.")
     stale: bool = Field(False, description="The live workload moved away from the measured one (see source).")
+    measured_over_predicted: float | None = Field(
+        None, ge=0, description="scaled: the last measured capacity over the planner's, at the probe's lengths."
+    )
+    message: Annotated[str, StringConstraints(max_length=256)] = Field(
+        "", description="Where the figure comes from, e.g. why it is stale and how it was scaled."
+    )
     summary: Annotated[str, StringConstraints(max_length=64)] = Field(
         "", description='Short form for `kubectl get pdd -o wide`, e.g. "8.9/s measured".'
     )

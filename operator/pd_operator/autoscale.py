@@ -16,22 +16,30 @@ answers finish, the Service stops sending it new ones).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from pd_operator import autotune
 from pd_operator.api import (
     AutoscalingSpec,
     CapacityStatus,
     DemandStatus,
     GoodputProbeSpec,
     GoodputStatus,
+    PDDeploymentSpec,
     ScaleRecommendation,
 )
 from pd_operator.goodput import parse_time, rfc3339
+from pd_operator.layout import Layout
 from pd_operator.observe import SCALING_ACTIVE
+from pd_runtime.plan.catalog import get_model
+from pd_runtime.plan.layouts import Layout as PlanLayout
+from pd_runtime.plan.price import Demand, sample
 
 CONDITION = SCALING_ACTIVE
 MAX_RECOMMENDATIONS = 64  # AutoscalingStatus.recommendations' max_length
@@ -99,7 +107,103 @@ class Predictions:
     """The planner's per-replica capacity (requests per second within the SLO), computed by the shell."""
 
     probe_workload: float | None  # at the goodput probe's prompt and output lengths
-    live_workload: float | None  # at the lengths the proxies see now (None: no demand means yet)
+    live_workload: float | None  # at the lengths the proxies see now (None: not asked, or no prediction)
+
+
+@dataclass(frozen=True)
+class Query:
+    """One prediction to make: the model on one replica's layout, a workload and SLO in model time."""
+
+    model: str
+    layout: PlanLayout
+    demand: Demand
+    time_scale: float  # simulated engines run this much faster: wall-clock rate = model-time rate x it
+
+
+SEARCH_STEPS = 9
+"""Simulated rates per prediction: doubling from 1 req/s (model time) until the SLO fails, then bisecting
+(so at most 256 req/s of model time), one arrival sequence each."""
+SEARCH_SECONDS = 20.0
+"""Each simulated rate runs this long (model time) at least: a burst of the planner's 100 requests ends
+before the queue reaches its steady state and would overstate a high rate."""
+SEARCH_MAX_REQUESTS = 1000
+
+
+def plan_layout(lay: Layout) -> PlanLayout | None:
+    """One replica's layout as the planner models it: homogeneous engines per role, else None."""
+    tps = {(e.role, e.tensor_parallel_size) for e in lay.engines}
+    roles = Counter(e.role for e in lay.engines)
+    if len(tps) != len(roles):  # a role with two tensor-parallel sizes: not a layout the planner prices
+        return None
+    tp = dict(tps)
+    if set(roles) == {"engine"}:
+        return PlanLayout("colocated", engines=roles["engine"], engine_tp=tp["engine"])
+    if set(roles) == {"prefill", "decode"}:
+        return PlanLayout("disaggregated", roles["prefill"], tp["prefill"], roles["decode"], tp["decode"])
+    return None
+
+
+def moved(spec: AutoscalingSpec, probe: GoodputProbeSpec, live: DemandStatus | None) -> bool:
+    """Whether the workload the proxies see moved away from the probe's (``staleCapacityRatio``)."""
+    return live is not None and (
+        _shape_moved(spec.stale_capacity_ratio, float(probe.prompt_tokens), live.mean_prompt_tokens)
+        or _shape_moved(spec.stale_capacity_ratio, float(probe.output_tokens), live.mean_output_tokens)
+    )
+
+
+def _bucket(tokens: float | None, default: int) -> int:
+    """A live mean length to two significant digits: nearby means share one (cached) prediction."""
+    return default if tokens is None else max(1, round(float(f"{tokens:.2g}")))
+
+
+def queries(spec: PDDeploymentSpec, lay: Layout, live: DemandStatus | None) -> tuple[Query | None, Query | None]:
+    """What to ask the planner: the probe's workload (its SLO is the one capacity is for, so none without a
+    goodput probe), and the live workload only once it moved away from the probe's."""
+    planned = plan_layout(lay)
+    if not spec.autoscaling.enabled or not spec.goodput_probe.enabled or planned is None:
+        return None, None
+    base = autotune.demand(spec)
+    probe = Query(spec.model, planned, base, autotune.model_time_scale(spec))
+    if live is None or not moved(spec.autoscaling, spec.goodput_probe, live):
+        return probe, None
+    prompt = _bucket(live.mean_prompt_tokens, base.prompt_tokens)
+    output = _bucket(live.mean_output_tokens, base.output_tokens)
+    shaped = dataclasses.replace(base, prompt_tokens=prompt, output_tokens=output)
+    return probe, dataclasses.replace(probe, demand=shaped)
+
+
+@functools.lru_cache(maxsize=64)
+def predict(query: Query) -> float | None:
+    """The planner's capacity of one replica: the highest rate (wall-clock) at which the simulated layout
+    meets the SLO target, by a doubling-then-bisecting search (``SEARCH_STEPS``); None when the model has
+    no calibrated profile, does not fit, or misses the target even at the lowest rate tried.
+    Deterministic (fixed arrival seeds), so cached; a new workload costs 0.2-2 s of CPU (long outputs
+    cost most)."""
+    try:
+        model = get_model(query.model)
+    except ValueError:
+        return None
+    if not autotune.fits(model, query.layout, query.demand):
+        return None
+
+    def meets(rate: float) -> bool:
+        requests = min(SEARCH_MAX_REQUESTS, max(query.demand.requests, math.ceil(rate * SEARCH_SECONDS)))
+        demand = dataclasses.replace(query.demand, requests=requests, seeds=1)
+        return sample(model.profile, query.layout, demand, rate).point.attainment >= demand.target
+
+    held, missed, rate = 0.0, math.inf, 1.0
+    for _ in range(SEARCH_STEPS):
+        if meets(rate):
+            held = rate
+        else:
+            missed = rate
+        rate = rate * 2 if missed == math.inf else (held + missed) / 2 if held else rate / 2
+    return round(held * query.time_scale, 3) if held else None
+
+
+def predictions(probe: Query | None, live: Query | None) -> Predictions:
+    """Both predictions (the shell calls this off the event loop: a new workload costs a simulation)."""
+    return Predictions(predict(probe) if probe else None, predict(live) if live else None)
 
 
 def _shape_moved(ratio_limit: float, measured: float, live: float | None) -> bool:
@@ -116,30 +220,36 @@ def capacity(
     predicted: Predictions,
     now: datetime,
 ) -> CapacityStatus | None:
-    """Measured while the live workload looks like the probe's; else the prediction for the live workload
-    scaled by how far measurement and prediction disagreed for the probe's (``scaled``), else predicted."""
+    """Measured while the live workload looks like the probe's; once it moved, the prediction for the live
+    workload scaled by how far measurement and prediction disagreed for the probe's (``scaled``), else the
+    measured one marked stale; without a search result, predicted. Re-running the search would not help a
+    moved workload: the probe measures the probe's lengths, not the live ones."""
     measured = goodput.goodput_rate if goodput is not None else None
     prompt, output = float(probe.prompt_tokens), float(probe.output_tokens)
+    at = f"{prompt:g}/{output:g} tokens"
     if measured is not None and goodput is not None:
-        moved = live is not None and (
-            _shape_moved(spec.stale_capacity_ratio, prompt, live.mean_prompt_tokens)
-            or _shape_moved(spec.stale_capacity_ratio, output, live.mean_output_tokens)
-        )
-        if not moved:
-            return _capacity(measured, "measured", prompt, output, goodput.time, stale=False)
-        if live is not None and predicted.live_workload is not None and predicted.probe_workload:
+        if live is None or not moved(spec, probe, live):
+            return _capacity(measured, "measured", prompt, output, goodput.time, f"goodput search at {at}")
+        live_prompt, live_output = live.mean_prompt_tokens or prompt, live.mean_output_tokens or output
+        shape = f"the workload moved to {live_prompt:g}/{live_output:g} tokens from the probe's {at}"
+        if predicted.live_workload is not None and predicted.probe_workload:
             ratio = measured / predicted.probe_workload
             return _capacity(
                 predicted.live_workload * ratio,
                 "scaled",
-                live.mean_prompt_tokens or prompt,
-                live.mean_output_tokens or output,
+                live_prompt,
+                live_output,
                 rfc3339(now),
+                f"{shape}: the planner's {predicted.live_workload:.3g}/s for it x measured/predicted "
+                f"{measured:.3g}/{predicted.probe_workload:.3g}",
                 stale=True,
+                ratio=ratio,
             )
-        return _capacity(measured, "measured", prompt, output, goodput.time, stale=True)
+        why = f"{shape}: kept the measured rate, the planner has no prediction for it"
+        return _capacity(measured, "measured", prompt, output, goodput.time, why, stale=True)
     if predicted.probe_workload is not None:
-        return _capacity(predicted.probe_workload, "predicted", prompt, output, rfc3339(now), stale=False)
+        why = f"the planner's prediction for this layout at {at} (no goodput search result yet)"
+        return _capacity(predicted.probe_workload, "predicted", prompt, output, rfc3339(now), why)
     return None
 
 
@@ -149,8 +259,10 @@ def _capacity(
     prompt: float,
     output: float,
     at: str | None,
+    message: str,
     *,
-    stale: bool,
+    stale: bool = False,
+    ratio: float | None = None,
 ) -> CapacityStatus:
     return CapacityStatus(
         requests_per_second=round(rate, 3),
@@ -159,8 +271,26 @@ def _capacity(
         output_tokens=output,
         time=at,
         stale=stale,
+        measured_over_predicted=None if ratio is None else round(ratio, 3),
+        message=message[:256],
         summary=f"{rate:.3g}/s {source}" + (" (stale)" if stale else ""),
     )
+
+
+CAPACITY_REASONS = {
+    ("measured", False): "CapacityMeasured",
+    ("measured", True): "CapacityStale",
+    ("scaled", True): "CapacityScaled",
+    ("predicted", False): "CapacityPredicted",
+}
+
+
+def capacity_event(previous: CapacityStatus | None, new: CapacityStatus | None) -> tuple[str, str] | None:
+    """(reason, message) of an Event when the capacity's basis changed (its source, or going stale)."""
+    if new is None or (previous is not None and (previous.source, previous.stale) == (new.source, new.stale)):
+        return None
+    reason = CAPACITY_REASONS.get((new.source, new.stale), "CapacityChanged")
+    return reason, f"capacity {new.requests_per_second:.3g} req/s per replica ({new.source}): {new.message}"
 
 
 def recommend(spec: AutoscalingSpec, demand_rate: float, per_replica: float) -> int:

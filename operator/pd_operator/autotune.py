@@ -19,7 +19,7 @@ from pd_operator.api import AutotuneStatus, AutotuneTrial, GoodputStatus, PDDepl
 from pd_operator.observe import Event, merge_patch
 from pd_operator.validation import validate_spec
 from pd_runtime.plan import emit
-from pd_runtime.plan.catalog import MI300X, get_model
+from pd_runtime.plan.catalog import MI300X, ModelSpec, get_model
 from pd_runtime.plan.layouts import Layout as PlanLayout
 from pd_runtime.plan.layouts import layouts, memory_fit
 from pd_runtime.plan.price import Demand, assemble, sample
@@ -81,18 +81,18 @@ def pick(kinds: Sequence[str], budget: int) -> list[int]:
     return chosen
 
 
+def fits(model: ModelSpec, lay: PlanLayout, wanted: Demand) -> bool:
+    """Whether every engine of the layout holds the model and the KV of the workload's requests."""
+    return all(
+        f.fits for f in memory_fit(model, MI300X, lay, wanted.requests, wanted.prompt_tokens, wanted.output_tokens)
+    )
+
+
 def plan_trials(spec: PDDeploymentSpec) -> list[AutotuneTrial]:
     """The trials for the spec's workload: the node's layouts the API runs and the model fits, ranked by the
     planner at the probe's rate. Raises ValueError when the model has no calibrated profile."""
     model, wanted = get_model(spec.model), demand(spec)
-    feasible = [
-        lay
-        for lay in layouts(spec.node.gpus_per_node)
-        if emit.supported(lay)
-        and all(
-            f.fits for f in memory_fit(model, MI300X, lay, wanted.requests, wanted.prompt_tokens, wanted.output_tokens)
-        )
-    ]
+    feasible = [lay for lay in layouts(spec.node.gpus_per_node) if emit.supported(lay) and fits(model, lay, wanted)]
     ranked = rank(
         [assemble(lay, wanted, [], sample(model.profile, lay, wanted, wanted.rate)) for lay in feasible], wanted.target
     )

@@ -23,6 +23,7 @@ from pd_operator.api import (
     RUN_PROBE_ANNOTATION,
     AutoscalingStatus,
     Condition,
+    DemandStatus,
     GoodputStatus,
     PDDeploymentSpec,
     PDDeploymentStatus,
@@ -94,6 +95,7 @@ class Snapshot:
     hpas: Sequence[str] | None = (
         None  # HorizontalPodAutoscalers targeting it, listed when hpa_read() asks (None: unread)
     )
+    predictions: autoscale.Predictions | None = None  # the planner's capacity, when prediction_queries() asks
 
 
 # ---- actions ---------------------------------------------------------------------------------------------
@@ -475,6 +477,20 @@ class ClaimReads:
     claims: tuple[str, ...] = ()
 
 
+def prediction_queries(snap: Snapshot) -> tuple[autoscale.Query | None, autoscale.Query | None] | None:
+    """spec.autoscaling: the planner's capacity predictions to make before deciding (``autoscale.queries``)."""
+    spec = snap.deployment.valid_spec
+    if spec is None or not spec.autoscaling.enabled:
+        return None
+    asked = autoscale.queries(spec, layout.build(_owner(snap.deployment), spec), _live_demand(snap))
+    return None if asked == (None, None) else asked
+
+
+def _live_demand(snap: Snapshot) -> DemandStatus | None:
+    reports = [r for p in snap.proxies.values() if p.status and (r := autoscale.ProxyDemand.from_status(p.status))]
+    return autoscale.demand(reports, snap.now)
+
+
 def plan_for(snap: Snapshot) -> PDDeploymentSpec | None:
     """The spec whose autotuning trials to plan before deciding (``autotune.plan``), if its workload has none."""
     spec = snap.deployment.valid_spec
@@ -778,13 +794,15 @@ class ScalingStep:
 def _autoscaling(
     snap: Snapshot, spec: PDDeploymentSpec, observed: PDDeploymentStatus, previous: PDDeploymentStatus
 ) -> ScalingStep:
-    """spec.autoscaling: demand from the replicas' proxies, capacity from the goodput search, the decision."""
+    """spec.autoscaling: demand from the replicas' proxies, capacity from the goodput search or the planner
+    (an Event when its basis changes), the decision."""
     if not spec.autoscaling.enabled:
         return ScalingStep({"capacity": None, "demand": None, "autoscaling": None}, None)
-    reports = [r for p in snap.proxies.values() if p.status and (r := autoscale.ProxyDemand.from_status(p.status))]
-    live = autoscale.demand(reports, snap.now)
-    predicted = autoscale.Predictions(None, None)
+    live = _live_demand(snap)
+    predicted = snap.predictions or autoscale.Predictions(None, None)
     per_replica = autoscale.capacity(spec.autoscaling, spec.goodput_probe, observed.goodput, live, predicted, snap.now)
+    noted = autoscale.capacity_event(previous.capacity, per_replica)
+    basis = () if noted is None else (Event("Normal", *noted),)
     hpa = None if snap.hpas is None else next(iter(snap.hpas), None)
     replicas = autoscale.Replicas(spec=spec.replicas, available=observed.available_replicas, hpa=hpa)
     before = previous.autoscaling
@@ -804,8 +822,9 @@ def _autoscaling(
     )
     status = {"capacity": per_replica, "demand": live, "autoscaling": state}
     if action is None or failure is not None:
-        return ScalingStep(status, cond)
-    return ScalingStep(status, cond, (action,), (Event("Normal", verdict.reason, verdict.event or verdict.message),))
+        return ScalingStep(status, cond, (), basis)
+    scaled = Event("Normal", verdict.reason, verdict.event or verdict.message)
+    return ScalingStep(status, cond, (action,), (*basis, scaled))
 
 
 def _trial_result(

@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 import httpx
 import kopf
 
-from pd_operator import api, autotune, decide, metrics, render
+from pd_operator import api, autoscale, autotune, decide, metrics, render
 from pd_operator.decide import Action, Apply, Create, Decision, Delete, Scale, Snapshot
 from pd_operator.kube import Kube, KubeError
 from pd_operator.observe import ProxyReport, RouterRead
@@ -239,6 +239,15 @@ async def plan(snap: Snapshot) -> Snapshot:
     return dataclasses.replace(snap, plan=await asyncio.to_thread(autotune.plan, spec))
 
 
+async def predict(snap: Snapshot) -> Snapshot:
+    """Autoscaling: the planner's capacity predictions in a worker thread (cached per workload; a new one
+    costs a simulation of 0.2-2 s of CPU)."""
+    asked = decide.prediction_queries(snap)
+    if asked is None:
+        return snap
+    return dataclasses.replace(snap, predictions=await asyncio.to_thread(autoscale.predictions, *asked))
+
+
 async def reconcile(snap: Snapshot, deps: Deps, known: dict[str, str] | None = None) -> Decision:
     """Read what the core asks for (the proxies, the DRA claims, the router Deployment, the children and
     leftovers not known to be ours: each kind at once), plan (once, in a worker thread), decide, act; decide
@@ -252,6 +261,7 @@ async def reconcile(snap: Snapshot, deps: Deps, known: dict[str, str] | None = N
                 metrics.RECONCILE_ERRORS.labels("proxy").inc()
         snap = dataclasses.replace(snap, proxies=dict(zip(urls, reports, strict=True)))
     snap = await plan(await read_hpas(deps.kube, await read_router(deps.kube, await read_claims(deps.kube, snap))))
+    snap = await predict(snap)
     snap = await read_objects(deps.kube, snap)
     decision = decide.decide(snap)
     failed = await execute(deps.kube, snap, decision.actions, known)

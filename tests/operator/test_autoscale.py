@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pd_operator import autoscale
+from pd_operator import autoscale, layout
 from pd_operator.api import (
     AutoscalingSpec,
     DemandStatus,
@@ -21,6 +22,7 @@ from pd_operator.api import (
 from pd_operator.autoscale import Predictions, ProxyDemand, Replicas
 from pd_operator.goodput import rfc3339
 from pd_operator.validation import SpecError, validate_spec
+from pd_runtime.plan.layouts import Layout as PlanLayout
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 SPEC = AutoscalingSpec(
@@ -268,3 +270,86 @@ def test_the_spec_refuses_contradictions() -> None:
             {**base, "goodputProbe": {"enabled": True}, "autotune": {"enabled": True}, "autoscaling": {"enabled": True}}
         )
     assert isinstance(validate_spec({**base, "autoscaling": {"enabled": True}}), PDDeploymentSpec)
+
+
+def test_capacity_says_where_it_comes_from_and_the_ratio_it_scaled_by() -> None:
+    fresh = autoscale.capacity(SPEC, GoodputProbeSpec(), goodput_status(8.9), None, Predictions(7.0, None), T0)
+    assert fresh is not None and fresh.message == "goodput search at 2000/1000 tokens"
+    scaled = autoscale.capacity(
+        SPEC, GoodputProbeSpec(), goodput_status(8.9), _demand(5, 8000, 1000), Predictions(7.0, 3.5), T0
+    )
+    assert scaled is not None and scaled.measured_over_predicted == pytest.approx(8.9 / 7.0, abs=1e-3)
+    assert scaled.message == (
+        "the workload moved to 8000/1000 tokens from the probe's 2000/1000 tokens: "
+        "the planner's 3.5/s for it x measured/predicted 8.9/7"
+    )
+    kept = autoscale.capacity(
+        SPEC, GoodputProbeSpec(), goodput_status(8.9), _demand(5, 8000, 1000), Predictions(7.0, None), T0
+    )
+    assert kept is not None and kept.stale and "kept the measured rate" in kept.message
+
+
+def test_an_event_only_when_the_capacitys_basis_changes() -> None:
+    probe, moved = GoodputProbeSpec(), _demand(5, 8000, 1000)
+    measured = autoscale.capacity(SPEC, probe, goodput_status(8.9), None, Predictions(7.0, None), T0)
+    scaled = autoscale.capacity(SPEC, probe, goodput_status(8.9), moved, Predictions(7.0, 3.5), T0)
+    stale = autoscale.capacity(SPEC, probe, goodput_status(8.9), moved, Predictions(None, None), T0)
+    predicted = autoscale.capacity(SPEC, probe, None, None, Predictions(6.0, None), T0)
+    assert autoscale.capacity_event(measured, measured) is None and autoscale.capacity_event(measured, None) is None
+    assert [
+        autoscale.capacity_event(before, after)[0]
+        for before, after in ((None, predicted), (predicted, measured), (measured, scaled), (scaled, stale))
+    ] == [  # type: ignore[index]
+        "CapacityPredicted",
+        "CapacityMeasured",
+        "CapacityScaled",
+        "CapacityStale",
+    ]
+    _, message = autoscale.capacity_event(measured, scaled) or ("", "")
+    assert message.startswith("capacity 4.45 req/s per replica (scaled): the workload moved to 8000/1000 tokens")
+
+
+def _layout(spec: dict[str, object]) -> tuple[PDDeploymentSpec, layout.Layout]:
+    checked = PDDeploymentSpec.model_validate(spec)
+    return checked, layout.build(layout.Owner(name="x"), checked)
+
+
+SIM = {
+    "model": "Qwen/Qwen3-235B-A22B-FP8",
+    "engine": "simulated",
+    "simulation": {"profile": "qwen3-235b-mi300x", "timeScale": 10},
+    "prefill": {"gpus": "0-3"},
+    "decode": {"gpus": "4-7"},
+    "goodputProbe": {"enabled": True, "promptTokens": 200, "outputTokens": 20},
+    "autoscaling": {"enabled": True},
+}
+
+
+def test_the_planner_is_asked_about_the_probes_workload_and_a_moved_live_one() -> None:
+    spec, lay = _layout(SIM)
+    assert autoscale.plan_layout(lay) == PlanLayout("disaggregated", 1, 4, 1, 4)
+    probe, live = autoscale.queries(spec, lay, _demand(5, 210, 19))  # like the probe's: no live question
+    assert probe is not None and live is None and probe.time_scale == 10
+    assert (probe.demand.prompt_tokens, probe.demand.output_tokens) == (200, 20)
+    probe, live = autoscale.queries(spec, lay, _demand(5, 4321.0, 19))
+    assert live is not None and (live.demand.prompt_tokens, live.demand.output_tokens) == (4300, 19)  # 2 digits
+    silent, _ = _layout({**SIM, "goodputProbe": {"enabled": False}})  # no SLO of the user's: nothing to ask
+    assert autoscale.queries(silent, lay, None) == (None, None)
+    colocated = {
+        **SIM,
+        "mode": "colocated",
+        "colocated": {"engines": [{"gpus": "0-3", "port": 8100}, {"gpus": "4-7", "port": 8200}]},
+    }
+    del colocated["prefill"], colocated["decode"]
+    assert autoscale.plan_layout(_layout(colocated)[1]) == PlanLayout("colocated", engines=2, engine_tp=4)
+
+
+def test_the_planners_capacity_falls_with_longer_prompts_and_is_none_for_an_unknown_model() -> None:
+    spec, lay = _layout(SIM)
+    probe, live = autoscale.queries(spec, lay, _demand(5, 2000, 20))
+    assert probe is not None and live is not None
+    short, long = autoscale.predictions(probe, live).probe_workload, autoscale.predict(live)
+    assert short is not None and long is not None and 0 < long < short
+    assert autoscale.predict(live) == long  # deterministic (and cached)
+    unknown = dataclasses.replace(probe, model="nobody/unknown-model")
+    assert autoscale.predict(unknown) is None

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from prometheus_client import generate_latest
 
-from pd_operator import decide, handlers, metrics
+from pd_operator import autoscale, decide, handlers, metrics
 from pd_operator.decide import Decision, Scale
 from pd_operator.goodput import rfc3339
 from pd_operator.observe import ProxyReport, find, parse
@@ -180,3 +181,49 @@ def test_capacity_and_demand_are_operator_metrics_per_pddeployment() -> None:
     metrics.set_scaling(NS, NAME, parse(stored))
     metrics.forget(NS, NAME)
     assert f'pd_operator_capacity_requests_per_second{{name="{NAME}"' not in generate_latest().decode()
+
+
+MOVED = {**SPEC, "goodputProbe": {"enabled": True, "promptTokens": 200, "outputTokens": 1000}}  # proxies: 2000
+
+
+def test_a_moved_workload_scales_the_measured_capacity_by_the_planner_and_says_so() -> None:
+    pods = pods_of(MOVED, count=1)
+    snap = snapshot(MOVED, pods, {"goodput": _goodput()}, proxies={NAME: _report(3.0)})
+    asked = decide.prediction_queries(snap)
+    assert asked is not None and [q.demand.prompt_tokens for q in asked if q] == [200, 2000]  # probe's, live
+    assert autoscale.predictions(*asked) == autoscale.Predictions(None, None)  # model "m": no planner profile
+    predicted = autoscale.Predictions(probe_workload=7.0, live_workload=3.5)
+    decision = decide.decide(dataclasses.replace(snap, predictions=predicted))
+    status = parse(merged({"goodput": _goodput()}, decision.patch))
+    assert status.capacity is not None and (status.capacity.source, status.capacity.stale) == ("scaled", True)
+    assert status.capacity.requests_per_second == round(3.5 * CAPACITY / 7.0, 3)
+    assert status.capacity.summary == "4.45/s scaled (stale)"
+    (event,) = [e for e in decision.events if e.reason.startswith("Capacity")]
+    assert (event.reason, event.type) == ("CapacityScaled", "Normal")
+    assert "moved to 2000/1000 tokens from the probe's 200/1000 tokens" in event.message
+    again = decide.decide(
+        snapshot(
+            MOVED,
+            pods,
+            merged({"goodput": _goodput()}, decision.patch),
+            proxies={NAME: _report(3.0)},
+            predictions=predicted,
+        )
+    )
+    assert not [e for e in again.events if e.reason.startswith("Capacity")]  # only when the basis changes
+    assert unknown_in_schema(merged({"goodput": _goodput()}, decision.patch), status_schema()) == []
+
+
+async def test_the_shell_asks_the_planner_off_the_event_loop() -> None:
+    sim = {
+        **MOVED,
+        "model": "Qwen/Qwen3-235B-A22B-FP8",
+        "simulation": {"profile": "qwen3-235b-mi300x", "timeScale": 10},
+        "goodputProbe": {"enabled": True, "promptTokens": 200, "outputTokens": 20},
+    }
+    pods = pods_of(sim, count=1)
+    snap = await handlers.predict(snapshot(sim, pods, proxies={NAME: _report(3.0)}))
+    assert snap.predictions is not None and snap.predictions.probe_workload
+    assert snap.predictions.live_workload and snap.predictions.live_workload < snap.predictions.probe_workload
+    untouched = await handlers.predict(snapshot(SPEC, pods_of(SPEC, count=1)))  # no probe: no SLO to plan for
+    assert untouched.predictions is None
