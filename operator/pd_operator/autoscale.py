@@ -124,8 +124,9 @@ SEARCH_STEPS = 9
 """Simulated rates per prediction: doubling from 1 req/s (model time) until the SLO fails, then bisecting
 (so at most 256 req/s of model time), one arrival sequence each."""
 SEARCH_SECONDS = 20.0
-"""Each simulated rate runs this long (model time) at least: a burst of the planner's 100 requests ends
-before the queue reaches its steady state and would overstate a high rate."""
+"""Each simulated rate runs this long (model time, within 100 to ``SEARCH_MAX_REQUESTS`` requests): a
+burst of the planner's 100 requests ends before the queue reaches its steady state and would overstate a
+high rate."""
 SEARCH_MAX_REQUESTS = 1000
 
 
