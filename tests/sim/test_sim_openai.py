@@ -108,3 +108,83 @@ def test_error_body_is_openai_style() -> None:
     assert openai.error_body(400, "bad", "BadRequestError", "prompt") == {
         "error": {"message": "bad", "type": "BadRequestError", "param": "prompt", "code": 400}
     }
+
+
+@pytest.mark.parametrize(
+    ("body", "chat", "message"),
+    [
+        ({"temperature": -1}, False, "temperature must be non-negative, got -1.0. (parameter=temperature, value=-1.0)"),
+        ({"temperature": 3}, False, "temperature must be in [0, 2], got 3.0. (parameter=temperature, value=3.0)"),
+        ({"top_p": 7}, False, "top_p must be in (0, 1], got 7.0. (parameter=top_p, value=7.0)"),
+        (
+            {"logprobs": 10_000},
+            False,
+            "Requested sample logprobs of 10000, which is greater than max allowed: 20 "
+            "(parameter=logprobs, value=10000)",
+        ),
+        ({"logprobs": -2}, False, "`logprobs` must be a positive value or -1. (parameter=logprobs, value=-2)"),
+        (
+            {"logprobs": True, "top_logprobs": 50},
+            True,
+            "Requested sample logprobs of 50, which is greater than max allowed: 20 (parameter=logprobs, value=50)",
+        ),
+        (
+            {"top_logprobs": 2},
+            True,
+            "when using `top_logprobs`, `logprobs` must be set to true. (parameter=top_logprobs)",
+        ),
+    ],
+)
+def test_sampling_refusals_are_vllms(body: dict[str, Any], chat: bool, message: str) -> None:
+    """vLLM 0.31's messages (SamplingParams._verify_args, the protocols' check_logprobs), live/test_refusals.py."""
+    base = {"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"}
+    with pytest.raises(openai.RequestError) as err:
+        parse(base | {"max_tokens": 4} | body, chat=chat)
+    assert (err.value.status, err.value.err_type, err.value.message) == (400, "BadRequestError", message)
+
+
+def test_context_length_refusal_is_vllms() -> None:
+    """A text prompt is counted as vLLM counts it: tokenized up to one past the limit, "at least"."""
+    with pytest.raises(openai.RequestError) as err:
+        parse({"prompt": "word " * 562, "max_tokens": 4}, max_len=512)
+    assert err.value.param == "input_tokens"
+    assert err.value.message == (
+        "This model's maximum context length is 512 tokens. However, you requested 4 output tokens and your "
+        "prompt contains at least 509 input tokens, for a total of at least 513 tokens. Please reduce the length "
+        "of the input prompt or the number of requested output tokens. (parameter=input_tokens, value=509)"
+    )
+    with pytest.raises(openai.RequestError) as err:
+        parse({"prompt": list(range(600)), "max_tokens": 4}, max_len=512)
+    assert "your prompt contains 600 input tokens, for a total of 604 tokens" in err.value.message
+
+
+def test_logprobs_follow_the_token_and_its_position() -> None:
+    req = parse({"prompt": "hi", "logprobs": 2, "return_tokens_as_token_ids": True})
+    kv = openai.KvCache.of_prompt(req.prompt_key)
+    tokens = [(i, kv.token_id(i)) for i in (1, 2)]
+    body = openai.logprobs_body(req, tokens)
+    assert body is not None
+    assert body["tokens"] == [f"token_id:{t}" for _, t in tokens]
+    assert body["token_logprobs"] == [openai.token_logprob(t, i) for i, t in tokens]
+    assert all(lp <= 0 for lp in body["token_logprobs"])
+    assert [len(top) for top in body["top_logprobs"]] == [2, 2]
+    assert body["text_offset"][0] == 0
+    corrupt = openai.KvCache.of_prompt(req.prompt_key, corrupt=True)
+    assert openai.token_logprob(corrupt.token_id(1), 1) != body["token_logprobs"][0]
+    assert openai.logprobs_body(parse({"prompt": "hi"}), tokens) is None
+    chat = parse({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, chat=True)
+    (entry,) = (openai.logprobs_body(chat, tokens[:1]) or {})["content"]
+    assert entry["token"] == openai.token_text(tokens[0][1]) and entry["top_logprobs"] == []
+
+
+def test_stops_end_the_output_as_vllm_does() -> None:
+    req = parse({"prompt": "hi", "max_tokens": 8})
+    kv = openai.KvCache.of_prompt(req.prompt_key)
+    first, second = kv.token_id(1), kv.token_id(2)
+    stop_ids = parse({"prompt": "hi", "max_tokens": 8, "stop_token_ids": [second]})
+    assert openai.stopped_output(stop_ids, kv, 8, "length") == (2, "stop", "")
+    stop_str = parse({"prompt": "hi", "max_tokens": 8, "stop": [openai.token_text(first)]})
+    assert openai.stopped_output(stop_str, kv, 8, "length") == (1, "stop", "")
+    assert openai.stopped_output(req, kv, 8, "length") == (8, "length", None)
+    with pytest.raises(openai.RequestError):
+        parse({"prompt": "hi", "stop": [""]})

@@ -75,6 +75,11 @@ class Faults:
     corrupt_kv: bool = False
     """KV this engine receives as a decode engine arrives corrupted: its greedy tokens differ from the ones
     the prompt gives (what a byte mover writing the wrong bytes does; the transfer itself succeeds)."""
+    kv_fault_file: str = ""
+    """A fault switch read at every KV transfer, the live tier's ``mori.io`` stand-in's format
+    (``{"fault": "corrupt"|"drop"|"delay"|"fail", "seconds": S}``; connector.py says what each does)."""
+    kv_transfer_log: str = ""
+    """Where every KV transfer is appended, one JSON line (``op``, ``transfer_id``, ``fault``)."""
 
 
 @dataclass(frozen=True)
@@ -157,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     faults.add_argument("--sim-drop-notify", type=float, default=None, metavar="FRACTION")
     faults.add_argument("--sim-crash-after", type=int, default=None, metavar="N")
     faults.add_argument("--sim-corrupt-kv", action="store_true", default=None)
+    faults.add_argument("--sim-kv-fault-file", default=None, metavar="PATH")
+    faults.add_argument("--sim-kv-transfer-log", default=None, metavar="PATH")
     return parser
 
 
@@ -200,6 +207,8 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Eng
         drop_notify=knob("drop-notify", float, 0.0),
         crash_after=knob("crash-after", int, 0),
         corrupt_kv=knob("corrupt-kv", bool, False),
+        kv_fault_file=knob("kv-fault-file", str, ""),
+        kv_transfer_log=knob("kv-transfer-log", str, ""),
     )
     if faults.prefill_error and not 400 <= faults.prefill_error <= 599:
         raise ConfigError(f"--sim-prefill-error must be an HTTP error status (400-599), got {faults.prefill_error}")

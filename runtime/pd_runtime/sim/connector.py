@@ -6,13 +6,22 @@ the RDMA data movement is replaced by waiting the modelled transfer time. Write 
 done and D's blocks are known, "writes" and sends ``write_done``; then both free. Read mode
 (docs/protocol.md#read-mode): D handshakes with P, "reads", and sends ``release`` so P frees its held blocks.
 Held producer blocks are reaped after ``defer_timeout`` (G2 behaviour).
+
+A fault switch (``--sim-kv-fault-file``, the live tier's ``mori.io`` stand-in's format) is read at every
+transfer by the side that starts it, P in write mode and D in read mode: ``delay`` completes it
+``seconds`` later, ``fail`` fails it (write mode: P logs it and D is never told, as vLLM 0.31's writer
+thread does; read mode: the D request fails), ``drop`` never completes it (write: P gives up after
+``transfer_timeout``, D waits on; read: D waits until the request is aborted), and ``corrupt`` completes
+it with wrong bytes (D, whose KV it is, reads the switch when its KV lands).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pd_runtime import protocol
@@ -61,11 +70,45 @@ class ConsumerJob:
     peer_dp_rank: int
 
 
+@dataclass(frozen=True)
+class KvFaultSwitch:
+    """The fault switch file and the transfer log (both optional: empty path, no fault, no log)."""
+
+    switch: str = ""
+    transfer_log: str = ""
+
+    def read(self) -> dict[str, Any]:
+        if not self.switch:
+            return {}
+        try:
+            value = json.loads(Path(self.switch).read_text() or "{}")
+        except (OSError, ValueError) as exc:
+            log.warning("KV fault switch %s unreadable (%s): no fault", self.switch, exc)
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    def start(self, op: str, transfer_id: str) -> dict[str, Any]:
+        """The switch as this transfer sees it, recorded in the transfer log."""
+        switch = self.read()
+        if self.transfer_log:
+            line = json.dumps({"op": op, "transfer_id": transfer_id, "fault": switch.get("fault")})
+            with open(self.transfer_log, "a") as out:
+                out.write(line + "\n")
+        return switch
+
+
 class Connector:
     def __init__(
-        self, config: ConnectorConfig, tp: int, profile: Profile, clock: ScaledClock, metrics: EngineMetrics
+        self,
+        config: ConnectorConfig,
+        tp: int,
+        profile: Profile,
+        clock: ScaledClock,
+        metrics: EngineMetrics,
+        faults: KvFaultSwitch | None = None,
     ) -> None:
         self.config = config
+        self.faults = faults or KvFaultSwitch()
         self._tp = tp
         self._profile = profile
         self._clock = clock
@@ -167,19 +210,36 @@ class Connector:
             arrived + kv_transfer_time(self._profile, job.prompt_tokens),
         )
         await self._clock.sleep_until(done)
+        await self._apply_fault(self.faults.start("write", job.transfer_id))
         ports = self._rank_ports(job.peer.notify_port, box.decode_rank, ranks)
         await side.notify(job.peer.host, ports, protocol.write_done_message(job.transfer_id), "write_done")
         log.debug("transfer %s written to %s", job.transfer_id, job.peer.host)
 
     # -- consumer -----------------------------------------------------------------------------------
 
-    async def consume(self, job: ConsumerJob) -> None:
-        """Return once the request's KV is in place (write: write_done arrived; read: read + release)."""
+    async def _apply_fault(self, switch: dict[str, Any]) -> None:
+        """What the side starting a transfer does with the fault switch (the module's docstring)."""
+        fault = switch.get("fault")
+        if fault == "delay":
+            await asyncio.sleep(float(switch.get("seconds", 0)))
+        elif fault == "fail":
+            raise RuntimeError("KV transfer failed (fault switch)")
+        elif fault == "drop":
+            if self.config.read_mode:
+                await asyncio.Event().wait()  # never completes; the request's abort cancels it
+            await self._clock.sleep_until(self._clock.now() + self.config.transfer_timeout_s)
+            raise TimeoutError("KV transfer never completed (fault switch)")
+
+    async def consume(self, job: ConsumerJob) -> bool:
+        """Return once the request's KV is in place (write: write_done arrived; read: read + release):
+        whether it arrived corrupted (the fault switch)."""
         side = self._require_side()
         peer_ranks = min(self._tp, job.peer_tp)
         if self.config.read_mode:
             handshake = self._rank_ports(job.peer.handshake_port, job.peer_dp_rank, peer_ranks)
             await side.handshake(job.peer.host, handshake)
+            switch = self.faults.start("read", job.transfer_id)
+            await self._apply_fault(switch)
             await self._clock.sleep_until(self._clock.now() + kv_transfer_time(self._profile, job.prompt_tokens))
             ports = self._rank_ports(job.peer.notify_port, job.peer_dp_rank, self._tp)
             await side.notify(job.peer.host, ports, protocol.release_message(job.transfer_id, self._tp), "release")
@@ -193,4 +253,6 @@ class Connector:
             finally:
                 waiting.cancel()
                 self._mail.pop(job.transfer_id, None)
+            switch = self.faults.read()
         self._metrics.transfers.labels("completed").inc()
+        return switch.get("fault") == "corrupt"

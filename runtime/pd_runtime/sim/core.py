@@ -74,6 +74,12 @@ class EngineCore:
             self._scheduler.remote_kv_landed(seq)
             self._wake.set()
 
+    def hold_blocks(self, blocks: int) -> None:
+        """Blocks a finished producer request keeps for its decode engine (negative: given back)."""
+        self._scheduler.transfer_blocks += blocks
+        self._wake.set()
+        self._gauges()
+
     def release(self, seq: Sequence) -> None:
         """Forget a sequence (finished, or aborted because its client went away)."""
         self._scheduler.abort(seq)

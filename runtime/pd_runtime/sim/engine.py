@@ -26,7 +26,7 @@ from pd_runtime import protocol
 from pd_runtime.sim import openai
 from pd_runtime.sim.clock import ScaledClock
 from pd_runtime.sim.config import EngineConfig
-from pd_runtime.sim.connector import Connector, ConsumerJob, ProducerJob
+from pd_runtime.sim.connector import Connector, ConsumerJob, KvFaultSwitch, ProducerJob
 from pd_runtime.sim.core import Emitted, EngineCore
 from pd_runtime.sim.metrics import EngineMetrics
 from pd_runtime.sim.profiles import Profile
@@ -93,6 +93,7 @@ class RequestHandle:
         record: RequestRecord,
         finish: str,
         kv: openai.KvCache,
+        last_text: str | None = None,
     ) -> None:
         self._engine = engine
         self.core = core
@@ -101,10 +102,14 @@ class RequestHandle:
         self._finish = finish
         self.kv = kv
         """The KV the sequence decodes from: its tokens follow from it."""
+        self._last_text = last_text
+        """The last token's text when a stop string or stop token cut it (openai.stopped_output)."""
         self._fetch: asyncio.Task[None] | None = None
         self._fetch_job: tuple[Connector, ConsumerJob] | None = None
         self._sink = core.submit(seq, self._start_fetch if seq.remote else None)
         self.kv_transfer_params: dict[str, Any] | None = None
+        self.kv_load_failed = False
+        """Its KV never loaded (a failed transfer): vLLM fails such a request."""
         self.producer_job: ProducerJob | None = None
         self._done = False
         self.opened_at = engine.clock.now()
@@ -122,11 +127,16 @@ class RequestHandle:
 
         async def fetch() -> None:
             try:
-                await connector.consume(job)
+                corrupt = await connector.consume(job)
             except Exception as exc:
+                # vLLM 0.31 fails the request (kv_load_failure_policy "fail"): finish reason "error", which
+                # its API server answers as a 500 "Internal server error" (generate/base/serving.py).
                 log.warning("request %s: KV handoff %s failed: %s", self.record.id, job.transfer_id, exc)
-                self._sink.put_nowait(f"KV transfer failed: {exc}")
+                self.kv_load_failed = True
+                self._sink.put_nowait("Internal server error")
                 return
+            if corrupt:
+                self.kv = replace(self.kv, corrupt=True)
             self.record.kv_ready = time.time()
             self.ready_at = self._engine.clock.now()
             self.core.landed(self.seq)
@@ -154,15 +164,18 @@ class RequestHandle:
                     self.record.finish_reason = self._finish
                     self._done = True
                     self._engine.finished(self, emitted)
-                    yield Output(emitted.index, token, openai.token_text(token), self._finish)
+                    text = openai.token_text(token) if self._last_text is None else self._last_text
+                    yield Output(emitted.index, token, text, self._finish)
                     return
                 yield Output(emitted.index, token, openai.token_text(token), None)
         finally:
             self.close()
 
     def close(self) -> None:
-        """Free the sequence; a request abandoned before its last token is aborted."""
-        if self._fetch is not None:
+        """Free the sequence; a request abandoned before its last token is aborted. A read in flight
+        runs to its end and releases prefill's blocks (vLLM's read-mode decode notifies prefill of an
+        aborted request too); a write-mode wait for KV ends with the request."""
+        if self._fetch is not None and not (self._fetch_job is not None and self._fetch_job[0].config.read_mode):
             self._fetch.cancel()
         self.core.release(self.seq)
         if not self._done and self.record.error is None:
@@ -188,15 +201,27 @@ class SimEngine:
                     config.chunked_prefill,
                     kv_blocks=config.kv_blocks,
                     preempted_remote_stalls=self.behaviour.preempted_remote_stalls,
+                    aborted_remote_keeps_blocks=self.behaviour.aborted_kv_wait_keeps_blocks,
                 ),
                 self.clock,
                 self.metrics,
             )
             for rank in range(config.dp)
         ]
+        for rank in range(config.dp):
+            self.metrics.prompt_sources(rank)
         self.metrics.waiting_for_kv.set_function(lambda: sum(core.waiting_for_kv for core in self.cores))
         self.connector = (
-            Connector(config.connector, config.tp, profile, self.clock, self.metrics) if config.connector else None
+            Connector(
+                config.connector,
+                config.tp,
+                profile,
+                self.clock,
+                self.metrics,
+                KvFaultSwitch(config.faults.kv_fault_file, config.faults.kv_transfer_log),
+            )
+            if config.connector
+            else None
         )
         self.records: deque[RequestRecord] = deque(maxlen=RECORDS_KEPT)
         self.finished_count = 0
@@ -266,7 +291,10 @@ class SimEngine:
         rid = openai.response_id(request.chat, xid, suffix)
         leg = self._leg(request)
         params = request.kv_transfer_params or {}
-        length, finish = output_length(request, self.profile, self.config.faults.eos_first_token)
+        kv = self._kv(request, leg)
+        length, finish, last_text = openai.stopped_output(
+            request, kv, *output_length(request, self.profile, self.config.faults.eos_first_token)
+        )
         transfer_id: str | None = None
         if leg in ("producer", "consumer"):
             transfer_id = self._transfer_id(params, rid)
@@ -284,7 +312,7 @@ class SimEngine:
         if leg == "plain_without_kv":
             seq.computed = request.prompt_tokens - 1  # claims the prompt's KV as loaded; it never was
             self.metrics.decoded_without_kv.inc()
-        handle = RequestHandle(self, core, seq, record, finish, self._kv(request, leg))
+        handle = RequestHandle(self, core, seq, record, finish, kv, last_text)
         self.records.append(record)
         if consumer_job is not None and self.connector is not None:
             handle.fetch_kv(self.connector, consumer_job)
@@ -404,6 +432,7 @@ class SimEngine:
     def finished(self, handle: RequestHandle, emitted: Emitted) -> None:
         record = handle.record
         self.metrics.prompt_tokens.inc(record.prompt_tokens)
+        self.metrics.prompt_sources(record.dp_rank, **self._prompt_sources(record))
         self.metrics.success(record.finish_reason or "length")
         if record.first_token is not None and record.last_token is not None:
             self.metrics.e2e.observe(record.last_token - record.arrival)
@@ -420,6 +449,20 @@ class SimEngine:
             log.error("fault knob: crashing after %d finished requests", self.finished_count)
             asyncio.get_running_loop().call_later(0.05, os._exit, 1)
 
+    def _prompt_sources(self, record: RequestRecord) -> dict[str, int]:
+        """Where a finished request's prompt KV came from, as vLLM 0.31 counts it: a write-mode decode
+        request got every prompt token by KV transfer, a read-mode one all but the last, which it computes
+        itself (``MoRIIOConnectorScheduler.get_num_new_matched_tokens``: ``prompt - 1``; also for a plain
+        request it claims loaded on a read-mode decode engine of vLLM < 0.33); every other request
+        computed its prompt. The simulator has no prefix cache: ``local_cache_hit`` stays 0."""
+        prompt = record.prompt_tokens
+        read_mode = self.connector is not None and self.connector.config.read_mode
+        if record.leg == "plain_without_kv" or (record.leg == "consumer" and read_mode):
+            return {"external_kv_transfer": prompt - 1, "local_compute": 1}
+        if record.leg in ("consumer", "plain_waiting_for_kv"):
+            return {"external_kv_transfer": prompt}
+        return {"local_compute": prompt}
+
     def _finish_producer(self, handle: RequestHandle, emitted: Emitted) -> None:
         job = handle.producer_job
         if job is None or self.connector is None:
@@ -431,9 +474,19 @@ class SimEngine:
         handle.kv_transfer_params = protocol.producer_response_params(
             cfg.host_ip, cfg.handshake_port, cfg.notify_port, blocks, self.config.dp, self.config.tp, job.transfer_id
         )
-        task = asyncio.create_task(self.connector.produce(job))
+        task = asyncio.create_task(self._produce(self.connector, handle.core, job))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    @staticmethod
+    async def _produce(connector: Connector, core: EngineCore, job: ProducerJob) -> None:
+        """The producer's hand-off; its blocks stay in the engine core's KV cache until it ends, as vLLM's
+        delay-freed blocks do (they count in ``vllm:kv_cache_usage_perc`` and take capacity)."""
+        core.hold_blocks(job.blocks)
+        try:
+            await connector.produce(job)
+        finally:
+            core.hold_blocks(-job.blocks)
 
 
 def _peer(params: dict[str, Any], xid: str, own_role: protocol.Role) -> protocol.PeerAddress | None:

@@ -14,6 +14,9 @@ _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 
 _ITL_BUCKETS = (0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 
 
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+
+
 class SchedulerGauges(NamedTuple):
     running: Gauge
     waiting: Gauge
@@ -57,6 +60,11 @@ class EngineMetrics:
         self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", labels, registry=reg).labels(
             model_name
         )
+        # vLLM 0.31's prompt tokens by where their KV came from (v1/metrics/loggers.py,
+        # PromptTokenStats.ALL_SOURCES), one series per engine core, all created at start.
+        self._by_source = Counter(
+            "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", [*per_core, "source"], registry=reg
+        )
         self._success = Counter(
             "vllm:request_success", "Finished requests.", [*labels, "finished_reason"], registry=reg
         )
@@ -96,6 +104,12 @@ class EngineMetrics:
         return SchedulerGauges(
             self._running.labels(*values), self._waiting.labels(*values), self._kv_usage.labels(*values)
         )
+
+    def prompt_sources(self, rank: int, **tokens: int) -> None:
+        """Count a request's prompt tokens by source (``local_compute``, ``local_cache_hit``,
+        ``external_kv_transfer``) on engine core ``rank``."""
+        for source in PROMPT_SOURCES:
+            self._by_source.labels(self._model, str(rank), source).inc(tokens.get(source, 0))
 
     def success(self, reason: str) -> None:
         self._success.labels(self._model, reason).inc()

@@ -26,6 +26,7 @@ CHAT_MESSAGE_OVERHEAD = 5
 CHAT_PROMPT_OVERHEAD = 3
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 VOCAB_SIZE = 32000
+MAX_LOGPROBS = 20  # vLLM's --max-logprobs default (config/model.py, 0.31)
 
 
 class RequestError(Exception):
@@ -59,6 +60,15 @@ class GenerationRequest:
     """A digest of the prompt: where EOS falls is drawn from it, so P and D of one request agree."""
     return_token_ids: bool = False
     """vLLM's ``return_token_ids``: the answer carries the generated ``token_ids``."""
+    logprobs: int | None = None
+    """Top logprobs per token (completions ``logprobs``, chat ``top_logprobs`` with ``logprobs: true``);
+    None: no logprobs in the answer."""
+    tokens_as_ids: bool = False
+    """vLLM's ``return_tokens_as_token_ids``: logprob tokens are ``token_id:N``."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: the output ends before the first one it contains (``finish_reason: "stop"``)."""
+    stop_token_ids: frozenset[int] = frozenset()
+    """Stop tokens: the output ends with the first of them (its text left out, as vLLM does)."""
 
 
 def count_text_tokens(text: str) -> int:
@@ -101,6 +111,12 @@ class KvCache:
         return (token + 1 + _hash_token(self.seed + "/corrupt", index) % (VOCAB_SIZE - 1)) % VOCAB_SIZE
 
 
+def token_logprob(token_id: int, index: int) -> float:
+    """The logprob of the index-th generated token, a function of the token and its position only: equal
+    wherever the same token is decoded at the same place, different (almost always) for another token."""
+    return -(_hash_token(f"logprob/{token_id}", index) % 8192) / 1024
+
+
 def token_text(token_id: int) -> str:
     """The text of a token id (a small vocabulary of filler words)."""
     return _WORDS[token_id % len(_WORDS)]
@@ -121,6 +137,11 @@ def _prompt(body: dict[str, Any]) -> tuple[int, str]:
     if isinstance(prompt, list) and prompt:
         raise RequestError(400, "the simulated engine serves one prompt per request", "prompt")
     raise RequestError(400, "prompt must be a string or a list of token ids", "prompt")
+
+
+def _text_prompt(body: dict[str, Any]) -> bool:
+    prompt = body.get("prompt")
+    return isinstance(prompt, str) or (isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str))
 
 
 def _messages(body: dict[str, Any]) -> tuple[int, str]:
@@ -165,19 +186,15 @@ def parse_request(body: Any, chat: bool, max_model_len: int) -> GenerationReques
     max_tokens = _int_field(body, "max_tokens", default, 1)
     if chat and body.get("max_completion_tokens") is not None:
         max_tokens = _int_field(body, "max_completion_tokens", None, 1)
+    _check_context_length(prompt_tokens, max_tokens or 0, max_model_len, text_prompt=chat or _text_prompt(body))
     if max_tokens is None:
         max_tokens = max_model_len - prompt_tokens
-    if prompt_tokens + max_tokens > max_model_len:
-        raise RequestError(
-            400,
-            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} in the completion). "
-            "Please reduce the length of the prompt or completion.",
-            "max_tokens",
-        )
     min_tokens = _int_field(body, "min_tokens", 0, 0) or 0
     if min_tokens > max_tokens:
         raise RequestError(400, "min_tokens must be less than or equal to max_tokens", "min_tokens")
+    _check_sampling(body)
+    logprobs = _logprobs(body, chat)
+    stop, stop_token_ids = _stops(body)
     stream = body.get("stream", False) is True
     options = body.get("stream_options")
     if options is not None and not stream:
@@ -201,7 +218,127 @@ def parse_request(body: Any, chat: bool, max_model_len: int) -> GenerationReques
         kv_transfer_params=params,
         prompt_key=prompt_key,
         return_token_ids=body.get("return_token_ids") is True,
+        logprobs=logprobs,
+        tokens_as_ids=body.get("return_tokens_as_token_ids") is True,
+        stop=stop,
+        stop_token_ids=stop_token_ids,
     )
+
+
+def _stops(body: dict[str, Any]) -> tuple[tuple[str, ...], frozenset[int]]:
+    stop = body.get("stop")
+    strings = [stop] if isinstance(stop, str) else stop if stop is not None else []
+    if not isinstance(strings, list) or not all(isinstance(x, str) for x in strings):
+        raise RequestError(400, "stop must be a string or a list of strings", "stop")
+    if any(not x for x in strings):
+        raise RequestError(400, "stop cannot contain an empty string.")
+    ids = body.get("stop_token_ids") or []
+    if not _is_int_list(ids):
+        raise RequestError(400, f"stop_token_ids must contain only integers, got {ids}.")
+    return tuple(strings), frozenset(ids)
+
+
+def stopped_output(request: GenerationRequest, kv: KvCache, length: int, finish: str) -> tuple[int, str, str | None]:
+    """Where a stop string or stop token ends the output of ``length`` tokens decoded from ``kv``, as vLLM's
+    stop checks do (not before ``min_tokens``): the new length, the finish reason and the last token's text
+    (None: the token's own; a stop token's text and a stop string with what follows are left out)."""
+    if not request.stop and not request.stop_token_ids:
+        return length, finish, None
+    text = ""
+    for index in range(1, length + 1):
+        token = kv.token_id(index)
+        if index <= request.min_tokens:
+            text += token_text(token)
+            continue
+        if token in request.stop_token_ids:
+            return index, "stop", ""
+        before, text = len(text), text + token_text(token)
+        hits = [pos for pos in (text.find(s, max(0, before - len(s) + 1)) for s in request.stop) if pos >= 0]
+        if hits:
+            return index, "stop", text[before : min(hits)] if min(hits) > before else ""
+    return length, finish, None
+
+
+def _validation_error(message: str, param: str, value: Any = None) -> RequestError:
+    """vLLM's ``VLLMValidationError`` as its API server answers it (vllm/exceptions.py, 0.31): 400
+    ``BadRequestError``, ``param`` the parameter, the message followed by ``(parameter=P, value=V)``."""
+    extras = f"parameter={param}" + ("" if value is None else f", value={value}")
+    return RequestError(400, f"{message} ({extras})", param)
+
+
+def _check_context_length(prompt_tokens: int, max_tokens: int, max_model_len: int, text_prompt: bool) -> None:
+    """vLLM 0.31's length checks (renderers/params.py, ``TokenizeParams``): ``max_tokens`` above
+    ``max_model_len``, then a prompt longer than ``max_model_len - max_tokens``. vLLM tokenizes a text
+    prompt only up to one token past that limit, so it reports such a count as "at least"."""
+    if max_tokens > max_model_len:
+        raise _validation_error(
+            f"max_tokens={max_tokens} cannot be greater than max_model_len={max_model_len}. "
+            "Please request fewer output tokens.",
+            "max_tokens",
+            max_tokens,
+        )
+    max_input = max_model_len - max_tokens
+    if prompt_tokens <= max_input:
+        return
+    count = min(prompt_tokens, max_input + 1) if text_prompt else prompt_tokens
+    qualifier = "at least " if count == max_input + 1 else ""
+    raise _validation_error(
+        f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+        f"{max_tokens} output tokens and your prompt contains {qualifier}{count} input tokens, "
+        f"for a total of {qualifier}{count + max_tokens} tokens. Please reduce the length of the input "
+        "prompt or the number of requested output tokens.",
+        "input_tokens",
+        count,
+    )
+
+
+def _number(body: dict[str, Any], name: str, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RequestError(400, f"{name} must be a number", name)
+    return float(value)
+
+
+def _check_sampling(body: dict[str, Any]) -> None:
+    """The sampling parameters' ranges, with vLLM 0.31's messages (``SamplingParams._verify_args``).
+    The simulator then ignores them: it always decodes greedily."""
+    temperature = _number(body, "temperature", 1.0)
+    if not math.isfinite(temperature):
+        raise _validation_error(f"temperature must be a finite number, got {temperature}.", "temperature", temperature)
+    if temperature < 0.0:
+        raise _validation_error(f"temperature must be non-negative, got {temperature}.", "temperature", temperature)
+    if temperature > 2.0:
+        raise _validation_error(f"temperature must be in [0, 2], got {temperature}.", "temperature", temperature)
+    top_p = _number(body, "top_p", 1.0)
+    if not 0.0 < top_p <= 1.0:
+        raise _validation_error(f"top_p must be in (0, 1], got {top_p}.", "top_p", top_p)
+
+
+def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
+    """How many top logprobs each token carries (None: no logprobs), refused as vLLM 0.31 refuses it
+    (completion/protocol.py ``check_logprobs``, chat_completion/protocol.py, ``_validate_logprobs``)."""
+    name = "top_logprobs" if chat else "logprobs"
+    value = body.get(name)
+    if chat and body.get("logprobs") is not True:
+        if value is not None and (value == -1 or (isinstance(value, int) and value > 0)):
+            raise _validation_error("when using `top_logprobs`, `logprobs` must be set to true.", name)
+        return None
+    if value is None:
+        return 0 if chat else None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _validation_error(f"`{name}` must be an integer.", name, value)
+    if value < 0 and value != -1:
+        raise _validation_error(f"`{name}` must be a positive value or -1.", name, value)
+    wanted = VOCAB_SIZE if value == -1 else value
+    if wanted > MAX_LOGPROBS:
+        raise _validation_error(
+            f"Requested sample logprobs of {wanted}, which is greater than max allowed: {MAX_LOGPROBS}",
+            "logprobs",
+            wanted,
+        )
+    return wanted
 
 
 def response_id(chat: bool, x_request_id: str, suffix: str) -> str:
@@ -244,6 +381,7 @@ def full_response(
     completion_tokens: int,
     kv: dict[str, Any] | None,
     token_ids: list[int] | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The whole answer; ``token_ids`` only when the request asked (``return_token_ids``), on the choice
     as vLLM 0.31 puts them (the simulator has no prompt ids: ``prompt_token_ids`` stays out)."""
@@ -251,7 +389,7 @@ def full_response(
         choice: dict[str, Any] = {
             "index": 0,
             "message": {"role": "assistant", "content": text, "tool_calls": []},
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": finish_reason,
             "stop_reason": None,
         }
@@ -259,26 +397,78 @@ def full_response(
             choice["token_ids"] = token_ids
         head = env._head("chat.completion")
     else:
-        choice, head = _text_choice(text, finish_reason, token_ids), env._head("text_completion")
+        choice, head = _text_choice(text, finish_reason, token_ids, logprobs), env._head("text_completion")
     return {**head, "choices": [choice], "usage": usage(prompt_tokens, completion_tokens), "kv_transfer_params": kv}
 
 
-def _text_choice(text: str, finish_reason: str | None, token_ids: list[int] | None) -> dict[str, Any]:
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+def _text_choice(
+    text: str, finish_reason: str | None, token_ids: list[int] | None, logprobs: dict[str, Any] | None
+) -> dict[str, Any]:
+    choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": None}
     return choice if token_ids is None else {**choice, "token_ids": token_ids}
 
 
 def chunk(
-    env: Envelope, text: str, finish_reason: str | None, first: bool, token_ids: list[int] | None = None
+    env: Envelope,
+    text: str,
+    finish_reason: str | None,
+    first: bool,
+    token_ids: list[int] | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One stream chunk; ``token_ids`` (the chunk's delta tokens) only when the request asked."""
+    """One stream chunk; ``token_ids`` (the chunk's delta tokens) and ``logprobs`` only when asked."""
     if env.chat:
         delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         if token_ids is not None:
             choice["token_ids"] = token_ids
         return {**env._head("chat.completion.chunk"), "choices": [choice]}
-    return {**env._head("text_completion"), "choices": [_text_choice(text, finish_reason, token_ids)]}
+    return {**env._head("text_completion"), "choices": [_text_choice(text, finish_reason, token_ids, logprobs)]}
+
+
+def logprobs_body(
+    request: GenerationRequest, tokens: list[tuple[int, int]], text_offset: int = 0
+) -> dict[str, Any] | None:
+    """The ``logprobs`` of a choice (or a chunk) for its generated tokens, ``(index, token id)`` each, in
+    vLLM's shapes: completions ``tokens``/``token_logprobs``/``top_logprobs``/``text_offset``, chat
+    ``content`` entries. The greedy token heads each top list; the others are the next ids, less likely.
+    None when the request asked for no logprobs."""
+    if request.logprobs is None:
+        return None
+
+    def name(token_id: int) -> str:
+        return f"token_id:{token_id}" if request.tokens_as_ids else token_text(token_id)
+
+    def top(index: int, token_id: int, count: int) -> list[tuple[str, float, str]]:
+        ids = [(token_id + k) % VOCAB_SIZE for k in range(count)]
+        return [(name(t), token_logprob(token_id, index) - k, token_text(t)) for k, t in enumerate(ids)]
+
+    if request.chat:
+        content = []
+        for index, token_id in tokens:
+            text = token_text(token_id)
+            content.append(
+                {
+                    "token": name(token_id),
+                    "logprob": token_logprob(token_id, index),
+                    "bytes": list(text.encode()),
+                    "top_logprobs": [
+                        {"token": n, "logprob": lp, "bytes": list(t.encode())}
+                        for n, lp, t in top(index, token_id, request.logprobs)
+                    ],
+                }
+            )
+        return {"content": content}
+    offsets, offset = [], text_offset
+    for _, token_id in tokens:
+        offsets.append(offset)
+        offset += len(token_text(token_id))
+    return {
+        "text_offset": offsets,
+        "token_logprobs": [token_logprob(t, i) for i, t in tokens],
+        "tokens": [name(t) for _, t in tokens],
+        "top_logprobs": [{n: lp for n, lp, _ in top(i, t, max(request.logprobs, 1))} for i, t in tokens],
+    }
 
 
 def usage_chunk(env: Envelope, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:

@@ -82,6 +82,12 @@ class Scheduler:
     """KV-cache capacity in blocks; None: unbounded (no preemption)."""
     preempted_remote_stalls: bool = False
     """vLLM < 0.32, write mode: a preempted remote-KV request waits for that KV again (never comes)."""
+    aborted_remote_keeps_blocks: bool = False
+    """vLLM 0.31, write mode: a remote-KV request aborted while waiting for its KV keeps its blocks."""
+    leaked_blocks: int = 0
+    """Blocks kept by such aborted requests: never free again."""
+    transfer_blocks: int = 0
+    """Blocks finished producer requests keep until their decode engine has the KV (delay-freed)."""
     waiting: deque[Sequence] = field(default_factory=deque)
     running: list[Sequence] = field(default_factory=list)
 
@@ -99,6 +105,8 @@ class Scheduler:
     def abort(self, seq: Sequence) -> None:
         """Forget a sequence wherever it is, also while a planned step that holds it runs."""
         seq.released = True
+        if self.aborted_remote_keeps_blocks and seq.remote and not seq.ready and seq.allocated:
+            self.leaked_blocks += seq.blocks
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
@@ -109,6 +117,7 @@ class Scheduler:
         if self.kv_blocks is None:
             return math.inf
         held = sum(s.blocks for s in self.running) + sum(s.blocks for s in self.waiting if s.allocated)
+        held += self.leaked_blocks + self.transfer_blocks
         return self.kv_blocks - held
 
     @property

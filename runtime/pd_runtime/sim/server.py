@@ -83,11 +83,11 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
 
 async def _complete(handle: RequestHandle, env: openai.Envelope, req: openai.GenerationRequest) -> web.Response:
     parts: list[str] = []
-    token_ids: list[int] = []
+    tokens: list[tuple[int, int]] = []
     finish = "length"
     async for out in handle.outputs():
         parts.append(out.text)
-        token_ids.append(out.token_id)
+        tokens.append((out.index, out.token_id))
         finish = out.finish_reason or finish
     body = openai.full_response(
         env,
@@ -96,7 +96,8 @@ async def _complete(handle: RequestHandle, env: openai.Envelope, req: openai.Gen
         req.prompt_tokens,
         handle.record.completion_tokens,
         handle.kv_transfer_params,
-        token_ids if req.return_token_ids else None,
+        [t for _, t in tokens] if req.return_token_ids else None,
+        openai.logprobs_body(req, tokens),
     )
     return web.json_response(body, dumps=_dumps)
 
@@ -110,15 +111,22 @@ async def _stream(
     async def send(payload: Any) -> None:
         await response.write(f"data: {_dumps(payload)}\n\n".encode())
 
+    offset = 0
     try:
         async for out in handle.outputs():
             ids = [out.token_id] if req.return_token_ids else None
-            chunk = openai.chunk(env, out.text, out.finish_reason, first=out.index == 1, token_ids=ids)
+            logprobs = openai.logprobs_body(req, [(out.index, out.token_id)], offset)
+            offset += len(out.text)
+            chunk = openai.chunk(env, out.text, out.finish_reason, out.index == 1, ids, logprobs)
             if req.continuous_usage:
                 chunk["usage"] = openai.usage(req.prompt_tokens, out.index)
             await send(chunk)
     except openai.RequestError as exc:
-        await send(openai.error_body(exc.status, exc.message, exc.err_type, exc.param))
+        # vLLM 0.31's completions stream skips a choice that has neither text nor tokens yet before it
+        # checks for a failed request (completion/serving.py, "don't return empty chunks"), so a request
+        # whose KV failed to load before its first token ends with [DONE] alone: HTTP 200, no error.
+        if not (handle.kv_load_failed and not env.chat):
+            await send(openai.error_body(exc.status, exc.message, exc.err_type, exc.param))
     else:
         if req.include_usage:
             await send(openai.usage_chunk(env, req.prompt_tokens, handle.record.completion_tokens))

@@ -9,6 +9,9 @@ Read in vLLM's released wheels (``vllm/distributed/kv_transfer/kv_connector/v1/m
 - 0.33.0: both modes return ``(0, False)`` without ``do_remote_prefill``.
 - Before 0.32 a preempted write-mode decode request waits a second time for KV that never comes
   (vLLM PRs #53250, #53549, #57705, fixed in 0.32.0; ../shared/reference/real-world.md).
+- 0.31.0, measured in the live tier (live/test_faults.py ``test_disconnect_during_kv_wait``): a write-mode
+  decode request aborted while it waits for its KV keeps its KV blocks for good. Simulated for 0.31 only,
+  the release where it was seen; earlier and later releases are not checked.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pd_runtime.vllm_pin import PINNED_VLLM_VERSION
 WRITE_GUARD = (0, 32, 0)
 READ_GUARD = (0, 33, 0)
 PREEMPTION_FIX = (0, 32, 0)
+ABORT_LEAK_SEEN = ((0, 31, 0), (0, 32, 0))
 _VERSION_RE = re.compile(r"^v?(?P<major>\d+)\.(?P<minor>\d+)(?:\.(?P<patch>\d+))?")
 
 
@@ -56,3 +60,9 @@ class ConnectorBehaviour:
     def preempted_remote_stalls(self) -> bool:
         """A preempted write-mode decode request waits for its KV again and never runs."""
         return not self.read_mode and self.version < PREEMPTION_FIX
+
+    @property
+    def aborted_kv_wait_keeps_blocks(self) -> bool:
+        """A write-mode decode request aborted while waiting for its KV keeps its blocks (a leak)."""
+        low, high = ABORT_LEAK_SEEN
+        return not self.read_mode and low <= self.version < high
