@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import json
 import logging
 import os
@@ -185,6 +186,7 @@ class Pair:
     proxy_url: str = field(init=False)
     admin_url: str = field(init=False)
     faults: Faults = field(init=False)
+    settings_file: Path = field(init=False)
     # KV cache usage an engine keeps for good after a known vLLM bug (test_faults.py): what idle means.
     leaked: dict[str, float] = field(default_factory=lambda: {"prefill": 0.0, "decode": 0.0})
 
@@ -226,6 +228,8 @@ class Pair:
                 url=f"http://127.0.0.1:{http}",
             )
         self.prefill, self.decode = engines["prefill"], engines["decode"]
+        self.settings_file = self.workdir / "proxy.json"
+        self.settings_file.write_text("{}")
         port, admin = free_port(), free_port()
         self.proxy_url, self.admin_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
         self.proxy = Process(
@@ -236,6 +240,8 @@ class Pair:
                 "--admin-port", str(admin),
                 "--registration-address", f"tcp://127.0.0.1:{registration}",
                 "--kv-wait-timeout", "60",
+                "--config-file", str(self.settings_file),
+                "--config-poll-interval", "0.5",
             ],
             self.workdir / "proxy.log",
             dict(os.environ),
@@ -257,6 +263,22 @@ class Pair:
     def status(self) -> dict[str, Any]:
         status: dict[str, Any] = requests.get(f"{self.admin_url}/status", timeout=30).json()
         return status
+
+    @contextlib.contextmanager
+    def proxy_settings(self, **settings: Any) -> Iterator[None]:
+        """The proxy's reloadable settings changed while inside (its settings file, docs/proxy.md), e.g.
+        ``proxy_settings(**{"kv-wait-timeout": 8})``; its flags again after."""
+        self._apply_settings(json.dumps(settings))
+        try:
+            yield
+        finally:
+            self._apply_settings("{}")
+
+    def _apply_settings(self, text: str) -> None:
+        """Write the settings file and wait until the proxy's /status shows its digest applied."""
+        self.settings_file.write_text(text)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        wait_until(lambda: self.status()["config"]["digest"] == digest, time.monotonic() + 60, self.proxy)
 
     def _registered(self) -> bool:
         try:

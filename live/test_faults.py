@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from live.client import TIMEOUT_S, completion_body, generate
+from live.client import TIMEOUT_S, completion_body, generate, post
 from live.cluster import Faults, Pair, wait_idle, wait_idle_accepting_decode_leak
 
 PROMPT = "def dedent(text):\n    "
@@ -74,15 +74,12 @@ def test_delayed_transfer_still_gives_the_whole_answer(pair: Pair, faults: Fault
 
 
 @pytest.mark.parametrize("fault", ["fail", "drop"])
-def test_lost_transfer_gets_a_clear_answer(
-    pair: Pair, faults: Faults, fault: str, request: pytest.FixtureRequest
-) -> None:
+def test_lost_transfer_gets_a_clear_answer(pair: Pair, faults: Faults, fault: str) -> None:
     """A failed or never-completing transfer, streamed: the right answer (vLLM recomputed the prompt) or an
     OpenAI-form error, within the proxy's KV wait
     (``--kv-wait-timeout``); never a hang, never a wrong answer. In write mode vLLM 0.31's prefill logs
     the failed write and answers 200, and decode waits for the KV for good: only the proxy's KV wait ends
-    it. (A non-streamed request is bounded by the proxy's response timeout instead: the KV wait counts to
-    the first body byte, which a non-streamed decode answer sends only when done; docs/live-tier.md.)"""
+    it."""
     if pair.mode == "write":
         pytest.skip(
             "write mode, failed or timed-out write: vLLM 0.31 may kill prefill's EngineCore (TransferError "
@@ -96,19 +93,16 @@ def test_lost_transfer_gets_a_clear_answer(
             "needs a pair of its own, or a stand-in whose dropped read fails its status like real MoRI "
             "(docs/live-tier.md)"
         )
-    if (pair.mode, fault) == ("read", "fail"):
-        request.applymarker(
-            pytest.mark.xfail(
-                reason="read mode, failed read: vLLM 0.31 fails the decode request (failure_policy=fail) and the "
-                "client gets HTTP 200 with an empty stream, neither tokens nor an error (docs/live-tier.md)",
-                strict=False,
-            )
-        )
     body = completion_body(PROMPT + fault, stream=True)
     whole = generate(pair.prefill.url, "/v1/completions", body | {"stream": False})
     faults.set(fault)
     with requests.post(f"{pair.proxy_url}/v1/completions", json=body, timeout=TIMEOUT_S, stream=True) as resp:
         faults.clear()
+        if (pair.mode, fault) == ("read", "fail"):
+            # vLLM 0.31 fails the decode request (kv_load_failure_policy=fail) and streams neither a token nor
+            # its error (answers.opens_answer): the proxy answers 502 instead of an empty HTTP 200
+            assert resp.status_code == 502, resp.text
+            assert "without a token" in resp.json()["error"]["message"]
         if resp.status_code != 200:
             assert 400 <= resp.status_code < 600
             assert {"message", "type"} <= set(resp.json()["error"]), resp.text
@@ -123,3 +117,37 @@ def test_lost_transfer_gets_a_clear_answer(
         wait_idle_accepting_decode_leak(pair)
     else:
         wait_idle(pair)
+
+
+def test_a_request_not_streamed_ends_at_the_kv_wait(pair: Pair, faults: Faults) -> None:
+    """KV slower than the proxy's KV wait, for a client that asked for no stream: 504 kv_transfer_timeout,
+    where the delayed KV would have given a 200 (the proxy streams decode's leg to see its first byte,
+    legs.streams_whole; before, the KV wait counted to a first body byte that a whole answer sends only
+    when done, and the client waited for the response timeout, 1800 s), and both legs are aborted."""
+    kv_wait, delay = 8, 20
+    with pair.proxy_settings(**{"kv-wait-timeout": kv_wait}):
+        faults.set("delay", seconds=delay)
+        resp = requests.post(
+            f"{pair.proxy_url}/v1/completions", json=completion_body(PROMPT + "slow kv"), timeout=TIMEOUT_S
+        )
+        faults.clear()
+    assert resp.status_code == 504, resp.text
+    assert resp.json()["error"]["code"] == "kv_transfer_timeout"
+    time.sleep(delay)  # past the delay: the late transfer has landed
+    if pair.mode == "write":
+        wait_idle_accepting_decode_leak(pair)
+    else:
+        wait_idle(pair)
+
+
+def test_a_request_not_streamed_is_the_whole_answer(pair: Pair) -> None:
+    """Served from decode's stream, the whole answer carries what vLLM's own does: text, token ids and
+    logprobs equal to one engine computing it whole, the finish reason and the usage."""
+    body = completion_body(PROMPT + "whole", return_token_ids=True)
+    whole = post(pair.prefill.url, "/v1/completions", body).json()
+    through = post(pair.proxy_url, "/v1/completions", body).json()
+    for key in ("text", "token_ids", "prompt_token_ids", "logprobs", "finish_reason", "stop_reason"):
+        assert through["choices"][0][key] == whole["choices"][0][key], key
+    assert {k: through["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")} == {
+        k: whole["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")
+    }

@@ -61,7 +61,11 @@ class FakeEngine:
     die_after: int | None = None  # close the connection abruptly after this many chunks
     hang: bool = False  # never answer
     first_chunk_delay: float = 0.0
-    token_ids: list[int] = field(default_factory=lambda: [11, 12, 13])  # answered when asked (return_token_ids)
+    # a stream that vLLM 0.31 fails before its first token (a failed KV load): chat's role chunk, the usage
+    # chunk when asked for, [DONE]; neither a token nor an error event
+    fail_before_token: bool = False
+    # answered when asked (return_token_ids): whole, or one a chunk in a stream
+    token_ids: list[int] = field(default_factory=lambda: [11, 12, 13])
     # usage with prompt_tokens_details {"cached_tokens": N} (vLLM's --enable-prompt-tokens-details): in
     # prefill's answer, whole answers, and a final usage chunk when the stream asks for include_usage
     cached_tokens: int | None = None
@@ -219,17 +223,27 @@ class FakeEngine:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         await asyncio.sleep(self.first_chunk_delay)
-        for index in range(self.chunks):
+        chat = request.path.endswith("/chat/completions")
+        if self.fail_before_token and chat:
+            role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            chunk = {"id": f"chatcmpl-{request_id}", "choices": [role]}
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        for index in range(0 if self.fail_before_token else self.chunks):
             if self.die_after is not None and index == self.die_after:
                 assert request.transport is not None
                 request.transport.abort()
                 self.events.append(f"{self.role}:died")
                 return response
-            chunk = {"id": f"cmpl-{request_id}-0-0a1b2c3d", "choices": [{"index": 0, "text": f"t{index}"}]}
+            output = {"delta": {"content": f"t{index}"}} if chat else {"text": f"t{index}"}
+            if record.body.get("return_token_ids"):  # the answer's token_ids, one a chunk
+                output["token_ids"] = self.token_ids[index : index + 1]
+            chunk = {"id": f"cmpl-{request_id}-0-0a1b2c3d", "choices": [{"index": 0, **output}]}
             await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             if self.chunk_interval:
                 await asyncio.sleep(self.chunk_interval)
-        if self.cached_tokens is not None and (record.body.get("stream_options") or {}).get("include_usage"):
+        if (self.cached_tokens is not None or self.fail_before_token) and (record.body.get("stream_options") or {}).get(
+            "include_usage"
+        ):
             chunk = {"id": f"cmpl-{request_id}-0-0a1b2c3d", "choices": [], "usage": self._usage(self.chunks)}
             await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         await response.write(b"data: [DONE]\n\n")

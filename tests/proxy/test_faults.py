@@ -35,6 +35,27 @@ async def test_decode_killed_mid_stream_ends_with_an_error_event(pd_setup: Setup
     assert setup.proxy.core.last_transfer is None
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("mode", ["READ", "WRITE"])
+async def test_a_decode_stream_without_a_token_or_an_error_is_a_502(
+    pd_setup: SetupFactory, mode: str, path: str
+) -> None:
+    """vLLM 0.31 fails a request whose KV load failed and streams only chat's role chunk, the usage chunk and
+    [DONE] (answers.opens_answer): the client gets a 502, not HTTP 200 with an empty answer."""
+    setup = await pd_setup(mode=mode)
+    setup.decode.fail_before_token = True
+    messages = {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {}
+    body = {**BODY, **messages, "stream": True, "stream_options": {"include_usage": True}}
+    status, answer = await setup.post(path, body)
+    assert status == 502, answer
+    assert answer["error"]["code"] == "decode_failed" and "without a token" in answer["error"]["message"]
+    assert setup.proxy.metrics.upstream_errors.labels("decode", "no_output")._value.get() == 1
+    assert setup.proxy.core.last_transfer is None
+    setup.decode.fail_before_token = False  # the same engine's next stream is relayed whole
+    status, text = await setup.stream(body, path)
+    assert status == 200 and _sse_events(text)[-1] == "[DONE]" and '"t4"' in text
+
+
 async def test_prefill_500_in_write_mode_cancels_decode_and_answers_502(pd_setup: SetupFactory) -> None:
     setup = await pd_setup(mode="WRITE")
     setup.prefill.status = 500
@@ -131,6 +152,24 @@ async def test_a_transfer_that_never_completes_is_aborted_after_the_kv_wait(pd_s
     await wait_for(lambda: setup.decode.requests[0].cancelled, what="decode leg aborted")
     errors = setup.proxy.metrics.upstream_errors.labels("decode", "kv_timeout")._value.get()
     assert errors == 1
+
+
+async def test_a_request_not_streamed_is_bounded_by_the_kv_wait_too(pd_setup: SetupFactory) -> None:
+    """Its decode leg is streamed (legs.streams_whole), so the kv wait, not the 1800 s response timeout,
+    ends a wait for KV that never comes; the same engine's answer is assembled whole once it comes."""
+    from pd_runtime.proxy.config import Timeouts
+
+    setup = await pd_setup(mode="READ", timeouts=Timeouts(response=600, kv_wait=0.3))
+    setup.decode.first_chunk_delay = 600
+    started = time.monotonic()
+    status, body = await setup.post("/v1/completions", BODY)
+    assert status == 504 and body["error"]["code"] == "kv_transfer_timeout"
+    assert time.monotonic() - started < 60  # the response timeout would be 600 s; 60 is slack for load
+    await wait_for(lambda: setup.decode.requests[0].cancelled, what="decode leg aborted")
+    assert setup.decode.requests[0].body["stream"] is True
+    setup.decode.first_chunk_delay = 0
+    status, body = await setup.post("/v1/completions", BODY)
+    assert status == 200 and body["choices"][0]["text"] == "t0t1t2t3t4", body
 
 
 async def test_decode_engines_get_at_most_their_limit_in_flight(pd_setup: SetupFactory) -> None:

@@ -296,7 +296,8 @@ OURS_BODIES = {
     },
     ("chat", "prefill"): CHAT
     | {"body:max_tokens": 1, "body:max_completion_tokens": 1, "body:min_tokens": 1, "body:stream": False},
-    ("chat", "decode"): CHAT | {"body:max_completion_tokens": 16},
+    ("chat", "decode"): CHAT
+    | {"body:max_completion_tokens": 16, "body:stream": True, "body:stream_options": {"include_usage": True}},
 }
 
 
@@ -342,7 +343,7 @@ ROWS: dict[str, dict[str, Any]] = {
         "body:skip_special_tokens": True,
         "body:stream_reasoning": True,
     },
-    "chat decode `stream`": {"body:stream": False},
+    "chat decode `stream`": {"body:stream": False, "body:stream_options": ABSENT},
     "response id": {"id": f"cmpl-{RID}-0-<8 hex>"},
 }
 EVERY_LEG = ("client's `request_id`", "`Authorization`", "`Accept`", "transfer id")

@@ -81,7 +81,8 @@ class Timeouts:
     kv_wait: float = field(
         default=DEFAULT_KV_WAIT_S,
         metadata=flag(
-            "streaming decode: until the first body byte, counted from prefill's answer; past the engines' "
+            "decode: until the first body byte, counted from prefill's answer (a request not streamed too: its "
+            "decode leg streams); past the engines' "
             f"defer_timeout + transfer_timeout (+ {KV_WAIT_MARGIN_S:g} s) the KV can no longer come (the operator "
             "derives it; at most --kv-wait-limit)",
             parse=positive_float,
@@ -95,7 +96,7 @@ class Timeouts:
     response: float = field(
         default=1800.0,
         metadata=flag(
-            "non-streaming decode: whole response (the engine answers only when done)",
+            "non-streaming request: the whole decode answer (its first byte within --kv-wait-timeout too)",
             parse=positive_float,
             reload=True,
         ),

@@ -75,3 +75,11 @@ def kv_transfer_timeout(kv_wait: float) -> ApiError:
         type="upstream_error",
         code="kv_transfer_timeout",
     )
+
+
+def decode_without_output() -> ApiError:
+    return upstream_failed(
+        "decode engine ended its stream without a token or an error: it failed the request before its first "
+        "token (vLLM 0.31 does so when loading the transferred KV failed)",
+        "decode_failed",
+    )

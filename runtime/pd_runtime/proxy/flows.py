@@ -23,11 +23,25 @@ from typing import Any, Literal
 import aiohttp
 
 from pd_runtime.protocol import check_prefill_response, new_request_uid
-from pd_runtime.proxy.answers import merge_usage, merge_usage_events, prompt_details
+from pd_runtime.proxy.answers import (
+    merge_usage,
+    merge_usage_events,
+    opens_answer,
+    prompt_details,
+    stream_chunks,
+    whole_from_stream,
+)
 from pd_runtime.proxy.breaker import OpenReason
 from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.demand import DemandWindow, asked_output_tokens, reported_prompt_tokens
-from pd_runtime.proxy.errors import ApiError, kv_transfer_timeout, unavailable, upstream_failed, upstream_timeout
+from pd_runtime.proxy.errors import (
+    ApiError,
+    decode_without_output,
+    kv_transfer_timeout,
+    unavailable,
+    upstream_failed,
+    upstream_timeout,
+)
 from pd_runtime.proxy.legs import (
     ClientRequest,
     IdRewriter,
@@ -37,6 +51,7 @@ from pd_runtime.proxy.legs import (
     decode_leg,
     plain_leg,
     prefill_leg,
+    streams_whole,
     upstream_error_for_client,
 )
 from pd_runtime.proxy.metrics import ProxyMetrics
@@ -593,14 +608,79 @@ class ProxyCore:
     async def _relay(self, exchange: Exchange, target: Target, leg: Leg, name: str, sink: Sink) -> None:
         """POST a decode (or colocated, or plain prefill) leg and pass its answer through, SSE chunk by chunk."""
         with self._verdict(exchange, target):
-            await self._relay_leg(exchange, target, leg, name, sink)
+            if name == "decode" and streams_whole(exchange.request):
+                await self._relay_whole(exchange, target, leg, sink)
+            else:
+                await self._relay_leg(exchange, target, leg, name, sink)
+
+    async def _relay_whole(self, exchange: Exchange, target: Target, leg: Leg, sink: Sink) -> None:
+        """A decode leg streamed for a client that did not ask for a stream (legs.streams_whole): its first
+        byte is due within the kv wait, as a stream's; the whole answer within --response-timeout; the
+        client gets the answer assembled from the stream (answers.whole_from_stream)."""
+        timeouts = self.config.timeouts
+        first_byte_due = asyncio.get_running_loop().time() + timeouts.response
+        answered = False
+        started = time.monotonic()
+        try:
+            async with (
+                asyncio.timeout(timeouts.response) as deadline,
+                exchange.first_byte_bounded(deadline, True),
+                self._post(target, leg) as resp,
+            ):
+                if resp.status != 200:
+                    body = await resp.read()
+                    raise LegFailure(
+                        "decode", "http", upstream_error_for_client(resp.status, body, "decode", exchange.rewriter)
+                    )
+                parts = []
+                while data := await resp.read_some():
+                    if not answered:
+                        answered = True
+                        exchange.first_byte_timer = None
+                        deadline.reschedule(first_byte_due)  # from here the whole answer's deadline
+                    parts.append(data)
+                events = exchange.rewriter.whole(b"".join(parts))
+        except TimeoutError as exc:
+            raise self._timed_out(exchange, "decode", answered, True, timeouts.response, first_byte_due) from exc
+        except UpstreamError as exc:
+            raise _connection_failed("decode", answered) from exc
+        finally:
+            self.metrics.leg_seconds.labels("decode").observe(time.monotonic() - started)
+        document = events  # an engine that answered whole after all
+        if resp.headers.get("content-type", "").startswith("text/event-stream"):
+            if not opens_answer(events, exchange.request):
+                raise LegFailure("decode", "no_output", decode_without_output())
+            chunks = stream_chunks(events)
+            if any(isinstance(c, dict) and "error" in c for c in chunks):
+                # not streamed, vLLM answers a request that failed after its first token with a 500
+                raise LegFailure("decode", "http", upstream_failed("decode engine failed the request", "decode_failed"))
+            document = json.dumps(whole_from_stream(chunks, exchange.request), separators=(",", ":")).encode()
+        if exchange.prompt_details is not None:
+            document = merge_usage(document, exchange.prompt_details)
+        await sink.whole(200, "application/json", document)
+
+    def _timed_out(
+        self, exchange: Exchange, name: str, answered: bool, bounded: bool, first_deadline: float, first_byte_due: float
+    ) -> LegFailure:
+        """What a leg's timeout means: the kv wait passed, a write-mode prefill that never answered, or the
+        engine's own first-byte or idle timeout."""
+        timeouts = self.config.timeouts
+        if not answered and bounded and _kv_bound(exchange, first_byte_due):
+            return LegFailure(name, "kv_timeout", kv_transfer_timeout(timeouts.kv_wait))
+        if not answered and name == "decode" and exchange.prefill is not None and exchange.kv_deadline is None:
+            # write mode: decode's first byte waits for prefill's KV, and prefill has not answered yet
+            what = f"decode had no first byte within {first_deadline:g} s, prefill had not answered"
+            return LegFailure("prefill", "timeout", upstream_timeout(f"prefill engine timed out: {what}"))
+        what = f"no chunk for {timeouts.idle:g} s" if answered else f"no first byte within {first_deadline:g} s"
+        return LegFailure(name, "timeout", upstream_timeout(f"{name} engine timed out: {what}"))
 
     async def _relay_leg(self, exchange: Exchange, target: Target, leg: Leg, name: str, sink: Sink) -> None:
         timeouts = self.config.timeouts
         loop = asyncio.get_running_loop()
         first_deadline = timeouts.first_byte if exchange.request.stream else timeouts.response
         first_byte_due = loop.time() + first_deadline
-        streaming = False
+        answered = False  # the engine's first body bytes came (for decode: its KV came, or loading it failed)
+        streaming = False  # the client's stream has begun
         started = time.monotonic()
         bounded = exchange.request.stream and name == "decode"
         try:
@@ -624,10 +704,20 @@ class ProxyCore:
                     await sink.whole(200, content_type, body)
                     return
                 relay = _ChunkRelay(exchange, sink, deadline, self.metrics, name == "decode", timeouts.idle)
+                # A decode stream's first events are held until one begins the answer (answers.opens_answer):
+                # a stream vLLM ended without a token or its error is then the client's 502, not an empty 200.
+                held = b"" if name == "decode" else None
                 while not streaming and (data := await resp.read_some()):
                     out = relay.rewrite(data)
                     now = loop.time()
                     relay.due = deadline.when() or 0.0  # the kv wait may have moved it
+                    if out:
+                        answered = True
+                        exchange.first_byte_timer = None
+                        if held is not None:
+                            out, held = held + out, b""
+                            if not opens_answer(out, exchange.request):
+                                out, held = b"", out
                     if out:
                         streaming = True
                         self._answered(target)
@@ -644,24 +734,17 @@ class ProxyCore:
                     relay.raise_failure()
                 tail = relay.rewrite(exchange.rewriter.flush(), feed=False)
                 if not streaming:
+                    if held is not None and not opens_answer(held + tail, exchange.request):
+                        raise LegFailure(name, "no_output", decode_without_output())
                     await sink.begin_stream(content_type)
+                    tail = (held or b"") + tail
                 if tail:
                     await sink.write(tail)
                 await sink.end_stream()
         except TimeoutError as exc:
-            if not streaming and bounded and _kv_bound(exchange, first_byte_due):
-                raise LegFailure(name, "kv_timeout", kv_transfer_timeout(timeouts.kv_wait)) from exc
-            if not streaming and name == "decode" and exchange.prefill is not None and exchange.kv_deadline is None:
-                # write mode: decode's first byte waits for prefill's KV, and prefill has not answered yet
-                what = f"decode had no first byte within {first_deadline:g} s, prefill had not answered"
-                raise LegFailure("prefill", "timeout", upstream_timeout(f"prefill engine timed out: {what}")) from exc
-            what = f"no chunk for {timeouts.idle:g} s" if streaming else f"no first byte within {first_deadline:g} s"
-            raise LegFailure(name, "timeout", upstream_timeout(f"{name} engine timed out: {what}")) from exc
+            raise self._timed_out(exchange, name, answered, bounded, first_deadline, first_byte_due) from exc
         except UpstreamError as exc:
-            kind = "broken" if streaming else "unreachable"
-            raise LegFailure(
-                name, kind, upstream_failed(f"{name} engine failed: connection {kind}", f"{name}_failed")
-            ) from exc
+            raise _connection_failed(name, answered) from exc
         finally:
             self.metrics.leg_seconds.labels(name).observe(time.monotonic() - started)
 
@@ -723,6 +806,11 @@ class _ChunkRelay:
     def raise_failure(self) -> None:
         if self.failure is not None:
             raise self.failure
+
+
+def _connection_failed(name: str, answered: bool) -> LegFailure:
+    kind = "broken" if answered else "unreachable"
+    return LegFailure(name, kind, upstream_failed(f"{name} engine failed: connection {kind}", f"{name}_failed"))
 
 
 def _no_live(role: InstanceRole | None) -> ApiError:

@@ -278,11 +278,14 @@ def decode_leg(
     engine_api_key: str | None,
     prefill_params: dict[str, Any] | None = None,
 ) -> Leg:
-    """docs/protocol.md#decode-leg-params: the client's body (its ``stream`` kept) plus P's address and sizes.
+    """docs/protocol.md#decode-leg-params: the client's body plus P's address and sizes; streamed when the
+    client's is, and when the client's answer is assembled from a stream (``streams_whole``).
 
     ``prefill_params`` is P's returned kv_transfer_params in read mode, None in write mode.
     """
     body = decode_token_limits(request.body, policy)
+    if streams_whole(request):
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
     body["kv_transfer_params"] = decode_leg_params(
         prefill.instance,
         ids.transfer_id,
@@ -290,6 +293,22 @@ def decode_leg(
         prefill_dp_rank=prefill.dp_rank if prefill.instance.dp_size > 1 else None,
     )
     return Leg(request.path, _headers(request, ids.request_id, decode.dp_rank, engine_api_key), body)
+
+
+# Whole answers that a stream of the same request does not carry: tool calls (vLLM parses them with a
+# streaming parser then, not the whole text) and prompt logprobs (no stream chunk has them).
+WHOLE_ONLY_KEYS = ("tools", "functions", "prompt_logprobs")
+
+
+def streams_whole(request: ClientRequest) -> bool:
+    """Whether a request that is not streamed has its decode leg streamed and its answer assembled
+    (answers.whole_from_stream), so that decode's first byte shows that the KV came, as for a stream
+    (docs/proxy.md, "Waiting for the KV"). Not when the client set ``stream_options`` (vLLM refuses them
+    on a request that is not streamed: its 400 passes) or asked for what a stream lacks."""
+    body = request.body
+    return (
+        not request.stream and body.get("stream_options") is None and not any(body.get(key) for key in WHOLE_ONLY_KEYS)
+    )
 
 
 def plain_leg(request: ClientRequest, target: Target, request_id: str, engine_api_key: str | None) -> Leg:
