@@ -1070,6 +1070,17 @@ class ProxySpec(ApiModel):
             "(no restart: the proxy reloads it). Needs the canary (canaryIntervalSeconds > 0)."
         ),
     )
+    otlp_traces_endpoint: str | None = Field(
+        None,
+        pattern=r"^https?://[^\s]+$",
+        max_length=2048,
+        description=(
+            "The proxy's own OpenTelemetry spans (one per request, parented to the client's traceparent, and "
+            "one per leg, whose context the leg carries to the engines) sent over OTLP/HTTP to this URL, e.g. "
+            "http://otel-collector.observability:4318/v1/traces; unset: none. The engines export their own "
+            "spans with vLLM's --otlp-traces-endpoint (extraArgs)."
+        ),
+    )
     api_key_secret: SecretKeyRef | None = Field(
         None, description="Secret whose value clients must send as a bearer token (and the probe uses)."
     )

@@ -308,6 +308,8 @@ def proxy_command(spec: PDDeploymentSpec) -> list[str]:
         cmd += ["--canary-interval", _number(p.canary_interval_seconds)]
     if p.heartbeat_ttl_seconds is not None:
         cmd += ["--heartbeat-ttl", _number(p.heartbeat_ttl_seconds)]
+    if p.otlp_traces_endpoint:
+        cmd += ["--otlp-traces-endpoint", p.otlp_traces_endpoint]
     for eng in engine_containers(spec) if spec.disaggregated else []:
         cmd += ["--expected-engine", expected_heartbeat(spec, eng)]
     if spec.mode == "disaggregated":

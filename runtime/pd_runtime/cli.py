@@ -48,8 +48,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "engine": Subcommand("pd_runtime.launcher", "preflight checks, then exec the engine command after --", None),
 }
 
-OPTIONAL_MODULES: dict[str, str] = {"matplotlib": "plot", "uvloop": "fast"}
-"""Third-party modules that only an option imports (`bench --plot`, `proxy --loop uvloop`), by extra."""
+OPTIONAL_MODULES: dict[str, str] = {"matplotlib": "plot", "uvloop": "fast", "opentelemetry": "tracing"}
+"""Third-party modules that only an option imports (`bench --plot`, `proxy --loop uvloop`,
+`proxy --otlp-traces-endpoint`), by extra."""
 
 
 def _usage() -> str:

@@ -334,6 +334,16 @@ def test_proxy_command_follows_the_contract() -> None:
     ]
 
 
+def test_proxy_exports_its_spans_only_when_given_an_endpoint() -> None:
+    assert "--otlp-traces-endpoint" not in container(spec_of("qwen3-235b-write.yaml"), "proxy")["command"]
+    url = "http://otel-collector.observability:4318/v1/traces"
+    spec = spec_of("qwen3-235b-write.yaml", proxy={"otlpTracesEndpoint": url})
+    cmd = container(spec, "proxy")["command"]
+    assert cmd[cmd.index("--otlp-traces-endpoint") + 1] == url
+    with pytest.raises(ValueError, match="otlpTracesEndpoint"):
+        spec_of("qwen3-235b-write.yaml", proxy={"otlpTracesEndpoint": "collector:4318"})
+
+
 def test_engines_dial_the_proxy_on_loopback_only() -> None:
     spec = spec_of("qwen3-235b-write.yaml")
     for name in ("prefill", "decode"):

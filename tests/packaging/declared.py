@@ -93,6 +93,10 @@ def third_party_modules(module: str) -> set[str]:
 
 
 def distribution_of(module: str) -> str:
-    """The declared distribution that provides a top-level module (as installed in this venv)."""
-    (name,) = {canonical(d) for d in packages_distributions()[module]}
+    """The declared distribution that provides a top-level module (as installed in this venv); of a
+    namespace package that several distributions fill (``opentelemetry``), the one pyproject declares."""
+    names = {canonical(d) for d in packages_distributions()[module]}
+    if len(names) > 1:
+        names &= installed_by([None, *extras()])
+    (name,) = names
     return PROVIDED_BY.get(name, name)

@@ -48,6 +48,7 @@ EXTRA_MODULES = {
     "matplotlib": "matplotlib",
     "uvloop": "uvloop",
     "httptools": "httptools",
+    "opentelemetry-exporter-otlp-proto-http": "opentelemetry",
 }
 
 

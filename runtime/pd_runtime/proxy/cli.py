@@ -19,6 +19,7 @@ from typing import Any
 import zmq
 
 from pd_runtime import eventloop
+from pd_runtime.proxy import tracing
 from pd_runtime.proxy.config import TIMEOUT_SUFFIX, ProxyConfig, Timeouts, flag_fields, flag_name
 from pd_runtime.proxy.gate import expected_by_address, parse_expected_engine
 from pd_runtime.proxy.logs import configure
@@ -141,6 +142,8 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error("--registration-address wants tcp://HOST:PORT (or ipc://PATH)")
     if args.kv_wait_limit is not None and args.kv_wait_timeout > args.kv_wait_limit:
         parser.error(f"--kv-wait-timeout {args.kv_wait_timeout:g} is above --kv-wait-limit {args.kv_wait_limit:g}")
+    if args.otlp_traces_endpoint and (problem := tracing.missing()) is not None:
+        parser.error(problem)
 
 
 def _stop_on_signals() -> asyncio.Event:

@@ -253,6 +253,15 @@ class ProxyConfig:
             parse=non_negative_float,
         ),
     )
+    otlp_traces_endpoint: str | None = field(
+        default=None,
+        metadata=flag(
+            "export the proxy's own OpenTelemetry spans (a request span, a span per leg, parented to the client's "
+            "traceparent) over OTLP/HTTP to this URL, e.g. http://collector:4318/v1/traces; needs the tracing "
+            "extra (pip install 'pd-operator[tracing]'); unset: no spans",
+            metavar="URL",
+        ),
+    )
     drain_timeout_s: float = field(
         default=30.0, metadata=flag("seconds to let streams finish on SIGTERM", parse=non_negative_float)
     )

@@ -59,7 +59,8 @@ from pd_runtime.proxy.registry import Instance, InstanceRole, Registry
 from pd_runtime.proxy.routing import Candidate, Router, Slot, decode_dp_rank
 from pd_runtime.proxy.sinks import ClientGone, Sink
 from pd_runtime.proxy.status import LastTransfer
-from pd_runtime.proxy.upstream import UpstreamError, UpstreamPool, UpstreamRequest
+from pd_runtime.proxy.tracing import Tracing
+from pd_runtime.proxy.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +175,7 @@ class ProxyCore:
         self._slot_freed = asyncio.Event()
         self.draining = False
         self._background: set[asyncio.Task[None]] = set()
+        self.tracing = Tracing(config.otlp_traces_endpoint) if config.otlp_traces_endpoint else None
 
     async def start(self) -> None:
         """Pooled connections for all upstream traffic (the toy proxy opens one per leg, docs/protocol.md#toy-proxy)."""
@@ -196,6 +198,8 @@ class ProxyCore:
         self.upstream.close()
         if self.session is not None:
             await self.session.close()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)  # its last export is blocking HTTP
 
     # -- entry point ---------------------------------------------------------------------------
 
@@ -205,7 +209,17 @@ class ProxyCore:
 
     async def handle(self, request: ClientRequest, sink: Sink, source: Source = "request") -> Result:
         """Serve one request; every failure ends as an OpenAI-style error on the sink, never a raise
-        (except cancellation: the client went away, and the upstream legs are closed on the way out)."""
+        (except cancellation: the client went away, and the upstream legs are closed on the way out).
+        With tracing on, inside the request's span (docs/proxy.md, "Trace context")."""
+        if self.tracing is None:
+            return await self._handle(request, sink, source)
+        with self.tracing.request(request.path, request.trace, {"pd.source": source}) as span:
+            result = await self._handle(request, sink, source)
+            ids = {} if result.exchange is None else {"pd.transfer_id": result.exchange.ids.transfer_id}
+            self.tracing.finished(span, result.outcome, ids)
+            return result
+
+    async def _handle(self, request: ClientRequest, sink: Sink, source: Source) -> Result:
         self.in_flight += 1
         self.metrics.in_flight.inc()
         exchange: Exchange | None = None
@@ -555,10 +569,17 @@ class ProxyCore:
 
     # -- legs ----------------------------------------------------------------------------------
 
-    def _post(self, target: Target, leg: Leg) -> UpstreamRequest:
+    def _post(self, target: Target, leg: Leg, name: str) -> contextlib.AbstractAsyncContextManager[UpstreamResponse]:
         instance, known = target.instance, self._instance(target)
         host = known.http_host if known is not None else instance.http_host or instance.host
-        return self.upstream.post(host, instance.http_port, leg.path, leg.headers, leg.encoded())
+        if self.tracing is None:
+            return self.upstream.post(host, instance.http_port, leg.path, leg.headers, leg.encoded())
+        return self.tracing.leg(
+            name,
+            instance.http_address,
+            leg.headers,
+            lambda headers: self.upstream.post(host, instance.http_port, leg.path, headers, leg.encoded()),
+        )
 
     async def _prefill_with_kv(self, exchange: Exchange) -> None:
         """Write mode: a P answer without kv_transfer_params means no KV will ever reach D."""
@@ -580,7 +601,7 @@ class ProxyCore:
         started = time.monotonic()
         try:
             async with asyncio.timeout(self.config.timeouts.prefill):
-                async with self._post(exchange.prefill, leg) as resp:
+                async with self._post(exchange.prefill, leg, "prefill") as resp:
                     status, body = resp.status, await resp.read()
         except TimeoutError as exc:
             raise LegFailure(
@@ -625,7 +646,7 @@ class ProxyCore:
             async with (
                 asyncio.timeout(timeouts.response) as deadline,
                 exchange.first_byte_bounded(deadline, True),
-                self._post(target, leg) as resp,
+                self._post(target, leg, "decode") as resp,
             ):
                 if resp.status != 200:
                     body = await resp.read()
@@ -687,7 +708,7 @@ class ProxyCore:
             async with (
                 asyncio.timeout(first_deadline) as deadline,
                 exchange.first_byte_bounded(deadline, bounded),
-                self._post(target, leg) as resp,
+                self._post(target, leg, name) as resp,
             ):
                 if resp.status != 200:
                     body = await resp.read()
