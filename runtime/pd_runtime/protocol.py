@@ -390,7 +390,7 @@ def check_prefill_response(params: Any, transfer_id: str) -> str | None:
     docs/protocol.md#prefill-answer says what a usable answer holds.
     """
     if params is None:
-        return "prefill returned no kv_transfer_params (first token was EOS or the request was aborted)"
+        return "prefill returned no kv_transfer_params (the prefill was aborted or did not end length-capped)"
     if not isinstance(params, dict):
         return "prefill kv_transfer_params is not an object"
     if params.get("do_remote_prefill") is not True:
