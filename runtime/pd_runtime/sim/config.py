@@ -105,6 +105,8 @@ class EngineConfig:
     """The vLLM release whose connector behaviours the engine reproduces (sim/versions.py)."""
     kv_blocks: int | None = None
     """KV-cache blocks per DP rank (--num-gpu-blocks-override); None: never full, no preemption."""
+    prefix_cache_blocks: int = 0
+    """Prompt blocks each DP rank's prefix cache keeps (--sim-prefix-cache-blocks); 0: no prefix caching."""
     ignored_flags: tuple[str, ...] = field(default=())
 
 
@@ -147,6 +149,14 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--sim-registration", choices=("g1", "g2"), default=None, help="heartbeat format")
     sim.add_argument("--sim-request-id-suffix", action=argparse.BooleanOptionalAction, default=None)
     sim.add_argument("--sim-require-transfer-id", action=argparse.BooleanOptionalAction, default=None)
+    sim.add_argument(
+        "--sim-prefix-cache-blocks",
+        type=int,
+        default=0,
+        metavar="BLOCKS",
+        help="model vLLM's prefix caching: each DP rank keeps the KV of this many 16-token prompt blocks "
+        "(least recently used out) and computes only a prompt's uncached rest; 0: off (the default)",
+    )
     sim.add_argument(
         "--vllm-version",
         default=None,
@@ -222,6 +232,8 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Eng
         raise ConfigError(f"--vllm-version: {exc}") from None
     if ns.num_gpu_blocks_override is not None and ns.num_gpu_blocks_override < 1:
         raise ConfigError("--num-gpu-blocks-override must be at least 1")
+    if ns.sim_prefix_cache_blocks < 0:
+        raise ConfigError("--sim-prefix-cache-blocks must be 0 (off) or more")
     return EngineConfig(
         model=model,
         served_model_names=tuple(ns.served_model_name or [model]),
@@ -242,6 +254,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Eng
         faults=faults,
         vllm_version=vllm_version,
         kv_blocks=ns.num_gpu_blocks_override,
+        prefix_cache_blocks=ns.sim_prefix_cache_blocks,
         ignored_flags=tuple(unknown),
     )
 

@@ -29,6 +29,7 @@ from pd_runtime.sim.config import EngineConfig
 from pd_runtime.sim.connector import Connector, ConsumerJob, KvFaultSwitch, ProducerJob
 from pd_runtime.sim.core import Emitted, EngineCore
 from pd_runtime.sim.metrics import EngineMetrics
+from pd_runtime.sim.prefix_cache import PrefixCache
 from pd_runtime.sim.profiles import Profile
 from pd_runtime.sim.scheduler import BLOCK_SIZE, Scheduler, Sequence
 from pd_runtime.sim.sidechannel import SideChannel, bind_host_for
@@ -57,6 +58,8 @@ class RequestRecord:
     first_token: float | None = None
     last_token: float | None = None
     completion_tokens: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens found in the prefix cache (--sim-prefix-cache-blocks)."""
     finish_reason: str | None = None
     error: str | None = None
 
@@ -225,6 +228,8 @@ class SimEngine:
         )
         self.records: deque[RequestRecord] = deque(maxlen=RECORDS_KEPT)
         self.finished_count = 0
+        blocks = config.prefix_cache_blocks
+        self.prefix_caches = [PrefixCache(blocks) for _ in self.cores] if blocks else None
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
         self._next_block = 0
@@ -312,6 +317,8 @@ class SimEngine:
         if leg == "plain_without_kv":
             seq.computed = request.prompt_tokens - 1  # claims the prompt's KV as loaded; it never was
             self.metrics.decoded_without_kv.inc()
+        elif not remote:
+            record.cached_tokens = seq.computed = self._cached_prefix(core.rank, request)
         handle = RequestHandle(self, core, seq, record, finish, kv, last_text)
         self.records.append(record)
         if consumer_job is not None and self.connector is not None:
@@ -333,6 +340,19 @@ class SimEngine:
         corrupt-kv fault spoils it), or claimed loaded but never received (decodes from garbage)."""
         corrupt = leg == "plain_without_kv" or (leg == "consumer" and self.config.faults.corrupt_kv)
         return openai.KvCache.of_prompt(request.prompt_key, corrupt)
+
+    def _cached_prefix(self, rank: int, request: openai.GenerationRequest) -> int:
+        """--sim-prefix-cache-blocks: the prompt's tokens found in the rank's prefix cache (its last token is
+        always computed); its blocks are cached from now on (a little early: vLLM caches a block once it
+        has been computed, so a concurrent twin may hit here where vLLM would compute it)."""
+        if self.prefix_caches is None:
+            return 0
+        cache = self.prefix_caches[rank]
+        cached = min(cache.lookup(request.prompt_blocks) * BLOCK_SIZE, request.prompt_tokens - 1)
+        cache.store(request.prompt_blocks)
+        self.metrics.prefix_cache_queries.inc(request.prompt_tokens)
+        self.metrics.prefix_cache_hits.inc(cached)
+        return cached
 
     def _leg(self, request: openai.GenerationRequest) -> Leg:
         params = request.kv_transfer_params or {}
@@ -454,14 +474,15 @@ class SimEngine:
         request got every prompt token by KV transfer, a read-mode one all but the last, which it computes
         itself (``MoRIIOConnectorScheduler.get_num_new_matched_tokens``: ``prompt - 1``; also for a plain
         request it claims loaded on a read-mode decode engine of vLLM < 0.33); every other request
-        computed its prompt. The simulator has no prefix cache: ``local_cache_hit`` stays 0."""
+        computed its prompt, but for what its prefix cache held (``local_cache_hit``, with
+        --sim-prefix-cache-blocks; else 0)."""
         prompt = record.prompt_tokens
         read_mode = self.connector is not None and self.connector.config.read_mode
         if record.leg == "plain_without_kv" or (record.leg == "consumer" and read_mode):
             return {"external_kv_transfer": prompt - 1, "local_compute": 1}
         if record.leg in ("consumer", "plain_waiting_for_kv"):
             return {"external_kv_transfer": prompt}
-        return {"local_compute": prompt}
+        return {"local_compute": prompt - record.cached_tokens, "local_cache_hit": record.cached_tokens}
 
     def _finish_producer(self, handle: RequestHandle, emitted: Emitted) -> None:
         job = handle.producer_job

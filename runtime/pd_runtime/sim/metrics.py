@@ -57,6 +57,12 @@ class EngineMetrics:
             "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", per_core, registry=reg
         )
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens.", labels, registry=reg).labels(model_name)
+        self.prefix_cache_queries = Counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in queried tokens.", labels, registry=reg
+        ).labels(model_name)
+        self.prefix_cache_hits = Counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in cached tokens.", labels, registry=reg
+        ).labels(model_name)
         self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", labels, registry=reg).labels(
             model_name
         )

@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
+from pd_runtime.sim.prefix_cache import id_blocks, piece_blocks
+
 _PIECE_RE = re.compile(r"[^\W\d_]+|\d+|[^\w\s]|_")
 _WORDS = (" the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog", ".")
 CHAT_MESSAGE_OVERHEAD = 5
@@ -58,6 +60,8 @@ class GenerationRequest:
     kv_transfer_params: dict[str, Any] | None
     prompt_key: str
     """A digest of the prompt: where EOS falls is drawn from it, so P and D of one request agree."""
+    prompt_blocks: tuple[int, ...] = ()
+    """The hashes of the prompt's full blocks, for the prefix cache (``prefix_cache``)."""
     return_token_ids: bool = False
     """vLLM's ``return_token_ids``: the answer carries the generated ``token_ids``."""
     logprobs: int | None = None
@@ -71,16 +75,21 @@ class GenerationRequest:
     """Stop tokens: the output ends with the first of them (its text left out, as vLLM does)."""
 
 
+def _piece_tokens(piece: str) -> int:
+    if piece[0].isdigit():
+        return math.ceil(len(piece) / 3)
+    if piece[0].isalpha():
+        return math.ceil(len(piece) / 8)
+    return 1
+
+
+def text_pieces(text: str) -> list[tuple[str, int]]:
+    """The text cut as the simulator counts tokens: each piece with its tokens."""
+    return [(piece, _piece_tokens(piece)) for piece in _PIECE_RE.findall(text)]
+
+
 def count_text_tokens(text: str) -> int:
-    total = 0
-    for piece in _PIECE_RE.findall(text):
-        if piece[0].isdigit():
-            total += math.ceil(len(piece) / 3)
-        elif piece[0].isalpha():
-            total += math.ceil(len(piece) / 8)
-        else:
-            total += 1
-    return total
+    return sum(_piece_tokens(piece) for piece in _PIECE_RE.findall(text))
 
 
 def _hash_token(seed: str, index: int) -> int:
@@ -126,14 +135,15 @@ def _is_int_list(value: Any) -> TypeGuard[list[int]]:
     return isinstance(value, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
 
 
-def _prompt(body: dict[str, Any]) -> tuple[int, str]:
+def _prompt(body: dict[str, Any]) -> tuple[int, str, tuple[int, ...]]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and (isinstance(prompt[0], str) or _is_int_list(prompt[0])):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return count_text_tokens(prompt), prompt
+        pieces = text_pieces(prompt)
+        return sum(n for _, n in pieces), prompt, piece_blocks(pieces)
     if _is_int_list(prompt):
-        return len(prompt), ",".join(map(str, prompt[:64])) + f"/{len(prompt)}"
+        return len(prompt), ",".join(map(str, prompt[:64])) + f"/{len(prompt)}", id_blocks(prompt)
     if isinstance(prompt, list) and prompt:
         raise RequestError(400, "the simulated engine serves one prompt per request", "prompt")
     raise RequestError(400, "prompt must be a string or a list of token ids", "prompt")
@@ -144,11 +154,11 @@ def _text_prompt(body: dict[str, Any]) -> bool:
     return isinstance(prompt, str) or (isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str))
 
 
-def _messages(body: dict[str, Any]) -> tuple[int, str]:
+def _messages(body: dict[str, Any]) -> tuple[int, str, tuple[int, ...]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError(400, "messages must be a non-empty list", "messages")
-    total, texts = CHAT_PROMPT_OVERHEAD, []
+    total, texts, pieces = CHAT_PROMPT_OVERHEAD, [], []
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise RequestError(400, "every message needs a role", "messages")
@@ -158,9 +168,11 @@ def _messages(body: dict[str, Any]) -> tuple[int, str]:
         if content is not None and not isinstance(content, str):
             raise RequestError(400, "message content must be a string or a list of parts", "messages")
         text = content or ""
-        total += CHAT_MESSAGE_OVERHEAD + count_text_tokens(text)
+        own = text_pieces(text)
+        pieces += [(message["role"], CHAT_MESSAGE_OVERHEAD), *own]
+        total += CHAT_MESSAGE_OVERHEAD + sum(n for _, n in own)
         texts.append(f"{message['role']}:{text[:256]}")
-    return total, "|".join(texts) + f"/{total}"
+    return total, "|".join(texts) + f"/{total}", piece_blocks(pieces)
 
 
 def _int_field(body: dict[str, Any], name: str, default: int | None, minimum: int) -> int | None:
@@ -176,7 +188,7 @@ def parse_request(body: Any, chat: bool, max_model_len: int) -> GenerationReques
     """Validate a /v1/completions or /v1/chat/completions body as vLLM would (the parts we model)."""
     if not isinstance(body, dict):
         raise RequestError(400, "request body must be a JSON object")
-    prompt_tokens, prompt_key = _messages(body) if chat else _prompt(body)
+    prompt_tokens, prompt_key, prompt_blocks = _messages(body) if chat else _prompt(body)
     if prompt_tokens < 1:
         raise RequestError(400, "the prompt is empty", "messages" if chat else "prompt")
     n = _int_field(body, "n", 1, 1)
@@ -217,6 +229,7 @@ def parse_request(body: Any, chat: bool, max_model_len: int) -> GenerationReques
         continuous_usage=bool(options and options.get("continuous_usage_stats")),
         kv_transfer_params=params,
         prompt_key=prompt_key,
+        prompt_blocks=prompt_blocks,
         return_token_ids=body.get("return_token_ids") is True,
         logprobs=logprobs,
         tokens_as_ids=body.get("return_tokens_as_token_ids") is True,
