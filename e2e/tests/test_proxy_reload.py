@@ -58,18 +58,25 @@ def test_a_policy_change_reaches_the_proxy_without_restarting_the_engines(
     assert _proxy_config(before)["settings"]["policy"] == "round_robin"
 
     admission = {"maxInFlight": 64, "maxQueued": 128, "queueTimeoutSeconds": 20}
-    proxy = {"policy": "least_outstanding", "timeouts": {"idleSeconds": 30}, "admission": admission}
+    affinity = {"prefixTokens": 128, "maxImbalance": 2}
+    proxy = {
+        "policy": "prefix_affinity",
+        "prefixAffinity": affinity,
+        "timeouts": {"idleSeconds": 30},
+        "admission": admission,
+    }
     patch = json.dumps({"spec": {"proxy": proxy}})
     cp.kubectl("patch", "pdd", NAME, "-n", deployed, "--type=merge", "-p", patch)
 
     def reloaded() -> dict[str, Any] | None:
         doc = _proxy_config(before)
-        return doc if doc["settings"]["policy"] == "least_outstanding" else None
+        return doc if doc["settings"]["policy"] == "prefix_affinity" else None
 
     doc = wait_for(reloaded, 60, "the proxy running the new policy")
     assert doc["settings"]["idle-timeout"] == 30 and doc["refused"] is None
     settings = doc["settings"]
     assert (settings["max-in-flight"], settings["max-queued"], settings["queue-timeout"]) == (64, 128, 20)
+    assert (settings["affinity-prefix-tokens"], settings["affinity-max-imbalance"]) == (128, 2)
     after = wait_pdd_ready(cp, deployed, NAME, timeout_s=60)
     current = _serving(cp, deployed)
     assert current["metadata"]["uid"] == before["metadata"]["uid"], "the pod was not rolled"

@@ -1010,6 +1010,31 @@ class ProxyAdmission(ApiModel):
     )
 
 
+class ProxyPrefixAffinity(ApiModel):
+    """policy prefix_affinity: which part of the prompt places it, and when load wins over the cache."""
+
+    prefix_tokens: int = Field(
+        64,
+        ge=1,
+        le=65536,
+        description=(
+            "The prompt's first this many tokens choose its prefill engine (a consistent-hash ring of them); "
+            "the proxy has no tokenizer, so for a text prompt or chat messages 4 characters count as a token. "
+            "At most the length of the prefix your prompts share (a system prompt), or they spread at random."
+        ),
+    )
+    max_imbalance: int = Field(
+        4,
+        ge=0,
+        le=100000,
+        description=(
+            "The prompt's prefill engine is passed over for the least loaded one while it has more than this "
+            "many requests more (or its KV cache is nearly full): a cache miss costs one prefill, a queue behind "
+            "a hot prefix every request in it."
+        ),
+    )
+
+
 class ProxySpec(ApiModel):
     """The proxy: the only component clients talk to."""
 
@@ -1021,14 +1046,20 @@ class ProxySpec(ApiModel):
         protocol.REGISTRATION_PORT,
         description="ZMQ registration (proxy_ping_port); bound to 127.0.0.1 inside the pod.",
     )
-    policy: Literal["round_robin", "least_outstanding", "least_load"] = Field(
+    policy: Literal["round_robin", "least_outstanding", "least_load", "prefix_affinity"] = Field(
         "round_robin",
         description=(
             "How the proxy picks engines (and DP ranks): round_robin; least_outstanding (fewest requests in "
             "flight from the proxy); least_load (each engine's own queue depth and KV-cache usage, scraped from "
-            "its vLLM /metrics every second, for several engines per role). Decode never gets more than "
+            "its vLLM /metrics every second, for several engines per role); prefix_affinity (for several "
+            "prefill engines: prompts that begin alike go to the same prefill engine, for its prefix cache, "
+            "unless it is saturated, see prefixAffinity; decode by least_load). Decode never gets more than "
             "decode.maxNumSeqs in flight per DP rank under any policy."
         ),
+    )
+    prefix_affinity: ProxyPrefixAffinity = Field(
+        default_factory=ProxyPrefixAffinity,
+        description="Settings of policy prefix_affinity (reloaded: no restart).",
     )
     heartbeat_ttl_seconds: float | None = Field(
         None,

@@ -371,6 +371,11 @@ def proxy_settings(spec: PDDeploymentSpec) -> dict[str, Any]:
         "response-timeout": p.timeouts.response_seconds,
     }
     settings |= {key: value for key, value in timeouts.items() if value is not None}
+    if p.policy == "prefix_affinity":
+        settings |= {
+            "affinity-prefix-tokens": p.prefix_affinity.prefix_tokens,
+            "affinity-max-imbalance": p.prefix_affinity.max_imbalance,
+        }
     if p.admission.max_in_flight:  # unset: the flags' values (no limit, or extraArgs' --max-in-flight)
         settings |= {
             "max-in-flight": p.admission.max_in_flight,

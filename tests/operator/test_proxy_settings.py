@@ -129,3 +129,17 @@ def test_the_admission_limit_and_queue_reach_the_settings_file_only_when_set() -
     config = reload.merged(ProxyConfig(), values)
     assert (config.max_in_flight, config.max_queued, config.queue_timeout_s) == (256, 512, 10.0)
     assert "--max-in-flight" not in proxy_command(validate_spec(spec))  # reloaded, never a restart
+
+
+def test_prefix_affinity_settings_reach_the_settings_file_with_the_policy() -> None:
+    spec = load_example("qwen3-235b-write.yaml")["spec"]
+    assert "affinity-prefix-tokens" not in proxy_settings(validate_spec(spec))
+    proxy = {**spec.get("proxy", {}), "policy": "prefix_affinity", "prefixAffinity": {"prefixTokens": 256}}
+    settings = proxy_settings(validate_spec({**spec, "proxy": proxy}))
+    assert (settings["policy"], settings["affinity-prefix-tokens"], settings["affinity-max-imbalance"]) == (
+        "prefix_affinity",
+        256,
+        4,
+    )
+    config = reload.merged(ProxyConfig(), reload.parse_settings(json.dumps(settings).encode()))
+    assert (config.policy, config.affinity_prefix_tokens, config.affinity_max_imbalance) == ("prefix_affinity", 256, 4)

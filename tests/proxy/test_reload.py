@@ -26,6 +26,7 @@ def test_reloadable_keys_are_the_routing_and_timeout_flags() -> None:
         "policy", "max-tokens-policy", "no-kv-fallback", "on-kv-mismatch",
         "connect-timeout", "prefill-timeout", "first-byte-timeout", "kv-wait-timeout",
         "idle-timeout", "response-timeout", "health-timeout", "max-in-flight", "max-queued", "queue-timeout",
+        "affinity-prefix-tokens", "affinity-max-imbalance",
     }  # fmt: skip
     flags = {opt for action in build_parser()._actions for opt in action.option_strings}
     assert {f"--{key}" for key in reload.SETTINGS} <= flags  # the file speaks the flags' names
@@ -54,7 +55,7 @@ def test_a_file_overrides_the_flags_and_a_removed_key_restores_the_flag_value() 
         (_file({"idle-timeout": True}), "idle-timeout: expected a number, got true"),
         (_file({"port": 9000}), "port: takes effect only at start"),
         (_file({"kv-wait-limit": 500}), "kv-wait-limit: takes effect only at start"),
-        (_file({"polcy": "round_robin"}), "polcy: unknown setting; reloadable are connect-timeout, "),
+        (_file({"polcy": "round_robin"}), "polcy: unknown setting; reloadable are affinity-max-imbalance, "),
     ],
 )
 def test_a_bad_file_is_refused_naming_the_key(content: bytes, message: str) -> None:

@@ -23,7 +23,7 @@ from pd_runtime.proxy.gate import DEFAULT_MAX_INSTANCES
 from pd_runtime.proxy.kvcheck import OnKvMismatch
 from pd_runtime.proxy.legs import MaxTokensPolicy, ProxyMode
 from pd_runtime.proxy.registry import TransferModeSetting
-from pd_runtime.proxy.routing import Policy
+from pd_runtime.proxy.routing import DEFAULT_MAX_IMBALANCE, Policy
 
 NoKvFallback = Literal["prefill", "error"]
 
@@ -150,7 +150,27 @@ class ProxyConfig:
         default="round_robin",
         metadata=flag(
             "how engines are picked: round_robin, least_outstanding (fewest in flight from this proxy), least_load "
-            "(the engines' own queue depth and KV-cache usage from their /metrics, see --load-interval)",
+            "(the engines' own queue depth and KV-cache usage from their /metrics, see --load-interval), "
+            "prefix_affinity (prefill by the prompt's prefix on a consistent-hash ring, for its prefix cache, "
+            "least_load when that engine is saturated; decode by least_load)",
+            reload=True,
+        ),
+    )
+    affinity_prefix_tokens: int = field(
+        default=64,
+        metadata=flag(
+            "prefix_affinity: the prompt's first this many tokens (token-id prompts), else 4x as many characters, "
+            "choose the prefill engine",
+            parse=positive_int,
+            reload=True,
+        ),
+    )
+    affinity_max_imbalance: int = field(
+        default=DEFAULT_MAX_IMBALANCE,
+        metadata=flag(
+            "prefix_affinity: the prompt's engine is skipped (least_load instead) while it has more than this "
+            "many requests more than the least loaded one",
+            parse=non_negative_int,
             reload=True,
         ),
     )

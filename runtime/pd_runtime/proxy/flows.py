@@ -23,6 +23,7 @@ from typing import Any, Literal
 import aiohttp
 
 from pd_runtime.protocol import check_prefill_response, new_request_uid
+from pd_runtime.proxy.affinity import prefix_key
 from pd_runtime.proxy.answers import (
     merge_usage,
     merge_usage_events,
@@ -371,11 +372,11 @@ class ProxyCore:
         if self.registry.mode == "colocated":
             uid = new_request_uid()
             ids = TransferIds(uid=uid, transfer_id="", request_id=uid)
-            return self._routed(Exchange(request, ids, source, decode=self._pick("E", None)))
+            return self._routed(Exchange(request, ids, source, decode=self._pick("E", None, request)))
         if not self.registry.live("P", time.monotonic()):
             raise _no_live("P")  # before waiting for a decode slot
         decode_slot = await self._decode_slot()
-        prefill = self._pick("P", "P")
+        prefill = self._pick("P", "P", request)
         if prefill.instance.dp_size == decode_slot.instance.dp_size > 1:
             # Both legs on one rank (PR #46115): the decode rank, which was chosen below its in-flight limit.
             prefill = Target(prefill.instance, decode_slot.dp_rank)
@@ -389,12 +390,16 @@ class ProxyCore:
             Exchange(request, TransferIds.mint(prefill.instance, decode.instance), source, prefill, decode)
         )
 
-    def _pick(self, pool: str, role: InstanceRole | None) -> Target:
-        target = self._pick_within(pool, role, 0)
+    def _pick(self, pool: str, role: InstanceRole | None, request: ClientRequest) -> Target:
+        """The engine that computes the prompt: under ``prefix_affinity`` placed by the prompt's prefix."""
+        key = None
+        if self.router.policy == "prefix_affinity":
+            key = prefix_key(request.body, self.config.affinity_prefix_tokens)
+        target = self._pick_within(pool, role, 0, key)
         assert target is not None  # without a limit there is always a slot
         return target
 
-    def _pick_within(self, pool: str, role: InstanceRole | None, limit: int) -> Target | None:
+    def _pick_within(self, pool: str, role: InstanceRole | None, limit: int, key: bytes | None = None) -> Target | None:
         """A slot with fewer than ``limit`` requests in flight (0: any), None when all are full."""
         now = time.monotonic()
         live = self.registry.live(role, now)
@@ -403,7 +408,7 @@ class ProxyCore:
         by_key: dict[str, Instance] = {inst.key: inst for inst in live}
         fresh = self.registry.fresh_load
         candidates = [Candidate(inst.key, inst.registration.dp_size, fresh(inst, now)) for inst in live]
-        slot = self.router.pick(pool, candidates, limit)
+        slot = self.router.pick(pool, candidates, limit, key)
         return None if slot is None else Target(by_key[slot.key].registration, slot.dp_rank)
 
     async def _decode_slot(self) -> Target:

@@ -12,10 +12,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pd_runtime.proxy import affinity
 from pd_runtime.proxy.load import EngineLoad
 
-Policy = Literal["round_robin", "least_outstanding", "least_load"]
-POLICIES: tuple[Policy, ...] = ("round_robin", "least_outstanding", "least_load")
+Policy = Literal["round_robin", "least_outstanding", "least_load", "prefix_affinity"]
+POLICIES: tuple[Policy, ...] = ("round_robin", "least_outstanding", "least_load", "prefix_affinity")
+DEFAULT_MAX_IMBALANCE = 4
 # An engine core this full of KV cache is about to preempt (vLLM recomputes the newest sequence): it gets
 # a request only when every other one is as full.
 KV_USAGE_HIGH = 0.9
@@ -81,15 +83,42 @@ def least_load(
     """
     start = counter % len(slots)
     rotated = slots[start:] + slots[:start]
+    return min(rotated, key=lambda slot: pressure(slot, outstanding, loads))
 
-    def pressure(slot: Slot) -> tuple[bool, int, int, float]:
-        mine = outstanding.get(slot, 0)
-        reported = loads.get(slot)
-        if reported is None:
-            return (False, mine, 0, 0.0)
-        return (reported.kv_usage >= KV_USAGE_HIGH, max(mine, reported.queue), reported.waiting, reported.kv_usage)
 
-    return min(rotated, key=pressure)
+def pressure(
+    slot: Slot, outstanding: Mapping[Slot, int], loads: Mapping[Slot, EngineLoad]
+) -> tuple[bool, int, int, float]:
+    """How loaded a slot is, in ``least_load``'s order: KV cache nearly full, requests, waiting, KV used."""
+    mine = outstanding.get(slot, 0)
+    reported = loads.get(slot)
+    if reported is None:
+        return (False, mine, 0, 0.0)
+    return (reported.kv_usage >= KV_USAGE_HIGH, max(mine, reported.queue), reported.waiting, reported.kv_usage)
+
+
+def prefix_affinity(
+    slots: list[Slot],
+    outstanding: Mapping[Slot, int],
+    loads: Mapping[Slot, EngineLoad],
+    counter: int,
+    key: bytes | None,
+    max_imbalance: int = DEFAULT_MAX_IMBALANCE,
+) -> Slot:
+    """The instance the prompt's prefix hashes to on the ring of ``slots``' instances (``affinity``; its
+    least loaded DP rank), unless it is saturated: its KV cache nearly full while another's is not, or
+    more than ``max_imbalance`` requests more than the least loaded slot. Then, and without a key, the
+    least loaded slot (``least_load``): a cache miss costs one prefill, a queue behind a hot prefix
+    costs every request in it."""
+    best = least_load(slots, outstanding, loads, counter)
+    if key is None:
+        return best
+    home = affinity.owner((slot.key for slot in slots), key)
+    chosen = least_load([slot for slot in slots if slot.key == home], outstanding, loads, counter)
+    mine, least = pressure(chosen, outstanding, loads), pressure(best, outstanding, loads)
+    if (mine[0] and not least[0]) or mine[1] > least[1] + max_imbalance:
+        return best
+    return chosen
 
 
 def decode_dp_rank(prefill_rank: int | None, prefill_dp: int, decode_rank: int | None, decode_dp: int) -> int | None:
@@ -105,15 +134,18 @@ def decode_dp_rank(prefill_rank: int | None, prefill_dp: int, decode_rank: int |
 class Router:
     """Per-role request counters and in-flight counts per slot; the policy functions decide."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, max_imbalance: int = DEFAULT_MAX_IMBALANCE) -> None:
         self.policy = policy
+        self.max_imbalance = max_imbalance
         self._counters: Counter[str] = Counter()
         self._outstanding: Counter[Slot] = Counter()
         self._routed: Counter[str] = Counter()  # requests ever sent to each instance (for /status)
 
-    def pick(self, pool: str, candidates: Sequence[Candidate], limit: int = 0) -> Slot | None:
+    def pick(self, pool: str, candidates: Sequence[Candidate], limit: int = 0, key: bytes | None = None) -> Slot | None:
         """Choose a slot among ``candidates`` (non-empty) for the pool named ``pool`` (P, D, E); None when
-        every slot already has ``limit`` requests in flight (0: no limit)."""
+        every slot already has ``limit`` requests in flight (0: no limit). ``key``: the prompt's prefix
+        (``affinity.prefix_key``) for ``prefix_affinity``, which places the engines that compute prompts
+        (P, E) by it and decode, which receives the KV, by load."""
         slots = slots_with_room(candidates, self._outstanding, limit)
         if not slots:
             return None
@@ -121,8 +153,11 @@ class Router:
         self._counters[pool] += 1
         if self.policy == "least_outstanding":
             return least_outstanding(slots, self._outstanding, counter)
-        if self.policy == "least_load":
+        if self.policy == "least_load" or (self.policy == "prefix_affinity" and pool == "D"):
             return least_load(slots, self._outstanding, slot_loads(candidates), counter)
+        if self.policy == "prefix_affinity":
+            loads = slot_loads(candidates)
+            return prefix_affinity(slots, self._outstanding, loads, counter, key, self.max_imbalance)
         return round_robin(slots, counter)
 
     def acquire(self, slot: Slot) -> None:

@@ -96,7 +96,8 @@ class ProxyServer:
         self.watcher = SettingsWatcher(config, self.metrics) if config.config_file else None
         config = self.watcher.initial() if self.watcher else config
         self.config = config
-        self.core = ProxyCore(config, self.registry, Router(config.policy), self.metrics)
+        router = Router(config.policy, config.affinity_max_imbalance)
+        self.core = ProxyCore(config, self.registry, router, self.metrics)
         self.admission = AdmissionGate(
             config.max_in_flight, config.max_queued, config.queue_timeout_s, self.metrics, time.monotonic
         )
@@ -161,6 +162,7 @@ class ProxyServer:
         """Run with new reloadable settings (reload.py): requests already under way keep their deadlines."""
         self.config = self.core.config = config
         self.core.router.policy = config.policy
+        self.core.router.max_imbalance = config.affinity_max_imbalance
         self.core.upstream.connect_timeout = config.timeouts.connect
         self.admission.reconfigure(config.max_in_flight, config.max_queued, config.queue_timeout_s)
         if self.housekeeping is not None:
