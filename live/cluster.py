@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -121,7 +122,7 @@ class Process:
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        with open(self.log_path, "wb") as out:
+        with open(self.log_path, "ab") as out:  # a restarted process logs on after its first life
             self.proc = subprocess.Popen(
                 self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, preexec_fn=_die_with_parent
             )
@@ -135,6 +136,19 @@ class Process:
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL the process and its children (vLLM's API server runs its engine core in a child), as
+        a crash or the OOM killer would, and wait until they are gone."""
+        assert self.proc is not None
+        process = psutil.Process(self.proc.pid)
+        tree = [*process.children(recursive=True), process]
+        for p in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        psutil.wait_procs(tree, timeout=30)
+        self.proc.wait()
+        log.info("killed %s (pid %d) and its %d children", self.name, self.proc.pid, len(tree) - 1)
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -175,13 +189,15 @@ class Engine(Process):
 
 @dataclass
 class Pair:
-    """One prefill and one decode engine (vLLM), and our proxy in front of them."""
+    """Prefill engines (one, or ``prefills`` for an xPyD pod), one decode engine (vLLM), and our proxy in
+    front of them."""
 
     mode: str
     model: Path
     workdir: Path
-    prefill: Engine = field(init=False)
-    decode: Engine = field(init=False)
+    prefills: int = 1
+    engines: list[Engine] = field(init=False)
+    """Every engine: the prefills in order (containers prefill or prefill-0, prefill-1, ...), then decode."""
     proxy: Process = field(init=False)
     proxy_url: str = field(init=False)
     admin_url: str = field(init=False)
@@ -189,6 +205,14 @@ class Pair:
     settings_file: Path = field(init=False)
     # KV cache usage an engine keeps for good after a known vLLM bug (test_faults.py): what idle means.
     leaked: dict[str, float] = field(default_factory=lambda: {"prefill": 0.0, "decode": 0.0})
+
+    @property
+    def prefill(self) -> Engine:
+        return self.engines[0]
+
+    @property
+    def decode(self) -> Engine:
+        return self.engines[-1]
 
     def __post_init__(self) -> None:
         self.faults = Faults(self.workdir / "mori-faults.json", self.workdir / "mori-transfers.jsonl")
@@ -203,10 +227,18 @@ class Pair:
             decode_ports=ports["decode"],
             registration_port=registration,
         )
+        roles = ["prefill", "decode"]
+        if self.prefills > 1:  # xPyD: one container per engine, each with its own GPU and ports
+            ports_of = [dict(zip(("http", "handshake", "notify"), ports["prefill"], strict=True))] + [
+                {"http": free_port(), "handshake": free_port(), "notify": free_port()} for _ in range(1, self.prefills)
+            ]
+            raw["prefill"]["instances"] = [{"gpus": str(i), "ports": p} for i, p in enumerate(ports_of)]
+            raw["decode"]["gpus"] = str(self.prefills)
+            roles = [f"prefill-{i}" for i in range(self.prefills)] + ["decode"]
         cases = {c.name.rsplit("/", 1)[1]: c for c in engine_cases_of([pod_of(validate_spec(raw))], self.mode)}
         vllm = str(Path(sys.executable).with_name("vllm"))
-        engines = {}
-        for role in ("prefill", "decode"):
+        self.engines = []
+        for role in roles:
             case = cases[role]
             env = {k: v for k, v in case.env.items() if k not in POD_PATHS}
             env |= {
@@ -219,15 +251,11 @@ class Pair:
                 "PD_LIVE_MORI_FAULTS": str(self.faults.switch),
                 "PD_LIVE_MORI_LOG": str(self.faults.log),
             }
-            http = ports[role][0]
-            engines[role] = Engine(
-                role,
-                [vllm, "serve", *cpu_args(case.serve_args, self.model)],
-                self.workdir / f"{role}.log",
-                os.environ | env,
-                url=f"http://127.0.0.1:{http}",
+            argv = [vllm, "serve", *cpu_args(case.serve_args, self.model)]
+            http = argv[argv.index("--port") + 1]
+            self.engines.append(
+                Engine(role, argv, self.workdir / f"{role}.log", os.environ | env, url=f"http://127.0.0.1:{http}")
             )
-        self.prefill, self.decode = engines["prefill"], engines["decode"]
         self.settings_file = self.workdir / "proxy.json"
         self.settings_file.write_text("{}")
         port, admin = free_port(), free_port()
@@ -249,15 +277,15 @@ class Pair:
 
     def start(self) -> None:
         self.proxy.start()
-        self.prefill.start()
-        self.decode.start()
+        for engine in self.engines:
+            engine.start()
         deadline = time.monotonic() + START_TIMEOUT_S
-        for engine in (self.prefill, self.decode):
+        for engine in self.engines:
             wait_until(lambda e=engine: _healthy(e), deadline, engine)
         wait_until(self._registered, deadline, self.proxy)
 
     def stop(self) -> None:
-        for p in (self.proxy, self.decode, self.prefill):
+        for p in (self.proxy, *reversed(self.engines)):
             p.stop()
 
     def status(self) -> dict[str, Any]:
@@ -285,7 +313,7 @@ class Pair:
             counts = self.status()["counts"]
         except requests.RequestException:
             return False
-        return bool(counts["prefill"] >= 1 and counts["decode"] >= 1)
+        return bool(counts["prefill"] >= self.prefills and counts["decode"] >= 1)
 
 
 def _die_with_parent() -> None:
@@ -309,8 +337,8 @@ def wait_until(ready: Any, deadline: float, process: Process) -> None:
 
 
 @contextlib.contextmanager
-def running_pair(mode: str, model: Path, workdir: Path) -> Iterator[Pair]:
-    pair = Pair(mode, model, workdir)
+def running_pair(mode: str, model: Path, workdir: Path, prefills: int = 1) -> Iterator[Pair]:
+    pair = Pair(mode, model, workdir, prefills)
     try:
         pair.start()
         yield pair
@@ -326,11 +354,11 @@ def wait_idle(pair: Pair, timeout: float = IDLE_TIMEOUT_S) -> dict[str, dict[str
     what a known vLLM bug leaked earlier (``pair.leaked``). Returns the gauges."""
     deadline = time.monotonic() + timeout
     while True:
-        held = {e.name: e.idle() for e in (pair.prefill, pair.decode)}
+        held = {e.name: e.idle() for e in pair.engines if e.proc is None or e.proc.poll() is None}  # the living
         if all(
             values["vllm:num_requests_running"] == 0
             and values["vllm:num_requests_waiting"] == 0
-            and values["vllm:kv_cache_usage_perc"] <= pair.leaked[name]
+            and values["vllm:kv_cache_usage_perc"] <= pair.leaked.get(name, 0.0)
             for name, values in held.items()
         ):
             return held

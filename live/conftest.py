@@ -7,9 +7,10 @@ Fixtures other tests build on:
 - ``pair``: one prefill/decode engine pair and the proxy (live/cluster.py ``Pair``), started once per
   session and transfer mode (pytest runs every test of one mode, then stops that pair and starts the next,
   so one pair runs at a time): the fixture is parametrized over ``write`` and ``read``, so each test that
-  takes it runs in both. A module that wants one mode sets ``MODES = ["write"]``. Tests leave the pair as
-  they found it (no fault set, nothing running: ``wait_idle``); a test that must break an engine starts
-  its own with ``running_pair``.
+  takes it runs in both. A module that wants one mode sets ``MODES = ["write"]``; ``"write-2p1d"`` is a
+  pod of two prefill engines and one decode (xPyD), started after the other pairs stopped like any mode.
+  Tests leave the pair as they found it (no fault set, nothing running: ``wait_idle``); a test that must
+  break an engine starts its own with ``running_pair``.
 - ``faults``: the pair's ``mori.io`` fault switch (``faults.set("corrupt")``, ``"drop"``, ``"fail"``,
   ``"delay", seconds=...``), cleared after the test; ``faults.transfers()`` lists the transfers made.
 """
@@ -46,9 +47,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.fixture(scope="session")
 def pair(request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
-    mode = request.param
-    workdir = tmp_path_factory.mktemp(f"pair-{mode}")
-    with running_pair(mode, tiny_model, workdir) as started:
+    mode, _, shape = request.param.partition("-")
+    workdir = tmp_path_factory.mktemp(f"pair-{request.param}")
+    with running_pair(mode, tiny_model, workdir, prefills=int(shape[0]) if shape else 1) as started:
         yield started
 
 
