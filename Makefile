@@ -44,7 +44,9 @@ test-live:
 control-plane:
 	bash e2e/build-control-plane.sh
 
+# e2e/tests/test_real_vllm.py runs the operator on real vLLM (the live tier's venv, made here when missing).
 e2e: venv control-plane
+	@bash live/venv.sh $(VLLM_VERSION) >/dev/null
 	$(VENV)/bin/pytest -q e2e/tests
 
 demo: venv control-plane

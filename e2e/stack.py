@@ -80,8 +80,7 @@ class Stack:
     def start_pool(self, pool: str, count: int) -> list[str]:
         """`count` more GPU nodes `<pool>-<i>`, started together, with the pool's label and NoSchedule taint."""
         nodes = [f"{pool}-{i}" for i in range(count)]
-        args = (f"--node-label={POOL_KEY}={pool}", f"--register-with-taint={POOL_KEY}={pool}:NoSchedule")
-        refs = [self._spawn_agent(node, False, args) for node in nodes]
+        refs = [self._spawn_agent(node, False, pool_agent_args(pool)) for node in nodes]
         for node, ref in zip(nodes, refs, strict=True):
             self.wait_node_ready(node, ref)
         log.info("node pool %s Ready: %s", pool, ", ".join(nodes))
@@ -305,6 +304,11 @@ class Stack:
             self.cp.save()
         if remove:
             self.cp.stop(remove=True)
+
+
+def pool_agent_args(pool: str) -> tuple[str, ...]:
+    """The node agent flags of a node of `pool`: its label and NoSchedule taint."""
+    return (f"--node-label={POOL_KEY}={pool}", f"--register-with-taint={POOL_KEY}={pool}:NoSchedule")
 
 
 def pool_placement(pool: str) -> dict[str, Any]:
