@@ -372,11 +372,18 @@ class ProxyCore:
         if self.registry.mode == "colocated":
             uid = new_request_uid()
             ids = TransferIds(uid=uid, transfer_id="", request_id=uid)
-            return self._routed(Exchange(request, ids, source, decode=self._pick("E", None, request)))
-        if not self.registry.live("P", time.monotonic()):
+            return self._routed(Exchange(request, ids, source, decode=self._pick("E", None, request, time.monotonic())))
+        # One live set per role per request: the prefill set is checked before any wait for a decode slot
+        # and routed from unless that wait ran (the registry may have changed meanwhile).
+        now = time.monotonic()
+        prefills: list[Instance] | None = self.registry.live("P", now)
+        if not prefills:
             raise _no_live("P")  # before waiting for a decode slot
-        decode_slot = await self._decode_slot()
-        prefill = self._pick("P", "P", request)
+        decode_slot = self._pick_within("D", "D", self.config.decode_max_in_flight, now)
+        if decode_slot is None:
+            decode_slot = await self._decode_slot()
+            prefills = None
+        prefill = self._pick("P", "P", request, now, prefills)
         if prefill.instance.dp_size == decode_slot.instance.dp_size > 1:
             # Both legs on one rank (PR #46115): the decode rank, which was chosen below its in-flight limit.
             prefill = Target(prefill.instance, decode_slot.dp_rank)
@@ -390,19 +397,35 @@ class ProxyCore:
             Exchange(request, TransferIds.mint(prefill.instance, decode.instance), source, prefill, decode)
         )
 
-    def _pick(self, pool: str, role: InstanceRole | None, request: ClientRequest) -> Target:
+    def _pick(
+        self,
+        pool: str,
+        role: InstanceRole | None,
+        request: ClientRequest,
+        now: float,
+        live: list[Instance] | None = None,
+    ) -> Target:
         """The engine that computes the prompt: under ``prefix_affinity`` placed by the prompt's prefix."""
         key = None
         if self.router.policy == "prefix_affinity":
             key = prefix_key(request.body, self.config.affinity_prefix_tokens)
-        target = self._pick_within(pool, role, 0, key)
+        target = self._pick_within(pool, role, 0, now, live, key)
         assert target is not None  # without a limit there is always a slot
         return target
 
-    def _pick_within(self, pool: str, role: InstanceRole | None, limit: int, key: bytes | None = None) -> Target | None:
-        """A slot with fewer than ``limit`` requests in flight (0: any), None when all are full."""
-        now = time.monotonic()
-        live = self.registry.live(role, now)
+    def _pick_within(
+        self,
+        pool: str,
+        role: InstanceRole | None,
+        limit: int,
+        now: float,
+        live: list[Instance] | None = None,
+        key: bytes | None = None,
+    ) -> Target | None:
+        """A slot with fewer than ``limit`` requests in flight (0: any), None when all are full; ``live``:
+        the role's live instances at ``now`` if the caller has them already."""
+        if live is None:
+            live = self.registry.live(role, now)
         if not live:
             raise _no_live(role)
         by_key: dict[str, Instance] = {inst.key: inst for inst in live}
@@ -421,7 +444,7 @@ class ProxyCore:
         """
         limit = self.config.decode_max_in_flight
         deadline = asyncio.get_running_loop().time() + self.config.timeouts.first_byte
-        while (target := self._pick_within("D", "D", limit)) is None:
+        while (target := self._pick_within("D", "D", limit, time.monotonic())) is None:
             ranks = sum(inst.registration.dp_size for inst in self.registry.live("D", time.monotonic()))
             if self.decode_queue >= limit * ranks:
                 raise _decode_full(limit)
