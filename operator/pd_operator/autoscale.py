@@ -57,6 +57,7 @@ class ProxyDemand:
     prompt_tokens: int = 0  # summed over those
     output_requests: int = 0  # requests that named their output length
     output_tokens: int = 0
+    arrivals: int | None = None  # the requests its window counted (None: an older proxy that does not say)
 
     @classmethod
     def from_status(cls, document: Mapping[str, Any]) -> ProxyDemand | None:
@@ -66,6 +67,7 @@ class ProxyDemand:
             return None
         try:
             prompt, output = found.get("prompt_tokens") or {}, found.get("output_tokens") or {}
+            arrivals = found.get("arrivals")
             return cls(
                 requests_per_second=max(0.0, float(found["requests_per_second"])),
                 in_flight=max(0, int(found.get("in_flight", 0))),
@@ -75,6 +77,7 @@ class ProxyDemand:
                 prompt_tokens=max(0, int(prompt.get("sum", 0))),
                 output_requests=max(0, int(output.get("requests", 0))),
                 output_tokens=max(0, int(output.get("sum", 0))),
+                arrivals=None if arrivals is None else max(0, int(arrivals)),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
@@ -84,11 +87,24 @@ def _mean(total: int, count: int) -> float | None:
     return round(total / count, 1) if count else None
 
 
+def _rate(reports: Sequence[ProxyDemand]) -> float:
+    """Every proxy's arrivals over the longest window, when they all count them; else their rates summed.
+
+    A replica that started within the window (one just scaled up) divides its arrivals by its short life,
+    while the others' windows still hold the time before it took its share: summed, their rates overstate
+    demand for a whole window after every scale-up (by a tenth in the e2e ramp), enough to scale up again.
+    """
+    counted = [r.arrivals for r in reports if r.arrivals is not None]
+    if len(counted) < len(reports):
+        return sum(r.requests_per_second for r in reports)
+    return sum(counted) / max(1.0, max(r.window_s for r in reports))
+
+
 def demand(reports: Sequence[ProxyDemand], now: datetime) -> DemandStatus | None:
     """The replicas' reports summed (means weighted by their requests); None when no replica reported."""
     if not reports:
         return None
-    rate = sum(r.requests_per_second for r in reports)
+    rate = _rate(reports)
     return DemandStatus(
         requests_per_second=round(rate, 3),
         in_flight=sum(r.in_flight for r in reports),

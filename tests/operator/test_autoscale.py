@@ -87,6 +87,16 @@ def test_demand_sums_rates_and_weighs_the_means_by_requests() -> None:
     assert autoscale.demand([], T0) is None
 
 
+def test_a_replica_started_within_the_window_adds_its_arrivals_not_its_short_lived_rate() -> None:
+    """3 req/s for 30 s over two old replicas; a third, up 10 s ago, took a third of the last 5 s."""
+    old = [ProxyDemand(1.45, 1, 0, 30, arrivals=43), ProxyDemand(1.45, 1, 0, 30, arrivals=42)]
+    new = ProxyDemand(0.5, 1, 0, 10, arrivals=5)  # 5 requests over its 10 s of life
+    got = autoscale.demand([*old, new], T0)
+    assert got is not None and got.requests_per_second == 3.0  # (43 + 42 + 5) / 30, not 3.4 summed
+    mixed = autoscale.demand([*old, ProxyDemand(0.5, 1, 0, 10)], T0)  # one older proxy: the rates summed
+    assert mixed is not None and mixed.requests_per_second == 3.4
+
+
 def test_demand_without_known_lengths_has_no_means() -> None:
     got = autoscale.demand([ProxyDemand(2.0, 0, 0, 30)], T0)
     assert got is not None and got.mean_prompt_tokens is None and got.mean_output_tokens is None
@@ -104,6 +114,8 @@ def test_a_proxy_status_document_becomes_a_report_or_nothing() -> None:
             "prompt_tokens": {"requests": 70, "sum": 140_000},
         }
     }
+    assert ProxyDemand.from_status(status) == ProxyDemand(2.5, 4, 1, 30.0, 70, 140_000, 75, 75_000, arrivals=75)
+    del status["demand"]["arrivals"]  # an older proxy
     assert ProxyDemand.from_status(status) == ProxyDemand(2.5, 4, 1, 30.0, 70, 140_000, 75, 75_000)
     assert ProxyDemand.from_status({}) is None
     assert ProxyDemand.from_status({"demand": {"requests_per_second": "fast"}}) is None
