@@ -76,9 +76,21 @@ def choose_subnet(prefix: int = 24) -> ipaddress.IPv4Network:
     raise NetError(f"no free /{prefix} left in {_POOL}")
 
 
+def bridge_link(name: str) -> list[str]:
+    """`ip` arguments that make a bridge with a MAC address of its own (locally administered, random).
+
+    One the kernel picks follows the lowest MAC among the bridge's ports, so a pod's veth leaving could
+    change it, and every other pod's neighbour entry for the gateway would then name a MAC nobody has:
+    their traffic to the host stalls until the entry is resolved again (a second or more; seen in the
+    autoscaling ramp as a stream stalling on a replica that stayed when another was removed).
+    """
+    mac = ":".join(["02", *(secrets.token_hex(1) for _ in range(5))])
+    return ["link", "add", name, "address", mac, "type", "bridge"]
+
+
 def create_bridge(name: str) -> None:
     """The cluster's bridge, shared by the agents of all its nodes (made before the first agent starts)."""
-    subprocess.run(["ip", "link", "add", name, "type", "bridge"], check=True, capture_output=True)
+    subprocess.run(["ip", *bridge_link(name)], check=True, capture_output=True)
     subprocess.run(["ip", "link", "set", name, "up"], check=True, capture_output=True)
 
 
@@ -129,7 +141,7 @@ class PodNetwork:
         hosts = list(self.subnet.hosts())
         self._free = hosts[2:]
         if self.owns_bridge:
-            await _ip("link", "add", self.bridge, "type", "bridge")
+            await _ip(*bridge_link(self.bridge))
         await _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
         await _ip("link", "set", self.bridge, "up")
         await self._add_namespace(self.node_netns, NODE_NETNS_INDEX, hosts[1])

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import secrets
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
 import yaml
 
+from e2e import netns
 from e2e.cluster import ControlPlane
 from e2e.stack import POOL_KEY
 from e2e.tests.kube import Obj, apply, get, pod, ready_pod, wait_for
@@ -119,3 +123,21 @@ def test_pods_on_different_nodes_reach_each_other_by_ip_and_service_name(
     log = cp.kubectl("logs", "-n", namespace, "client")
     assert done["status"]["phase"] == "Succeeded", log
     assert f"reached {web_ip} web web.{namespace}.svc.cluster.local" in log
+
+
+def test_the_cluster_bridge_keeps_its_mac_when_a_port_comes_and_goes() -> None:
+    """A bridge whose MAC followed its lowest port's would change it when a pod goes, and the other pods'
+    traffic to the gateway would stall until they resolve it again."""
+    bridge = f"pdmac{secrets.token_hex(2)}"
+    port, address = f"{bridge}p", Path(f"/sys/class/net/{bridge}/address")
+    netns.create_bridge(bridge)
+    try:
+        before = address.read_text()
+        lowest = ["address", "00:00:00:00:00:01", "type", "veth", "peer", "name", f"{bridge}q"]
+        subprocess.run(["ip", "link", "add", port, *lowest], check=True, capture_output=True)
+        subprocess.run(["ip", "link", "set", port, "master", bridge], check=True, capture_output=True)
+        assert address.read_text() == before
+        subprocess.run(["ip", "link", "del", port], check=True, capture_output=True)
+        assert address.read_text() == before
+    finally:
+        netns.delete_bridge(bridge)
