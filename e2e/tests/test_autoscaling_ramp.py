@@ -15,7 +15,8 @@ Service's ready endpoints; it judges every request against the SLO as `pdctl ben
 asserts: the replicas follow 1 -> 2 -> 3 -> 2 -> 1, each step after its stabilization window and
 explained by an Event ("demand X req/s > 0.6 x N x C req/s: replicas N -> N+1"); no request fails (a
 removed replica drains: its proxy keeps answering what reaches it until the Service has dropped it,
-then finishes what it holds); the attainment of the requests sent outside the start-up gaps (from a
+then finishes what it holds; its engines, SIGTERMed at once, can still refuse a request sent in that
+instant: docs/autoscaling.md, "Not yet"); the attainment of the requests sent outside the start-up gaps (from a
 scale-up decision until its replicas are available, plus the TTFT bound) reaches the SLO target;
 `kubectl get pdd -o wide` and the operator's metrics show capacity and demand. No wall-clock
 performance is asserted: every wait is bounded generously, and the latencies judged are the
