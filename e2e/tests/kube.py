@@ -49,17 +49,86 @@ def get(cp: ControlPlane, path: str) -> Obj | None:
     return result
 
 
-def ready_addresses(cp: ControlPlane, namespace: str, service: str) -> list[str]:
-    """The ready endpoint addresses of a Service, from its EndpointSlices (what kube-proxy would route to)."""
+def _slices_path(namespace: str, service: str, watch_from: str = "") -> str:
     query = f"labelSelector=kubernetes.io/service-name={service}"
-    listing = get(cp, f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices?{query}") or {}
+    if watch_from:  # the server ends each watch after a few seconds, so a stop is seen soon
+        query += f"&watch=1&resourceVersion={watch_from}&timeoutSeconds=5"
+    return f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices?{query}"
+
+
+def _ready(slices: Iterable[Obj]) -> list[str]:
     return sorted(
         address
-        for eps in listing.get("items", [])
+        for eps in slices
         for ep in eps.get("endpoints") or []
         if (ep.get("conditions") or {}).get("ready")
         for address in ep.get("addresses", [])
     )
+
+
+def ready_addresses(cp: ControlPlane, namespace: str, service: str) -> list[str]:
+    """The ready endpoint addresses of a Service, from its EndpointSlices (what kube-proxy would route to)."""
+    return _ready((get(cp, _slices_path(namespace, service)) or {}).get("items", []))
+
+
+@dataclass
+class ReadyEndpoints:
+    """A Service's ready endpoint addresses, kept current by a watch of its EndpointSlices as kube-proxy
+    keeps them (a poll would go on sending to a removed endpoint for up to one interval)."""
+
+    cp: ControlPlane
+    namespace: str
+    service: str
+    slices: dict[str, Obj] = field(default_factory=dict)  # name -> EndpointSlice
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def __call__(self) -> list[str]:
+        with self.lock:
+            return _ready(self.slices.values())
+
+    def __enter__(self) -> ReadyEndpoints:
+        version = self.relist()
+        self.thread = threading.Thread(target=self.follow, args=(version,), daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        if self.thread:
+            self.thread.join(timeout=30)
+
+    def relist(self) -> str:
+        listing = get(self.cp, _slices_path(self.namespace, self.service)) or {}
+        with self.lock:
+            self.slices = {s["metadata"]["name"]: s for s in listing.get("items", [])}
+        return str(listing["metadata"]["resourceVersion"])
+
+    def follow(self, version: str) -> None:
+        while not self.stop.is_set():
+            try:
+                path = _slices_path(self.namespace, self.service, version)
+                with self.cp.http() as client, client.stream("GET", path) as resp:
+                    resp.raise_for_status()
+                    for line in resp.iter_lines():
+                        if line.strip():
+                            version = self.apply_event(json.loads(line)) or self.relist()
+            except httpx.HTTPError as err:  # reconnect from the last version seen
+                log.warning("EndpointSlice watch in %s interrupted (%s)", self.namespace, err)
+                time.sleep(0.2)
+
+    def apply_event(self, event: Obj) -> str:
+        """The event applied; "" when the watch cannot resume (an ERROR such as 410 Gone: list again)."""
+        obj = event["object"]
+        if event["type"] == "ERROR":
+            return ""
+        with self.lock:
+            if event["type"] == "DELETED":
+                self.slices.pop(obj["metadata"]["name"], None)
+            elif event["type"] != "BOOKMARK":
+                self.slices[obj["metadata"]["name"]] = obj
+        return str(obj["metadata"]["resourceVersion"])
 
 
 def pod(cp: ControlPlane, namespace: str, name: str) -> Obj | None:

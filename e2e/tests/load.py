@@ -1,8 +1,9 @@
 """An open-loop load generator for the e2e tests: evenly spaced streamed completions at a rate the test
 sets and changes, spread over a Service's ready endpoints, each judged against an SLO by the client.
 
-The endpoints are read from the Service's EndpointSlices (what kube-proxy would route to) every
-``refresh_s``; requests go round robin over them. Sending, timing and judging are the goodput bench's
+The endpoints come from a callable read every ``refresh_s`` (kube.ReadyEndpoints: the Service's
+ready EndpointSlice addresses, followed with a watch as kube-proxy follows them); requests go round
+robin over them. Sending, timing and judging are the goodput bench's
 own (`pd_runtime.bench`: one pooled aiohttp client per endpoint, TTFT and ITL stamped as chunks arrive,
 the SLO applied as `pdctl bench` applies it), so the attainment the test asserts is the bench's.
 Arrivals are evenly spaced rather than Poisson: the test sets a rate and asserts what the operator does

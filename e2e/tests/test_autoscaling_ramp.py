@@ -50,12 +50,12 @@ from e2e.tests.kube import (
     GROUP_PATH,
     Obj,
     PodWatch,
+    ReadyEndpoints,
     apply,
     create_namespace,
     pdd,
     pdd_events,
     pods,
-    ready_addresses,
     simulated_example,
     wait_for,
 )
@@ -265,8 +265,9 @@ def test_a_ramp_scales_one_to_three_and_back_by_draining_with_no_failed_request(
     wait_replicas(cp, ns, 1, 180)
     started = time.time()
 
-    load = OpenLoop(lambda: ready_addresses(cp, ns, NAME), MODEL, SLO, PROMPT_TOKENS, OUTPUT_TOKENS)
-    with load, Timeline(cp, ns, load) as timeline, PodWatch(cp, ns, SELECTOR) as changes:
+    endpoints = ReadyEndpoints(cp, ns, NAME)
+    load = OpenLoop(endpoints, MODEL, SLO, PROMPT_TOKENS, OUTPUT_TOKENS, refresh_s=0.02)
+    with endpoints, load, Timeline(cp, ns, load) as timeline, PodWatch(cp, ns, SELECTOR) as changes:
         timeline.phase("low", 0.3 * capacity)
         time.sleep(15)
         timeline.phase("rising", 0.7 * capacity)
