@@ -12,7 +12,7 @@ compared with the server's. Two parts, both against the same server process:
    minute), no time scaling;
 3. the same settings against the simulated engine (`pdctl sim-engine`, colocated, the seed's profile,
    real time), comparing the bench's mean TTFT and mean per-request ITL with the engine's own vLLM
-   histograms (vllm:time_to_first_token_seconds, vllm:time_per_output_token_seconds): only means can
+   histograms (vllm:time_to_first_token_seconds, vllm:request_time_per_output_token_seconds): only means can
    be compared there, per request is not exposed. Skipped with --no-sim.
 
 Usage: .venv/bin/python benchmarks/bench_client_accuracy.py [--quick] [--no-sim] [--update-docs]
@@ -273,7 +273,7 @@ def simulated_engine(load: Load) -> tuple[list[str], str]:
         engine.terminate()
         engine.wait(timeout=30)
     server_ttft_ms = _mean_between(before, after, "vllm:time_to_first_token_seconds") * 1e3
-    server_itl_ms = _mean_between(before, after, "vllm:time_per_output_token_seconds") * 1e3
+    server_itl_ms = _mean_between(before, after, "vllm:request_time_per_output_token_seconds") * 1e3
     records = [r for r in result["records"] if r["error"] is None]
     client_ttft_ms = statistics.fmean(r["ttft_ms"] for r in records)
     client_itl_ms = statistics.fmean(r["itl_ms"] for r in records if r["itl_ms"] is not None)
@@ -369,7 +369,7 @@ def render(
 ) -> str:
     sim_part = [] if sim is None else [
         f"**Simulated engine**, same settings, real time: `{sim[1]}`; the bench's means against the "
-        "engine's own histograms (`vllm:time_to_first_token_seconds`, `vllm:time_per_output_token_seconds`):",
+        "engine's own histograms (`vllm:time_to_first_token_seconds`, `vllm:request_time_per_output_token_seconds`):",
         "",
         *sim[0],
         "",

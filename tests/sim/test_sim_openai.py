@@ -58,10 +58,10 @@ def test_stream_options() -> None:
         ({"prompt": "x", "max_tokens": 5000}, "max_tokens"),
         ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
         ({"prompt": "x", "kv_transfer_params": [1]}, "kv_transfer_params"),
-        ({"prompt": "x", "max_tokens": 2, "min_tokens": 3}, "min_tokens"),
+        ({"prompt": "x", "max_tokens": 2, "min_tokens": 3}, None),
     ],
 )
-def test_bad_requests_are_400_with_the_param(body: dict[str, Any], param: str) -> None:
+def test_bad_requests_are_400_with_the_param(body: dict[str, Any], param: str | None) -> None:
     with pytest.raises(openai.RequestError) as err:
         parse(body)
     assert err.value.status == 400 and err.value.param == param
@@ -98,9 +98,9 @@ def test_completion_bodies() -> None:
 def test_chat_bodies() -> None:
     env = openai.Envelope("chatcmpl-x", "m", True, 1)
     assert openai.full_response(env, "hi", "stop", 1, 1, None)["choices"][0]["message"]["content"] == "hi"
-    first = openai.chunk(env, " a", None, first=True)
+    first = openai.chunk(env, "", None, first=True)  # vLLM's role-only opening chunk
     assert first["object"] == "chat.completion.chunk"
-    assert first["choices"][0]["delta"] == {"role": "assistant", "content": " a"}
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert openai.chunk(env, " b", "length", first=False)["choices"][0]["delta"] == {"content": " b"}
 
 
@@ -181,10 +181,32 @@ def test_stops_end_the_output_as_vllm_does() -> None:
     req = parse({"prompt": "hi", "max_tokens": 8})
     kv = openai.KvCache.of_prompt(req.prompt_key)
     first, second = kv.token_id(1), kv.token_id(2)
+    words = [openai.token_text(first), openai.token_text(second)]
     stop_ids = parse({"prompt": "hi", "max_tokens": 8, "stop_token_ids": [second]})
-    assert openai.stopped_output(stop_ids, kv, 8, "length") == (2, "stop", "")
-    stop_str = parse({"prompt": "hi", "max_tokens": 8, "stop": [openai.token_text(first)]})
-    assert openai.stopped_output(stop_str, kv, 8, "length") == (1, "stop", "")
-    assert openai.stopped_output(req, kv, 8, "length") == (8, "length", None)
+    assert openai.stopped_output(stop_ids, kv, 8, "length") == openai.Stopped(2, "stop", (words[0], ""), second)
+    # A stop string spanning both tokens: the text ends where it begins (vLLM 0.31, seen in the live tier).
+    both = parse({"prompt": "hi", "max_tokens": 8, "stop": ["".join(words)]})
+    assert openai.stopped_output(both, kv, 8, "length") == openai.Stopped(2, "stop", ("", ""), "".join(words))
+    assert openai.stopped_output(req, kv, 8, "length") == openai.Stopped(8, "length")
+    # Not before min_tokens (the proxy's prefill leg asks for 1).
+    capped = parse({"prompt": "hi", "max_tokens": 8, "min_tokens": 1, "stop_token_ids": [first]})
+    assert openai.stopped_output(capped, kv, 8, "length").length > 1 or first == second
     with pytest.raises(openai.RequestError):
         parse({"prompt": "hi", "stop": [""]})
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"n": 2, "temperature": 0}, "n must be 1 when using greedy sampling, got 2."),
+        ({"max_tokens": 0}, "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"),
+        ({"min_tokens": 9}, "min_tokens must be less than or equal to max_tokens=4, got 9."),
+        ({"top_k": -5}, "top_k must be 0 (disable), or at least 1, got -5."),
+        ({"presence_penalty": 5}, "presence_penalty must be in [-2, 2], got 5.0."),
+    ],
+)
+def test_other_refusals_are_vllms(body: dict[str, Any], message: str) -> None:
+    """What vLLM 0.31 answered in the live tier to the same bodies (max_tokens 4 unless given)."""
+    with pytest.raises(openai.RequestError) as err:
+        parse({"prompt": "hi", "max_tokens": 4} | body)
+    assert err.value.message == message

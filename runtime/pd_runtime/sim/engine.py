@@ -96,7 +96,7 @@ class RequestHandle:
         record: RequestRecord,
         finish: str,
         kv: openai.KvCache,
-        last_text: str | None = None,
+        stopped: openai.Stopped | None = None,
     ) -> None:
         self._engine = engine
         self.core = core
@@ -105,8 +105,9 @@ class RequestHandle:
         self._finish = finish
         self.kv = kv
         """The KV the sequence decodes from: its tokens follow from it."""
-        self._last_text = last_text
-        """The last token's text when a stop string or stop token cut it (openai.stopped_output)."""
+        self._texts = stopped.texts if stopped is not None else None
+        """The tokens' texts when a stop string or stop token cut them (openai.stopped_output)."""
+        self.stop_reason = stopped.reason if stopped is not None and stopped.finish == finish else None
         self._fetch: asyncio.Task[None] | None = None
         self._fetch_job: tuple[Connector, ConsumerJob] | None = None
         self._sink = core.submit(seq, self._start_fetch if seq.remote else None)
@@ -163,14 +164,14 @@ class RequestHandle:
                 self.record.completion_tokens = emitted.index
                 self._engine.observe_token(self.record, now, previous)
                 token = self.kv.token_id(emitted.index)
+                text = openai.token_text(token) if self._texts is None else self._texts[emitted.index - 1]
                 if emitted.finished:
                     self.record.finish_reason = self._finish
                     self._done = True
                     self._engine.finished(self, emitted)
-                    text = openai.token_text(token) if self._last_text is None else self._last_text
                     yield Output(emitted.index, token, text, self._finish)
                     return
-                yield Output(emitted.index, token, openai.token_text(token), None)
+                yield Output(emitted.index, token, text, None)
         finally:
             self.close()
 
@@ -297,9 +298,10 @@ class SimEngine:
         leg = self._leg(request)
         params = request.kv_transfer_params or {}
         kv = self._kv(request, leg)
-        length, finish, last_text = openai.stopped_output(
+        stopped = openai.stopped_output(
             request, kv, *output_length(request, self.profile, self.config.faults.eos_first_token)
         )
+        length, finish = stopped.length, stopped.finish
         transfer_id: str | None = None
         if leg in ("producer", "consumer"):
             transfer_id = self._transfer_id(params, rid)
@@ -319,7 +321,7 @@ class SimEngine:
             self.metrics.decoded_without_kv.inc()
         elif not remote:
             record.cached_tokens = seq.computed = self._cached_prefix(core.rank, request)
-        handle = RequestHandle(self, core, seq, record, finish, kv, last_text)
+        handle = RequestHandle(self, core, seq, record, finish, kv, stopped)
         self.records.append(record)
         if consumer_job is not None and self.connector is not None:
             handle.fetch_kv(self.connector, consumer_job)

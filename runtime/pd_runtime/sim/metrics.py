@@ -35,7 +35,7 @@ class EngineMetrics:
             "vllm:inter_token_latency_seconds", "Inter-token latency.", labels, buckets=_ITL_BUCKETS, registry=reg
         ).labels(model_name)
         self.tpot = Histogram(
-            "vllm:time_per_output_token_seconds",
+            "vllm:request_time_per_output_token_seconds",
             "Mean time per output token of each request.",
             labels,
             buckets=_ITL_BUCKETS,

@@ -29,6 +29,7 @@ CHAT_PROMPT_OVERHEAD = 3
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 VOCAB_SIZE = 32000
 MAX_LOGPROBS = 20  # vLLM's --max-logprobs default (config/model.py, 0.31)
+GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it samples greedily
 
 
 class RequestError(Exception):
@@ -192,19 +193,19 @@ def parse_request(body: Any, chat: bool, max_model_len: int) -> GenerationReques
     if prompt_tokens < 1:
         raise RequestError(400, "the prompt is empty", "messages" if chat else "prompt")
     n = _int_field(body, "n", 1, 1)
-    if n != 1:
-        raise RequestError(400, "the simulated engine supports n=1 only", "n")
     default = None if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
-    max_tokens = _int_field(body, "max_tokens", default, 1)
+    max_tokens = _int_field(body, "max_tokens", default, -(2**63))
     if chat and body.get("max_completion_tokens") is not None:
-        max_tokens = _int_field(body, "max_completion_tokens", None, 1)
+        max_tokens = _int_field(body, "max_completion_tokens", None, -(2**63))
     _check_context_length(prompt_tokens, max_tokens or 0, max_model_len, text_prompt=chat or _text_prompt(body))
+    if max_tokens is not None and max_tokens < 1:
+        raise _validation_error(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens", max_tokens)
     if max_tokens is None:
         max_tokens = max_model_len - prompt_tokens
     min_tokens = _int_field(body, "min_tokens", 0, 0) or 0
     if min_tokens > max_tokens:
-        raise RequestError(400, "min_tokens must be less than or equal to max_tokens", "min_tokens")
-    _check_sampling(body)
+        raise RequestError(400, f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.")
+    _check_sampling(body, n)
     logprobs = _logprobs(body, chat)
     stop, stop_token_ids = _stops(body)
     stream = body.get("stream", False) is True
@@ -251,25 +252,48 @@ def _stops(body: dict[str, Any]) -> tuple[tuple[str, ...], frozenset[int]]:
     return tuple(strings), frozenset(ids)
 
 
-def stopped_output(request: GenerationRequest, kv: KvCache, length: int, finish: str) -> tuple[int, str, str | None]:
+@dataclass(frozen=True)
+class Stopped:
+    """How a request's output ends (``stopped_output``)."""
+
+    length: int
+    finish: str
+    texts: tuple[str, ...] | None = None
+    """Each token's text when a stop cut the output (None: each token's own)."""
+    reason: str | int | None = None
+    """vLLM's ``stop_reason``: the stop string or stop token id that ended it."""
+
+
+def stopped_output(request: GenerationRequest, kv: KvCache, length: int, finish: str) -> Stopped:
     """Where a stop string or stop token ends the output of ``length`` tokens decoded from ``kv``, as vLLM's
-    stop checks do (not before ``min_tokens``): the new length, the finish reason and the last token's text
-    (None: the token's own; a stop token's text and a stop string with what follows are left out)."""
+    stop checks do (not before ``min_tokens``): a stop token's text is left out (the token stays), and the
+    text ends where the first stop string begins, also when it spans tokens."""
     if not request.stop and not request.stop_token_ids:
-        return length, finish, None
-    text = ""
+        return Stopped(length, finish)
+    texts: list[str] = []
     for index in range(1, length + 1):
         token = kv.token_id(index)
+        if index > request.min_tokens and token in request.stop_token_ids:
+            return Stopped(index, "stop", (*texts, ""), token)
+        texts.append(token_text(token))
         if index <= request.min_tokens:
-            text += token_text(token)
             continue
-        if token in request.stop_token_ids:
-            return index, "stop", ""
-        before, text = len(text), text + token_text(token)
-        hits = [pos for pos in (text.find(s, max(0, before - len(s) + 1)) for s in request.stop) if pos >= 0]
+        text = "".join(texts)
+        start = len(text) - len(texts[-1])
+        hits = [(pos, stop) for stop in request.stop if (pos := text.find(stop, max(0, start - len(stop) + 1))) >= 0]
         if hits:
-            return index, "stop", text[before : min(hits)] if min(hits) > before else ""
-    return length, finish, None
+            pos, stop = min(hits)
+            return Stopped(index, "stop", _cut(texts, pos), stop)
+    return Stopped(length, finish)
+
+
+def _cut(texts: list[str], end: int) -> tuple[str, ...]:
+    """The tokens' texts with everything from character ``end`` of their concatenation on left out."""
+    out, seen = [], 0
+    for text in texts:
+        out.append(text[: max(0, end - seen)])
+        seen += len(text)
+    return tuple(out)
 
 
 def _validation_error(message: str, param: str, value: Any = None) -> RequestError:
@@ -314,10 +338,24 @@ def _number(body: dict[str, Any], name: str, default: float) -> float:
     return float(value)
 
 
-def _check_sampling(body: dict[str, Any]) -> None:
-    """The sampling parameters' ranges, with vLLM 0.31's messages (``SamplingParams._verify_args``).
-    The simulator then ignores them: it always decodes greedily."""
+def _check_sampling(body: dict[str, Any], n: int | None) -> None:
+    """The sampling parameters' ranges, with vLLM 0.31's messages (``SamplingParams._verify_args``; those
+    without a ``parameter`` carry no suffix and no ``param``). The simulator then ignores them: it always
+    decodes greedily, so it serves ``n=1`` only (vLLM refuses more only for greedy requests)."""
     temperature = _number(body, "temperature", 1.0)
+    if n is not None and n != 1:
+        if temperature < GREEDY_BELOW:
+            raise RequestError(400, f"n must be 1 when using greedy sampling, got {n}.")
+        raise RequestError(400, "the simulated engine supports n=1 only", "n")
+    for name in ("presence_penalty", "frequency_penalty"):
+        penalty = _number(body, name, 0.0)
+        if not -2.0 <= penalty <= 2.0:
+            raise RequestError(400, f"{name} must be in [-2, 2], got {penalty}.")
+    repetition = _number(body, "repetition_penalty", 1.0)
+    if not math.isfinite(repetition):
+        raise RequestError(400, f"repetition_penalty must be a finite number, got {repetition}.")
+    if repetition <= 0.0:
+        raise RequestError(400, f"repetition_penalty must be greater than zero, got {repetition}.")
     if not math.isfinite(temperature):
         raise _validation_error(f"temperature must be a finite number, got {temperature}.", "temperature", temperature)
     if temperature < 0.0:
@@ -327,6 +365,12 @@ def _check_sampling(body: dict[str, Any]) -> None:
     top_p = _number(body, "top_p", 1.0)
     if not 0.0 < top_p <= 1.0:
         raise _validation_error(f"top_p must be in (0, 1], got {top_p}.", "top_p", top_p)
+    top_k = body.get("top_k")
+    if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k < -1:
+        raise RequestError(400, f"top_k must be 0 (disable), or at least 1, got {top_k}.")
+    min_p = _number(body, "min_p", 0.0)
+    if not 0.0 <= min_p <= 1.0:
+        raise RequestError(400, f"min_p must be in [0, 1], got {min_p}.")
 
 
 def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
@@ -395,6 +439,7 @@ def full_response(
     kv: dict[str, Any] | None,
     token_ids: list[int] | None = None,
     logprobs: dict[str, Any] | None = None,
+    stop_reason: str | int | None = None,
 ) -> dict[str, Any]:
     """The whole answer; ``token_ids`` only when the request asked (``return_token_ids``), on the choice
     as vLLM 0.31 puts them (the simulator has no prompt ids: ``prompt_token_ids`` stays out)."""
@@ -404,20 +449,30 @@ def full_response(
             "message": {"role": "assistant", "content": text, "tool_calls": []},
             "logprobs": logprobs,
             "finish_reason": finish_reason,
-            "stop_reason": None,
+            "stop_reason": stop_reason,
         }
         if token_ids is not None:
             choice["token_ids"] = token_ids
         head = env._head("chat.completion")
     else:
-        choice, head = _text_choice(text, finish_reason, token_ids, logprobs), env._head("text_completion")
+        choice, head = _text_choice(text, finish_reason, token_ids, logprobs, stop_reason), env._head("text_completion")
     return {**head, "choices": [choice], "usage": usage(prompt_tokens, completion_tokens), "kv_transfer_params": kv}
 
 
 def _text_choice(
-    text: str, finish_reason: str | None, token_ids: list[int] | None, logprobs: dict[str, Any] | None
+    text: str,
+    finish_reason: str | None,
+    token_ids: list[int] | None,
+    logprobs: dict[str, Any] | None,
+    stop_reason: str | int | None = None,
 ) -> dict[str, Any]:
-    choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": None}
+    choice = {
+        "index": 0,
+        "text": text,
+        "logprobs": logprobs,
+        "finish_reason": finish_reason,
+        "stop_reason": stop_reason,
+    }
     return choice if token_ids is None else {**choice, "token_ids": token_ids}
 
 
@@ -428,15 +483,20 @@ def chunk(
     first: bool,
     token_ids: list[int] | None = None,
     logprobs: dict[str, Any] | None = None,
+    stop_reason: str | int | None = None,
 ) -> dict[str, Any]:
-    """One stream chunk; ``token_ids`` (the chunk's delta tokens) and ``logprobs`` only when asked."""
+    """One stream chunk; ``token_ids`` (the chunk's delta tokens) and ``logprobs`` only when asked. A chat
+    stream opens with a chunk of its own that carries only the role (``first``), as vLLM's does."""
     if env.chat:
-        delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
+        delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {"content": text}
         choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        if finish_reason is not None:
+            choice["stop_reason"] = stop_reason
         if token_ids is not None:
             choice["token_ids"] = token_ids
         return {**env._head("chat.completion.chunk"), "choices": [choice]}
-    return {**env._head("text_completion"), "choices": [_text_choice(text, finish_reason, token_ids, logprobs)]}
+    choice = _text_choice(text, finish_reason, token_ids, logprobs, stop_reason)
+    return {**env._head("text_completion"), "choices": [choice]}
 
 
 def logprobs_body(

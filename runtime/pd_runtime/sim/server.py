@@ -98,6 +98,7 @@ async def _complete(handle: RequestHandle, env: openai.Envelope, req: openai.Gen
         handle.kv_transfer_params,
         [t for _, t in tokens] if req.return_token_ids else None,
         openai.logprobs_body(req, tokens),
+        handle.stop_reason if finish == "stop" else None,
     )
     return web.json_response(body, dumps=_dumps)
 
@@ -114,10 +115,13 @@ async def _stream(
     offset = 0
     try:
         async for out in handle.outputs():
+            if env.chat and out.index == 1:
+                await send(openai.chunk(env, "", None, first=True))
             ids = [out.token_id] if req.return_token_ids else None
             logprobs = openai.logprobs_body(req, [(out.index, out.token_id)], offset)
             offset += len(out.text)
-            chunk = openai.chunk(env, out.text, out.finish_reason, out.index == 1, ids, logprobs)
+            stop_reason = handle.stop_reason if out.finish_reason == "stop" else None
+            chunk = openai.chunk(env, out.text, out.finish_reason, False, ids, logprobs, stop_reason)
             if req.continuous_usage:
                 chunk["usage"] = openai.usage(req.prompt_tokens, out.index)
             await send(chunk)
