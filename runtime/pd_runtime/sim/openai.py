@@ -74,6 +74,8 @@ class GenerationRequest:
     """Stop strings: the output ends before the first one it contains (``finish_reason: "stop"``)."""
     stop_token_ids: frozenset[int] = frozenset()
     """Stop tokens: the output ends with the first of them (its text left out, as vLLM does)."""
+    prompt_ids: tuple[int, ...] = ()
+    """The prompt's token ids: a token-id prompt's own, else ids drawn from the prompt (no tokenizer)."""
 
 
 def _piece_tokens(piece: str) -> int:
@@ -236,7 +238,26 @@ def parse_request(body: Any, chat: bool, max_model_len: int) -> GenerationReques
         tokens_as_ids=body.get("return_tokens_as_token_ids") is True,
         stop=stop,
         stop_token_ids=stop_token_ids,
+        prompt_ids=_prompt_ids(body, chat, prompt_tokens, prompt_key),
     )
+
+
+def _prompt_ids(body: dict[str, Any], chat: bool, count: int, key: str) -> tuple[int, ...]:
+    prompt = None if chat else body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and _is_int_list(prompt[0]):
+        prompt = prompt[0]
+    if _is_int_list(prompt):
+        return tuple(prompt)
+    return tuple(_hash_token(f"{key}/prompt", i) for i in range(count))
+
+
+def add_prompt_token_ids(payload: dict[str, Any], request: GenerationRequest) -> dict[str, Any]:
+    """vLLM 0.31's ``prompt_token_ids`` with ``return_token_ids``: on the completion's choice, at the top of
+    a chat answer (in a stream: its first chunk)."""
+    if request.return_token_ids:
+        target = payload if request.chat else payload["choices"][0]
+        target["prompt_token_ids"] = list(request.prompt_ids)
+    return payload
 
 
 def _stops(body: dict[str, Any]) -> tuple[tuple[str, ...], frozenset[int]]:
@@ -442,7 +463,7 @@ def full_response(
     stop_reason: str | int | None = None,
 ) -> dict[str, Any]:
     """The whole answer; ``token_ids`` only when the request asked (``return_token_ids``), on the choice
-    as vLLM 0.31 puts them (the simulator has no prompt ids: ``prompt_token_ids`` stays out)."""
+    as vLLM 0.31 puts them (``add_prompt_token_ids`` adds the prompt's)."""
     if env.chat:
         choice: dict[str, Any] = {
             "index": 0,
@@ -532,10 +553,12 @@ def logprobs_body(
                 }
             )
         return {"content": content}
+    # As vLLM 0.31 counts them: by each token's string (``token_id:N`` with return_tokens_as_token_ids);
+    # a stream's chunk starts at the text sent so far (``text_offset``).
     offsets, offset = [], text_offset
     for _, token_id in tokens:
         offsets.append(offset)
-        offset += len(token_text(token_id))
+        offset += len(name(token_id))
     return {
         "text_offset": offsets,
         "token_logprobs": [token_logprob(t, i) for i, t in tokens],

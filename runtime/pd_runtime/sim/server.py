@@ -100,6 +100,7 @@ async def _complete(handle: RequestHandle, env: openai.Envelope, req: openai.Gen
         openai.logprobs_body(req, tokens),
         handle.stop_reason if finish == "stop" else None,
     )
+    openai.add_prompt_token_ids(body, req)
     return web.json_response(body, dumps=_dumps)
 
 
@@ -116,12 +117,14 @@ async def _stream(
     try:
         async for out in handle.outputs():
             if env.chat and out.index == 1:
-                await send(openai.chunk(env, "", None, first=True))
+                await send(openai.add_prompt_token_ids(openai.chunk(env, "", None, first=True), req))
             ids = [out.token_id] if req.return_token_ids else None
             logprobs = openai.logprobs_body(req, [(out.index, out.token_id)], offset)
             offset += len(out.text)
             stop_reason = handle.stop_reason if out.finish_reason == "stop" else None
             chunk = openai.chunk(env, out.text, out.finish_reason, False, ids, logprobs, stop_reason)
+            if not env.chat and out.index == 1:
+                openai.add_prompt_token_ids(chunk, req)
             if req.continuous_usage:
                 chunk["usage"] = openai.usage(req.prompt_tokens, out.index)
             await send(chunk)
