@@ -42,7 +42,7 @@ test-live:
 	@live_venv=$$(bash live/venv.sh $(VLLM_VERSION)) && PD_LIVE_ENGINES=vllm $$live_venv/bin/python -m pytest -q -p no:cacheprovider --timeout 900 live
 
 # The live tier's tests against simulated engines (pdctl sim-engine) instead of vLLM: the same test bodies,
-# in this venv, no vLLM needed (docs/live-tier.md, "Simulated engines"). test-live runs the vLLM ones.
+# in this venv, no vLLM needed, about 4.5 min (docs/live-tier.md, "Simulated engines"). test-live runs the vLLM ones.
 live-sim: venv
 	PD_LIVE_ENGINES=sim $(VENV)/bin/pytest -q -p no:cacheprovider live
 
