@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
 from live.client import TIMEOUT_S, completion_body, generate
@@ -187,6 +188,11 @@ def test_a_prefill_killed_mid_stream_costs_the_stream_nothing_and_leaves_the_rot
 
 
 def test_a_decode_killed_mid_stream_ends_it_with_an_error_then_comes_back(pair: Pair) -> None:
+    if pair.engine == "sim":
+        pytest.skip(
+            "the simulated engine's default (instant) profile streams all 400 tokens before the kill can land: "
+            "a timing difference, not a behaviour (docs/vllm-versions.md)"
+        )
     body = completion_body(PROMPT + "decode killed", max_tokens=400, stream=True)
     with requests.post(f"{pair.proxy_url}/v1/completions", json=body, timeout=TIMEOUT_S, stream=True) as resp:
         assert resp.status_code == 200
