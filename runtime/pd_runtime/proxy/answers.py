@@ -26,8 +26,13 @@ def opens_answer(events: bytes, request: ClientRequest) -> bool:
     neither token nor text before they look at its finish reason (``completion_stream_generator``,
     ``chat_completion_stream_generator``: "Chunked prefill case, don't return empty chunks"), so the
     client would get HTTP 200 and an empty answer."""
+    return chunks_open_answer(stream_chunks(events), request)
+
+
+def chunks_open_answer(chunks: list[Any], request: ClientRequest) -> bool:
+    """``opens_answer`` over chunks already parsed (``stream_chunks``)."""
     endpoint = Endpoint.CHAT if request.endpoint == "chat/completions" else Endpoint.COMPLETIONS
-    for chunk in stream_chunks(events):
+    for chunk in chunks:
         if isinstance(chunk, str):
             return True  # not ours to judge: the client gets decode's bytes
         info = interpret(chunk, endpoint)

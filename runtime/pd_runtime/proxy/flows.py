@@ -25,6 +25,7 @@ import aiohttp
 from pd_runtime.protocol import check_prefill_response, new_request_uid
 from pd_runtime.proxy.affinity import prefix_key
 from pd_runtime.proxy.answers import (
+    chunks_open_answer,
     merge_usage,
     merge_usage_events,
     opens_answer,
@@ -479,8 +480,9 @@ class ProxyCore:
         finally:
             for slot in slots:
                 self.router.release(slot)
-            self._slot_freed.set()  # requests waiting for a decode slot look again
-            self._slot_freed = asyncio.Event()
+            if self.decode_queue:  # requests waiting for a decode slot look again (none: no Event to renew)
+                self._slot_freed.set()
+                self._slot_freed = asyncio.Event()
 
     def _plain(self, exchange: Exchange, target: Target) -> Leg:
         return plain_leg(exchange.request, target, exchange.ids.uid, self.config.engine_api_key)
@@ -697,9 +699,9 @@ class ProxyCore:
             self.metrics.leg_seconds.labels("decode").observe(time.monotonic() - started)
         document = events  # an engine that answered whole after all
         if resp.headers.get("content-type", "").startswith("text/event-stream"):
-            if not opens_answer(events, exchange.request):
+            chunks = stream_chunks(events)  # parsed once: whether it opens an answer, then the answer
+            if not chunks_open_answer(chunks, exchange.request):
                 raise LegFailure("decode", "no_output", decode_without_output())
-            chunks = stream_chunks(events)
             if any(isinstance(c, dict) and "error" in c for c in chunks):
                 # not streamed, vLLM answers a request that failed after its first token with a 500
                 raise LegFailure("decode", "http", upstream_failed("decode engine failed the request", "decode_failed"))
