@@ -35,13 +35,18 @@ async def _start(
     return stack
 
 
-async def _decode_metrics_once_idle(session: aiohttp.ClientSession, url: str) -> str:
-    """Decode's metrics once no request waits for KV, or after 60 s: an aborted leg leaves the engine when
-    it sees the closed connection, a moment after the proxy answered (longer on a loaded machine)."""
+async def _decode_metrics_once_idle(session: aiohttp.ClientSession, url: str, answered: int = 0) -> str:
+    """Decode's metrics once no request waits for KV and at least `answered` requests are counted as
+    finished, or after 60 s: an aborted leg leaves the engine when it sees the closed connection, and a
+    finished one is counted after its last byte, a moment after the proxy answered (longer on a loaded
+    machine)."""
     deadline = time.monotonic() + 60
     while True:
         text = await scrape(session, url)
-        if metric(text, "pd_sim_requests_waiting_for_kv") == 0 or time.monotonic() > deadline:
+        idle = metric(text, "pd_sim_requests_waiting_for_kv") == 0
+        if idle and metric(text, "vllm:request_success_total", finished_reason="stop") >= answered:
+            return text
+        if time.monotonic() > deadline:
             return text
         await asyncio.sleep(0.1)
 
@@ -58,7 +63,7 @@ async def test_an_eos_first_token_is_sampled_by_decode(stacks: list[LocalStack],
         async with session.post(stack.proxy_url + "/v1/completions", json={**BODY, "stream": True}) as resp:
             assert resp.status == 200
             events = (await resp.read()).decode().split("\n\n")
-        decode = await _decode_metrics_once_idle(session, stack.engine_urls["decode"])
+        decode = await _decode_metrics_once_idle(session, stack.engine_urls["decode"], answered=2)
         async with session.get(stack.admin_url + "/metrics") as resp:
             proxy = await resp.text()
     assert answer["choices"][0]["finish_reason"] == "stop" and answer["usage"]["completion_tokens"] == 1
