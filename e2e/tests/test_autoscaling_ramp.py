@@ -63,6 +63,9 @@ from e2e.tests.load import OpenLoop, Sent
 from pd_runtime.bench.slo import Slo
 
 log = logging.getLogger(__name__)
+# The ramp runs about 6 minutes (the probe's search, four load levels, stabilization windows each way):
+# the suite's default of 300 s would cut it short.
+pytestmark = pytest.mark.timeout(1500)
 POOL, NODES = "replicas", 3  # test_replicas.py's pool: one replica per node
 NAME = "ramp"
 SELECTOR = f"app.kubernetes.io/component=serving,pd.serving.dev/deployment={NAME}"
