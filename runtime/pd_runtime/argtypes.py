@@ -49,3 +49,10 @@ def fraction(text: str) -> float:
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], got {text}")
     return value
+
+
+def port_number(text: str) -> int:
+    value = int(_number(text, int))
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number within 1..65535, got {text}")
+    return value

@@ -46,6 +46,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "pd_runtime.plan.cli", "rank the node's layouts for a workload with the simulator: disaggregate or not", None
     ),
     "engine": Subcommand("pd_runtime.launcher", "preflight checks, then exec the engine command after --", None),
+    "wait-proxy-gone": Subcommand(
+        "pd_runtime.wait_proxy_gone", "the engines' preStop hook: wait until the pod's proxy has drained", None
+    ),
 }
 
 OPTIONAL_MODULES: dict[str, str] = {"matplotlib": "plot", "uvloop": "fast", "opentelemetry": "tracing"}

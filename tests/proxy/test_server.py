@@ -43,9 +43,9 @@ async def test_health_ready_and_status_follow_contract_3(pd_setup: SetupFactory)
     _, doc = await _get_json(setup.client, setup.admin_url + "/status")
     assert set(doc) == {
         "mode", "transfer_mode", "policy", "instances", "counts", "last_transfer", "canary", "config", "demand",
-        "admission",
+        "admission", "leaving",
     }  # fmt: skip
-    assert doc["mode"] == "disaggregated" and doc["transfer_mode"] == "write"
+    assert doc["mode"] == "disaggregated" and doc["transfer_mode"] == "write" and doc["leaving"] is False
     assert doc["last_transfer"] is None
     assert doc["canary"] == {
         "enabled": False, "ok": None, "at": None, "error": None,
@@ -300,6 +300,8 @@ async def test_shutdown_serves_through_the_drain_delay_while_not_ready(pd_setup:
     await wait_for(lambda: setup.proxy.leaving, what="SIGTERM's stop begun")
     status, ready = await _get_json(setup.client, setup.url + "/ready")
     assert (status, ready) == (503, {"ready": False, "reason": "shutting down"})
+    _, doc = await _get_json(setup.client, setup.admin_url + "/status")
+    assert doc["leaving"] is True  # the engines' preStop hooks (pdctl wait-proxy-gone) wait for the drain
     status, text = await setup.stream(BODY)  # arrives during the delay: served whole
     assert status == 200 and text.endswith("data: [DONE]\n\n") and not stopping.done()
     await stopping

@@ -320,6 +320,7 @@ class ProxyServer:
         document["admission"] = self.admission.state.to_json()
         queued = self.core.decode_queue + self.admission.state.queued
         document["demand"] = self.core.demand.report(time.monotonic(), self.core.in_flight, queued)
+        document["leaving"] = self.leaving  # SIGTERM came: the engines' preStop hooks wait for the drain
         return document
 
     async def _status(self, request: web.Request) -> web.StreamResponse:
