@@ -25,13 +25,14 @@ from e2e.devices import Allocation, AllocationError, DeviceManager, NodeDevices
 from e2e.kubeapi import ApiError, KubeClient
 from e2e.netns import PodNetwork
 from e2e.podspec import ConfigError, Obj, PodFacts, Probe
-from e2e.probing import probe_once
+from e2e.probing import exec_in_container, probe_once
 from e2e.sandbox import MountPoints, PodSandbox
 
 log = logging.getLogger(__name__)
 
 MESSAGE_LIMIT = 4096
 FALLBACK_LOG_LIMIT = 2048
+MINIMUM_GRACE_AFTER_HOOK_S = 2.0  # the kubelet's one-off extension when a preStop hook used up the grace
 
 
 def now_iso() -> str:
@@ -456,9 +457,18 @@ class PodWorker:
         return float(meta_grace if meta_grace is not None else spec_grace)
 
     async def _terminate(self, c: Container, grace_s: float) -> None:
+        """As the kubelet: the preStop hook first (its time counts against the grace period), SIGTERM
+        when it ends, SIGKILL at the end of the grace (at least 2 s after SIGTERM once a hook ran)."""
         process = c.process
         if process is None or process.returncode is not None:
             return
+        hook = podspec.pre_stop_command(c.spec)
+        if hook is not None and grace_s > 0:
+            started = time.monotonic()
+            await self._pre_stop(c, process.pid, hook, grace_s)
+            grace_s = max(grace_s - (time.monotonic() - started), MINIMUM_GRACE_AFTER_HOOK_S)
+            if process.returncode is not None:
+                return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
         try:
@@ -467,6 +477,17 @@ class PodWorker:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             await process.wait()
+
+    async def _pre_stop(self, c: Container, pid: int, hook: list[str], budget_s: float) -> None:
+        """Run the container's preStop exec hook in its namespaces, for at most the grace period."""
+        log.info("pod %s/%s container %s: preStop %s", self.namespace, self.name, c.name, hook)
+        try:
+            code, tail = await exec_in_container(hook, pid, c.env, budget_s)
+        except OSError as err:
+            code, tail = -1, str(err)
+        if code != 0:
+            detail = f"timed out after {budget_s:g}s" if code is None else f"exited {code}: {tail}"
+            self._event("FailedPreStopHook", f"PreStopHook {hook} for container {c.name} {detail}", "Warning")
 
     # ---- stop and finish -------------------------------------------------------------------------------
 

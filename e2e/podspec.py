@@ -154,6 +154,12 @@ def resolve_argv(container: Obj, env: Mapping[str, str]) -> list[str]:
     return command + args
 
 
+def pre_stop_command(container: Obj) -> list[str] | None:
+    """lifecycle.preStop.exec's command (httpGet and sleep hooks are not emulated: none is rendered)."""
+    hook = ((container.get("lifecycle") or {}).get("preStop") or {}).get("exec")
+    return list(hook["command"]) if hook and hook.get("command") else None
+
+
 def referenced_objects(pod: Obj) -> set[tuple[str, str, str]]:
     """Every (kind, namespace, name) the pod's env and volumes read, to fetch before starting it."""
     namespace = pod["metadata"]["namespace"]

@@ -8,6 +8,7 @@ that does not answer within timeoutSeconds fails.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 
@@ -67,7 +68,19 @@ async def _tcp(probe: Probe, pod_ip: str) -> tuple[bool, str]:
 async def _exec(probe: Probe, pid: int | None, env: dict[str, str]) -> tuple[bool, str]:
     if pid is None:
         return False, "exec probe: container not running"
-    argv = ["nsenter", "--target", str(pid), "--mount", "--net", "--", *probe.command]
+    code, tail = await exec_in_container(probe.command, pid, env, probe.timeout_s)
+    if code is None:
+        return False, f"exec probe {list(probe.command)} timed out after {probe.timeout_s}s"
+    return code == 0, f"exec probe {list(probe.command)} exited {code}: {tail}"
+
+
+async def exec_in_container(
+    command: tuple[str, ...] | list[str], pid: int, env: dict[str, str], timeout_s: float
+) -> tuple[int | None, str]:
+    """Run ``command`` in the mount and network namespaces of the container whose process is ``pid``
+    with its environment, as the kubelet runs exec probes and hooks; (exit code or None when killed at
+    ``timeout_s``, the output's tail)."""
+    argv = ["nsenter", "--target", str(pid), "--mount", "--net", "--", *command]
     proc = await asyncio.create_subprocess_exec(
         *argv,
         env=env,
@@ -76,10 +89,10 @@ async def _exec(probe: Probe, pid: int | None, env: dict[str, str]) -> tuple[boo
         start_new_session=True,
     )
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), probe.timeout_s)
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
     except TimeoutError:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
-        return False, f"exec probe {list(probe.command)} timed out after {probe.timeout_s}s"
-    tail = out.decode(errors="replace").strip()[-200:]
-    return proc.returncode == 0, f"exec probe {list(probe.command)} exited {proc.returncode}: {tail}"
+        return None, ""
+    return proc.returncode, out.decode(errors="replace").strip()[-200:]

@@ -287,6 +287,67 @@ def test_logs_and_deletion_stop_processes(stack: Stack, cp: ControlPlane, namesp
     wait_for(lambda: not set(_agent_netns(stack)) - before, 10, "the pod's network namespace removed")
 
 
+PRESTOP_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: held}
+spec:
+  terminationGracePeriodSeconds: 60
+  containers:
+  - name: gate
+    image: runtime
+    command: ["sh", "-c", "touch /scratch/gate;
+      trap 'sleep 1; echo gate-gone >> /order/log; rm /scratch/gate; exit 0' TERM; while true; do sleep 0.1; done"]
+    volumeMounts: [{name: work, mountPath: /scratch}, {name: order, mountPath: /order}]
+  - name: held
+    image: runtime
+    command: ["sh", "-c", "trap 'echo held-term >> /order/log; exit 0' TERM; while true; do sleep 0.1; done"]
+    lifecycle:
+      preStop:
+        exec: {command: ["sh", "-c", "while [ -e /scratch/gate ]; do sleep 0.1; done; echo hook-done >> /order/log"]}
+    volumeMounts: [{name: work, mountPath: /scratch}, {name: order, mountPath: /order}]
+  volumes:
+  - {name: work, emptyDir: {}}
+  - {name: order, hostPath: {path: /prestop-order, type: DirectoryOrCreate}}
+"""
+
+
+@pytest.mark.pod_security("privileged")  # the hostPath that outlives the pod
+def test_prestop_hook_runs_in_the_container_before_its_sigterm(stack: Stack, cp: ControlPlane, namespace: str) -> None:
+    """As the kubelet: every container is stopped at once, but one with a preStop hook gets SIGTERM only
+    when its hook (in its own mounts: the emptyDir it shares) has returned; here after the other has gone."""
+    log = stack.agent_dir() / "node-root" / "prestop-order" / "log"
+    log.unlink(missing_ok=True)
+    apply(cp, PRESTOP_POD, namespace)
+    wait_for(lambda: is_true(pod(cp, namespace, "held"), "Ready"), 60, "held Ready")
+    cp.kubectl("delete", "pod", "-n", namespace, "held", "--timeout=60s")
+    assert log.read_text().split() == ["gate-gone", "hook-done", "held-term"]
+
+
+HUNG_HOOK_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: hung}
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: main
+    image: runtime
+    command: ["sh", "-c", "exec sleep 3600"]
+    lifecycle: {preStop: {exec: {command: ["sleep", "3600"]}}}
+"""
+
+
+def test_a_prestop_hook_that_outlives_the_grace_is_cut_and_the_container_stopped(
+    cp: ControlPlane, namespace: str
+) -> None:
+    apply(cp, HUNG_HOOK_POD, namespace)
+    wait_for(lambda: is_true(pod(cp, namespace, "hung"), "Ready"), 60, "hung Ready")
+    cp.kubectl("delete", "pod", "-n", namespace, "hung", "--timeout=60s")
+    events = json.loads(cp.kubectl("get", "events", "-n", namespace, "-o", "json"))["items"]
+    assert any(e["reason"] == "FailedPreStopHook" and "timed out" in e["message"] for e in events)
+
+
 JOB = """
 apiVersion: batch/v1
 kind: Job

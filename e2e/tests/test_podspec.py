@@ -111,3 +111,11 @@ def test_service_names_prefer_ready_endpoints_on_any_node() -> None:
     assert podspec.service_targets(services, [local], endpoints) == {("ns", "web"): "10.213.2.6"}
     not_ready = [e for e in endpoints if not e.ready]
     assert podspec.service_targets(services, [local], not_ready) == {("ns", "web"): "10.213.1.2"}
+
+
+def test_pre_stop_command_is_the_exec_hook_only() -> None:
+    hook = {"lifecycle": {"preStop": {"exec": {"command": ["pdctl", "wait-proxy-gone", "--port", "8001"]}}}}
+    assert podspec.pre_stop_command({"name": "c", **hook}) == ["pdctl", "wait-proxy-gone", "--port", "8001"]
+    assert podspec.pre_stop_command({"name": "c"}) is None
+    assert podspec.pre_stop_command({"name": "c", "lifecycle": {"preStop": {"sleep": {"seconds": 5}}}}) is None
+    assert podspec.pre_stop_command({"name": "c", "lifecycle": {"postStart": {"exec": {"command": ["x"]}}}}) is None
