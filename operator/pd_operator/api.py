@@ -1514,7 +1514,11 @@ class PDDeploymentSpec(ApiModel):
         default_factory=AutoscalingSpec, description="Replicas from demand against measured goodput capacity."
     )
     termination_grace_period_seconds: int = Field(
-        300, ge=0, le=86400, description="Time for in-flight requests and KV transfers to drain on deletion."
+        300,
+        ge=0,
+        le=86400,
+        description="Time for in-flight requests and KV transfers to drain on deletion: the proxy's drain delay "
+        "and drain timeout, which the engines' preStop hook waits out before their SIGTERM, fit inside it.",
     )
     network_policy: NetworkPolicySpec = Field(
         default_factory=NetworkPolicySpec, description="Who else the serving pod's NetworkPolicy admits."

@@ -332,6 +332,14 @@ def drain_timeout(spec: PDDeploymentSpec) -> float:
     return max(0.0, spec.termination_grace_period_seconds - drain_delay(spec) - 1)
 
 
+def engine_pre_stop_command(spec: PDDeploymentSpec) -> list[str]:
+    """The engines' preStop hook: the kubelet SIGTERMs every container at once, so each engine waits
+    first until the pod's proxy has drained (its admin port, closed last, stops listening), for at most
+    the proxy's own drain bound; the requests the proxy still relays then find their engines serving."""
+    bound = drain_delay(spec) + drain_timeout(spec)
+    return ["pdctl", "wait-proxy-gone", "--port", str(spec.proxy.admin_port), "--timeout", _number(bound)]
+
+
 def expected_heartbeat(spec: PDDeploymentSpec, eng: EngineContainer) -> str:
     """The heartbeat this engine sends the proxy (vLLM's G2 frame, built from its own kv-transfer config:
     ``host_ip`` is the pod IP, ``http_port``, the base handshake and notify ports, DP and TP sizes), for

@@ -25,6 +25,7 @@ from pd_operator.engine_cmd import (
     engine_command,
     engine_containers,
     engine_env,
+    engine_pre_stop_command,
     proxy_command,
     proxy_env,
     proxy_settings,
@@ -62,6 +63,7 @@ class EngineInstance:
     port_prefix: str  # container port names are <prefix>-http, <prefix>-handshake, <prefix>-notify
     ports: tuple[tuple[str, int], ...]
     argv: tuple[str, ...]
+    pre_stop: tuple[str, ...]  # the preStop hook: wait until the pod's proxy has drained
     env: tuple[EnvEntry, ...]
     requests: Mapping[str, str]
     limits: Mapping[str, str]  # CPU and memory (qos.py) plus GPU and NIC extended resources
@@ -195,6 +197,7 @@ def _engine(spec: PDDeploymentSpec, eng: EngineContainer, gpu_count: int | None)
         port_prefix=prefix,
         ports=tuple((f"{prefix}-{n}", p) for n, p in eng.named_ports),  # every rank's listener
         argv=tuple(engine_command(spec, eng)),
+        pre_stop=tuple(engine_pre_stop_command(spec)),
         env=tuple(engine_env(spec, eng)),
         requests=requests,
         limits=limits,

@@ -215,6 +215,7 @@ def _engine_container(lay: Layout, eng: EngineInstance) -> Obj:
         "startupProbe": _http_probe("/health", http, 10, lay.startup_failure_threshold, 5, loopback),
         "readinessProbe": _http_probe("/health", http, 5, 3, 5, loopback),
         "livenessProbe": _http_probe("/health", http, 15, 6, 10, loopback),
+        "lifecycle": {"preStop": {"exec": {"command": list(eng.pre_stop)}}},
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 

@@ -374,7 +374,23 @@ def test_pod_shape_probes_and_security() -> None:
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
     proxy = pod["spec"]["containers"][2]
     assert proxy["securityContext"]["runAsNonRoot"] is True and proxy["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert "lifecycle" not in proxy
     assert pod["metadata"]["annotations"][render.ANNOTATION_SPEC_HASH] == render.spec_hash(pod["spec"])
+
+
+@pytest.mark.parametrize(("grace", "bound"), [(300, "299"), (20, "19"), (5, "4"), (0, "0")])
+def test_engines_stop_only_after_the_proxy_has_drained(grace: int, bound: str) -> None:
+    """The kubelet SIGTERMs every container at once: each engine's preStop hook waits while the proxy
+    (admin port 8001) drains, for at most its drain bound (delay + timeout: 5 s + 294 s of a 300 s grace).
+    The bound ends before the grace period, which the kubelet enforces whatever the hook does, so the
+    engines' SIGTERM comes before their SIGKILL."""
+    pod = render.pod(lay(spec_of("qwen3-235b-write.yaml", terminationGracePeriodSeconds=grace)))
+    *engines, proxy = pod["spec"]["containers"]
+    hook = ["pdctl", "wait-proxy-gone", "--port", "8001", "--timeout", bound]
+    assert [e["lifecycle"] for e in engines] == [{"preStop": {"exec": {"command": hook}}}] * 2
+    assert "lifecycle" not in proxy  # the proxy drains on SIGTERM itself
+    assert pod["spec"]["terminationGracePeriodSeconds"] == grace
+    assert float(bound) < grace or grace == 0
 
 
 def test_with_host_network_the_engines_listen_on_loopback_and_are_probed_there() -> None:
