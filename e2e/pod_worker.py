@@ -458,7 +458,10 @@ class PodWorker:
 
     async def _terminate(self, c: Container, grace_s: float) -> None:
         """As the kubelet: the preStop hook first (its time counts against the grace period), SIGTERM
-        when it ends, SIGKILL at the end of the grace (at least 2 s after SIGTERM once a hook ran)."""
+        when it ends, SIGKILL at the end of the grace (at least 2 s after SIGTERM once a hook ran).
+        SIGTERM goes to the container's main process only, as a container runtime sends it to PID 1;
+        once that has exited, what is left of the container (its process group) gets SIGKILL, as the
+        kernel kills a PID namespace whose init is gone."""
         process = c.process
         if process is None or process.returncode is not None:
             return
@@ -467,16 +470,14 @@ class PodWorker:
             started = time.monotonic()
             await self._pre_stop(c, process.pid, hook, grace_s)
             grace_s = max(grace_s - (time.monotonic() - started), MINIMUM_GRACE_AFTER_HOOK_S)
-            if process.returncode is not None:
-                return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(asyncio.shield(process.wait()), grace_s)
-        except TimeoutError:
+        if process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
+                os.kill(process.pid, signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(process.wait()), grace_s)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        await process.wait()
 
     async def _pre_stop(self, c: Container, pid: int, hook: list[str], budget_s: float) -> None:
         """Run the container's preStop exec hook in its namespaces, for at most the grace period."""
