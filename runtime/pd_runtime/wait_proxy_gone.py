@@ -56,10 +56,15 @@ def verdict(look: Look, elapsed_s: float, timeout_s: float, settle_s: float) -> 
     return Verdict.WAIT
 
 
+# Straight to the pod's loopback: an engine's environment often names an HTTP(S)_PROXY (model downloads
+# behind a corporate proxy), which urllib would otherwise send this GET through.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def look(port: int, timeout_s: float, host: str = LOOPBACK) -> Look:
-    """GET http://host:port/status once."""
+    """GET http://host:port/status once, never through an HTTP proxy from the environment."""
     try:
-        with urllib.request.urlopen(f"http://{host}:{port}/status", timeout=timeout_s) as resp:
+        with _DIRECT.open(f"http://{host}:{port}/status", timeout=timeout_s) as resp:
             document = json.load(resp)
     except urllib.error.URLError as err:
         if isinstance(err.reason, ConnectionRefusedError):

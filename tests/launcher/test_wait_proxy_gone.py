@@ -78,6 +78,18 @@ def test_look(proxy: FakeProxy) -> None:
     assert look(proxy.port, 5) is Look.GONE
 
 
+def test_look_goes_straight_to_loopback_whatever_proxy_the_environment_names(
+    proxy: FakeProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine's env may carry http_proxy (for model downloads): through it, a refused connect would read
+    as the pod's proxy gone and the engine would stop at once."""
+    for name in ("http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    assert look(proxy.port, 5) is Look.SERVING
+
+
 def test_a_listener_that_does_not_speak_http_is_unknown() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
