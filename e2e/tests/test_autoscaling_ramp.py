@@ -15,9 +15,9 @@ Service's ready endpoints; it judges every request against the SLO as `pdctl ben
 asserts: the replicas follow 1 -> 2 -> 3 -> 2 -> 1, each step after its stabilization window and
 explained by an Event ("demand X req/s > 0.6 x N x C req/s: replicas N -> N+1"); no request fails (a
 removed replica drains: its proxy keeps answering what reaches it until the Service has dropped it,
-then finishes what it holds; its engines, SIGTERMed at once, can still refuse a request sent in that
-instant: docs/autoscaling.md, "Not yet"); the attainment of the requests sent outside the start-up gaps (from a
-scale-up decision until its replicas are available, plus the TTFT bound) reaches the SLO target;
+then finishes what it holds, and its engines' preStop hook holds their SIGTERM until the proxy is
+gone); the attainment of the requests sent outside the start-up gaps (from a scale-up decision until
+its replicas are available, plus the TTFT bound) reaches the SLO target;
 `kubectl get pdd -o wide` and the operator's metrics show capacity and demand. No wall-clock
 performance is asserted: every wait is bounded generously, and the latencies judged are the
 simulation's (its time scale), not the machine's.
@@ -247,20 +247,6 @@ def write_timeline(cp: ControlPlane, document: Obj) -> None:
         log.info("ramp timeline written to %s", path)
 
 
-class ScaleDownDrainGap(AssertionError):
-    """The known gap (docs/autoscaling.md, "Not yet"): the kubelet signals a removed replica's engines with its
-    proxy, so a request in flight there at that instant breaks. Only the engines' preStop hook closes it."""
-
-
-def drain_gap_only(failed: list[Sent], survivor: str) -> bool:
-    """Whether every failed request is a broken connection to a replica other than the one left at the end,
-    and there are at most two of them: what the known gap at a scale-down produces, nothing else."""
-    return len(failed) <= 2 and all(
-        (s.error or "").startswith("connection:") and s.endpoint != survivor for s in failed
-    )
-
-
-@pytest.mark.xfail(raises=ScaleDownDrainGap, strict=False, reason="engines get SIGTERM with the proxy (no preStop yet)")
 def test_a_ramp_scales_one_to_three_and_back_by_draining_with_no_failed_request(
     operator: Stack, cp: ControlPlane, ns: str, nodes: list[str]
 ) -> None:
@@ -359,9 +345,5 @@ def test_a_ramp_scales_one_to_three_and_back_by_draining_with_no_failed_request(
     wide = cp.kubectl("get", "pdd", NAME, "-n", ns, "-o", "wide").splitlines()
     assert "CAPACITY" in wide[0].split() and "DEMAND" in wide[0].split() and "measured" in wide[1]
 
-    # No failed request at all. The known scale-down gap is reported as such (an expected failure until the
-    # engines' preStop hook is rendered); any other failure fails the test.
-    if failed:
-        survivor = load.sent[-1].endpoint
-        kind = ScaleDownDrainGap if drain_gap_only(failed, survivor) else AssertionError
-        raise kind(f"{len(failed)} failed requests: {failed[:10]}")
+    # No failed request at all, not even one in flight on a replica as it was removed.
+    assert not failed, f"{len(failed)} failed requests: {failed[:10]}"
