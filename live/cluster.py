@@ -161,23 +161,36 @@ class Process:
             self.proc.wait()
 
 
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(url: str) -> Samples:
+    """The Prometheus samples at ``url``/metrics: (name, labels without model/engine) -> value."""
+    text = requests.get(f"{url}/metrics", timeout=30).text
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = frozenset((k, v) for k, v in s.labels.items() if k not in ("model_name", "engine"))
+            samples[(s.name, labels)] = samples.get((s.name, labels), 0.0) + s.value
+    return samples
+
+
+def summed(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of the samples named ``name`` that carry at least ``labels``."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+
+
 @dataclass
 class Engine(Process):
     url: str = ""
 
-    def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    def metrics(self) -> Samples:
         """The engine's own Prometheus samples: (name, labels without model/engine) -> value."""
-        text = requests.get(f"{self.url}/metrics", timeout=30).text
-        samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                labels = frozenset((k, v) for k, v in s.labels.items() if k not in ("model_name", "engine"))
-                samples[(s.name, labels)] = samples.get((s.name, labels), 0.0) + s.value
-        return samples
+        return scrape(self.url)
 
     def sample(self, name: str, **labels: str) -> float:
-        want = set(labels.items())
-        return sum(v for (n, ls), v in self.metrics().items() if n == name and want <= ls)
+        return summed(self.metrics(), name, **labels)
 
     def idle(self) -> dict[str, float]:
         """What the engine holds: requests running and waiting, and its KV cache in use (all 0 when idle)."""
@@ -305,6 +318,10 @@ class Pair:
     def stop(self) -> None:
         for p in (self.proxy, *reversed(self.engines)):
             p.stop()
+
+    def proxy_sample(self, name: str, **labels: str) -> float:
+        """One of the proxy's own metrics (its admin port's /metrics), summed over ``labels``."""
+        return summed(scrape(self.admin_url), name, **labels)
 
     def status(self) -> dict[str, Any]:
         status: dict[str, Any] = requests.get(f"{self.admin_url}/status", timeout=30).json()
