@@ -1,5 +1,6 @@
-"""Replicas across nodes: `kubectl scale` 1 -> 3 -> 1, a rolling update under a live probe, a node drain that
-the PodDisruptionBudget holds back.
+"""Replicas across nodes: `kubectl scale` 1 -> 3 -> 1 (the removed replicas answer in full whatever they
+accept while they drain), a rolling update under a live probe, a node drain that the PodDisruptionBudget
+holds back.
 
 Three 8-GPU nodes of their own (a node pool); each replica reserves every GPU of a node, so the scheduler
 puts one replica per node. The tests run in file order on one deployment, each leaving it as the next
@@ -247,9 +248,74 @@ def test_a_node_drain_evicts_one_replica_and_the_budget_blocks_the_next(
     wait_replicas(cp, ns, 3)
 
 
+@dataclass
+class Removed:
+    """Back-to-back streamed completions straight to one replica's pod IP (not through the endpoints), each
+    on a new connection, until its proxy stops accepting them: what it answers during its drain must be
+    answered in full."""
+
+    ip: str
+    stop: threading.Event = field(default_factory=threading.Event)
+    done: int = 0  # 200 with the whole stream
+    broken: list[str] = field(default_factory=list)  # any other answer: a 5xx, an error event, a stream cut short
+    refused: str = ""  # how it ended: a refused connect (the proxy no longer listens), or 503
+    thread: threading.Thread | None = None
+
+    def run(self) -> None:
+        body = {"model": "Qwen/Qwen3-235B-A22B-FP8", "prompt": "drain", "max_tokens": 8, "stream": True}
+        url, headers = f"http://{self.ip}:8000/v1/completions", {"Connection": "close"}
+        # A connection dropped before any answer is the end only if the next connect is refused (the listener
+        # closed as it was accepted); if the proxy answers again, that request was lost.
+        dropped = ""
+        with httpx.Client(timeout=httpx.Timeout(30, connect=5), trust_env=False) as client:
+            while not self.stop.is_set() and not self.refused:
+                try:
+                    with client.stream("POST", url, json=body, headers=headers) as resp:
+                        try:
+                            lines = [line for line in resp.iter_lines() if line.startswith("data: ")]
+                        except httpx.HTTPError as err:
+                            self.broken.append(f"{resp.status_code}, cut: {err!r}")
+                            continue
+                except (httpx.ConnectError, httpx.ConnectTimeout) as err:
+                    self.refused = repr(err)
+                    continue
+                except httpx.HTTPError as err:
+                    self.broken += [dropped] if dropped else []
+                    dropped = f"no answer: {err!r}"
+                    continue
+                self.broken += [dropped] if dropped else []
+                dropped = ""
+                whole = lines[-1:] == ["data: [DONE]"] and not any('"error"' in line for line in lines)
+                if resp.status_code == 503:
+                    self.refused = "503"
+                elif resp.status_code == 200 and whole:
+                    self.done += 1
+                else:
+                    self.broken.append(f"{resp.status_code}: {lines[-2:]}")
+
+    def __enter__(self) -> Removed:
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout=40)
+
+
 def test_kubectl_scale_back_to_one(cp: ControlPlane, ns: str) -> None:
-    cp.kubectl("scale", f"pdd/{NAME}", "-n", ns, "--replicas", "1")
-    obj = wait_replicas(cp, ns, 1)
+    """The removed replicas drain: a client that keeps sending straight to each until its proxy stops
+    listening gets every request the proxy accepted answered in full, those of its drain delay too, after
+    the pod's deletion: the engines' preStop hook holds their SIGTERM until the proxy is gone."""
+    removed = [p["status"]["podIP"] for p in serving(cp, ns) if p["metadata"]["name"] != NAME]
+    with Removed(removed[0]) as one, Removed(removed[1]) as two:
+        wait_for(lambda: one.done and two.done, 30, "requests answered by both replicas to be removed")
+        cp.kubectl("scale", f"pdd/{NAME}", "-n", ns, "--replicas", "1")
+        obj = wait_replicas(cp, ns, 1)
+        wait_for(lambda: one.refused and two.refused, 30, "both removed proxies to stop taking requests")
+    log.info("removed replicas: %s", [(r.ip, r.done, r.broken, r.refused) for r in (one, two)])
+    assert not one.broken and not two.broken, [(r.ip, r.broken) for r in (one, two)]
     assert [p["metadata"]["name"] for p in serving(cp, ns)] == [NAME]
     assert obj["status"]["ready"] == "1/1" and len(obj["status"]["replicaStatuses"]) == 1
     assert budget(cp, ns)["spec"]["minAvailable"] == 0
