@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 import httpx
 import yaml
@@ -49,11 +49,17 @@ def get(cp: ControlPlane, path: str) -> Obj | None:
     return result
 
 
-def _slices_path(namespace: str, service: str, watch_from: str = "") -> str:
-    query = f"labelSelector=kubernetes.io/service-name={service}"
+def _selected(collection: str, selector: str, watch_from: str = "") -> str:
+    """The path that lists a collection's objects matching a label selector, or watches them from a version."""
+    query = f"labelSelector={selector}"
     if watch_from:  # the server ends each watch after a few seconds, so a stop is seen soon
         query += f"&watch=1&resourceVersion={watch_from}&timeoutSeconds=5"
-    return f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices?{query}"
+    return f"{collection}?{query}"
+
+
+def _slices_path(namespace: str, service: str, watch_from: str = "") -> str:
+    collection = f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
+    return _selected(collection, f"kubernetes.io/service-name={service}", watch_from)
 
 
 def _ready(slices: Iterable[Obj]) -> list[str]:
@@ -72,23 +78,38 @@ def ready_addresses(cp: ControlPlane, namespace: str, service: str) -> list[str]
 
 
 @dataclass
-class ReadyEndpoints:
-    """A Service's ready endpoint addresses, kept current by a watch of its EndpointSlices as kube-proxy
-    keeps them (a poll would go on sending to a removed endpoint for up to one interval)."""
+class _Watched:
+    """Objects listed once, then followed by a watch from the listing's resourceVersion in a thread of its
+    own for as long as the ``with`` block runs. A subclass says what it lists (``path``), what a listing
+    and each event change in its state (``listed``, ``apply_event``), and what it does when the watch
+    cannot resume (``resume``)."""
 
     cp: ControlPlane
     namespace: str
-    service: str
-    slices: dict[str, Obj] = field(default_factory=dict)  # name -> EndpointSlice
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    stop: threading.Event = field(default_factory=threading.Event)
-    thread: threading.Thread | None = None
+    stop: threading.Event = field(default_factory=threading.Event, kw_only=True)
+    thread: threading.Thread | None = field(default=None, kw_only=True)
 
-    def __call__(self) -> list[str]:
-        with self.lock:
-            return _ready(self.slices.values())
+    def path(self, watch_from: str = "") -> str:
+        raise NotImplementedError
 
-    def __enter__(self) -> ReadyEndpoints:
+    def listed(self, items: list[Obj]) -> None:
+        raise NotImplementedError
+
+    def apply_event(self, event: Obj) -> str:
+        """The event applied; the version to resume from, "" when the watch cannot resume (an ERROR such
+        as 410 Gone)."""
+        raise NotImplementedError
+
+    def resume(self) -> str:
+        """After an event the watch cannot resume from: list again, and follow from that listing."""
+        return self.relist()
+
+    def relist(self) -> str:
+        listing = get(self.cp, self.path()) or {}
+        self.listed(listing.get("items", []))
+        return str(listing["metadata"]["resourceVersion"])
+
+    def __enter__(self) -> Self:
         version = self.relist()
         self.thread = threading.Thread(target=self.follow, args=(version,), daemon=True)
         self.thread.start()
@@ -99,27 +120,40 @@ class ReadyEndpoints:
         if self.thread:
             self.thread.join(timeout=30)
 
-    def relist(self) -> str:
-        listing = get(self.cp, _slices_path(self.namespace, self.service)) or {}
-        with self.lock:
-            self.slices = {s["metadata"]["name"]: s for s in listing.get("items", [])}
-        return str(listing["metadata"]["resourceVersion"])
-
     def follow(self, version: str) -> None:
-        while not self.stop.is_set():
+        while version and not self.stop.is_set():
             try:
-                path = _slices_path(self.namespace, self.service, version)
-                with self.cp.http() as client, client.stream("GET", path) as resp:
+                with self.cp.http() as client, client.stream("GET", self.path(version)) as resp:
                     resp.raise_for_status()
                     for line in resp.iter_lines():
-                        if line.strip():
-                            version = self.apply_event(json.loads(line)) or self.relist()
+                        if line.strip() and not (version := self.apply_event(json.loads(line)) or self.resume()):
+                            return
             except httpx.HTTPError as err:  # reconnect from the last version seen
-                log.warning("EndpointSlice watch in %s interrupted (%s)", self.namespace, err)
+                log.warning("watch of %s interrupted (%s); resuming at %s", self.path(), err, version)
                 time.sleep(0.2)
 
+
+@dataclass
+class ReadyEndpoints(_Watched):
+    """A Service's ready endpoint addresses, kept current by a watch of its EndpointSlices as kube-proxy
+    keeps them (a poll would go on sending to a removed endpoint for up to one interval)."""
+
+    service: str
+    slices: dict[str, Obj] = field(default_factory=dict)  # name -> EndpointSlice
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self) -> list[str]:
+        with self.lock:
+            return _ready(self.slices.values())
+
+    def path(self, watch_from: str = "") -> str:
+        return _slices_path(self.namespace, self.service, watch_from)
+
+    def listed(self, items: list[Obj]) -> None:
+        with self.lock:
+            self.slices = {s["metadata"]["name"]: s for s in items}
+
     def apply_event(self, event: Obj) -> str:
-        """The event applied; "" when the watch cannot resume (an ERROR such as 410 Gone: list again)."""
         obj = event["object"]
         if event["type"] == "ERROR":
             return ""
@@ -143,55 +177,33 @@ def pods(cp: ControlPlane, namespace: str, selector: str = "") -> list[Obj]:
 
 
 @dataclass
-class PodWatch:
+class PodWatch(_Watched):
     """Every change to the pods a selector matches, as the API server's watch reports it.
 
     Sampling pods with repeated lists misses a state that lasts less than one list (a pod deleted and
     replaced between two polls); a watch sees each change in order, so what it records is exact.
     """
 
-    cp: ControlPlane
-    namespace: str
     selector: str
     deleting: set[str] = field(default_factory=set)  # names of pods seen with a deletionTimestamp or deleted
     fewest_ready: int | None = None  # fewest pods Ready and not being deleted, after any change
     current: dict[str, Obj] = field(default_factory=dict)  # uid -> pod
     failure: str = ""  # why the watch could not go on (then what it recorded is incomplete)
-    stop: threading.Event = field(default_factory=threading.Event)
-    thread: threading.Thread | None = None
-
-    def __enter__(self) -> PodWatch:
-        listing = get(self.cp, self.path()) or {}
-        self.current = {p["metadata"]["uid"]: p for p in listing.get("items", [])}
-        self.record()
-        version = listing["metadata"]["resourceVersion"]
-        self.thread = threading.Thread(target=self.follow, args=(version,), daemon=True)
-        self.thread.start()
-        return self
 
     def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        if self.thread:
-            self.thread.join(timeout=30)
+        super().__exit__()
         assert not self.failure, self.failure
 
     def path(self, watch_from: str = "") -> str:
-        query = f"labelSelector={self.selector}"
-        if watch_from:  # the server ends each watch after a few seconds, so stop() is seen soon
-            query += f"&watch=1&resourceVersion={watch_from}&timeoutSeconds=5"
-        return f"/api/v1/namespaces/{self.namespace}/pods?{query}"
+        return _selected(f"/api/v1/namespaces/{self.namespace}/pods", self.selector, watch_from)
 
-    def follow(self, version: str) -> None:
-        while not self.stop.is_set() and not self.failure:
-            try:
-                with self.cp.http() as client, client.stream("GET", self.path(version)) as resp:
-                    resp.raise_for_status()
-                    for line in resp.iter_lines():
-                        if line.strip():
-                            version = self.apply_event(json.loads(line)) or version
-            except httpx.HTTPError as err:  # reconnect from the last version seen
-                log.warning("pod watch in %s interrupted (%s); resuming at %s", self.namespace, err, version)
-                time.sleep(0.2)
+    def listed(self, items: list[Obj]) -> None:
+        self.current = {p["metadata"]["uid"]: p for p in items}
+        self.record()
+
+    def resume(self) -> str:
+        """A new listing would hide the changes missed: the watch stops, and ``__exit__`` fails."""
+        return ""
 
     def apply_event(self, event: Obj) -> str:
         obj = event["object"]
