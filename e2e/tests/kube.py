@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Self, TypeVar
+from typing import Any, ClassVar, Literal, Self, TypeVar
 
 import httpx
 import yaml
@@ -78,7 +78,30 @@ def ready_addresses(cp: ControlPlane, namespace: str, service: str) -> list[str]
 
 
 @dataclass
-class _Watched:
+class Background:
+    """``run`` goes on in a daemon thread of its own while the ``with`` block runs; ``stop`` is set on the
+    way out, and the thread gets ``join_s`` to see it."""
+
+    join_s: ClassVar[float] = 30
+    stop: threading.Event = field(default_factory=threading.Event, kw_only=True)
+    thread: threading.Thread | None = field(default=None, kw_only=True)
+
+    def run(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        if self.thread:
+            self.thread.join(timeout=self.join_s)
+
+
+@dataclass
+class _Watched(Background):
     """Objects listed once, then followed by a watch from the listing's resourceVersion in a thread of its
     own for as long as the ``with`` block runs. A subclass says what it lists (``path``), what a listing
     and each event change in its state (``listed``, ``apply_event``), and what it does when the watch
@@ -86,8 +109,7 @@ class _Watched:
 
     cp: ControlPlane
     namespace: str
-    stop: threading.Event = field(default_factory=threading.Event, kw_only=True)
-    thread: threading.Thread | None = field(default=None, kw_only=True)
+    version: str = field(default="", kw_only=True)  # the last resourceVersion seen: where the watch resumes
 
     def path(self, watch_from: str = "") -> str:
         raise NotImplementedError
@@ -110,26 +132,22 @@ class _Watched:
         return str(listing["metadata"]["resourceVersion"])
 
     def __enter__(self) -> Self:
-        version = self.relist()
-        self.thread = threading.Thread(target=self.follow, args=(version,), daemon=True)
-        self.thread.start()
-        return self
+        self.version = self.relist()
+        return super().__enter__()
 
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        if self.thread:
-            self.thread.join(timeout=30)
-
-    def follow(self, version: str) -> None:
-        while version and not self.stop.is_set():
+    def run(self) -> None:
+        while self.version and not self.stop.is_set():
             try:
-                with self.cp.http() as client, client.stream("GET", self.path(version)) as resp:
+                with self.cp.http() as client, client.stream("GET", self.path(self.version)) as resp:
                     resp.raise_for_status()
                     for line in resp.iter_lines():
-                        if line.strip() and not (version := self.apply_event(json.loads(line)) or self.resume()):
+                        if not line.strip():
+                            continue
+                        self.version = self.apply_event(json.loads(line)) or self.resume()
+                        if not self.version:
                             return
             except httpx.HTTPError as err:  # reconnect from the last version seen
-                log.warning("watch of %s interrupted (%s); resuming at %s", self.path(), err, version)
+                log.warning("watch of %s interrupted (%s); resuming at %s", self.path(), err, self.version)
                 time.sleep(0.2)
 
 

@@ -33,7 +33,6 @@ import json
 import logging
 import math
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -48,6 +47,7 @@ from e2e.cluster import ControlPlane
 from e2e.stack import Stack, pool_placement
 from e2e.tests.kube import (
     GROUP_PATH,
+    Background,
     Obj,
     PodWatch,
     ReadyEndpoints,
@@ -128,7 +128,7 @@ def status(obj: Obj | None) -> Obj:
 
 
 @dataclass
-class Timeline:
+class Timeline(Background):
     """The PDDeployment sampled every second while the load runs, on the load generator's clock."""
 
     cp: ControlPlane
@@ -136,20 +136,8 @@ class Timeline:
     load: OpenLoop
     samples: list[Obj] = field(default_factory=list)
     phases: list[Obj] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-    thread: threading.Thread | None = None
 
-    def __enter__(self) -> Timeline:
-        self.thread = threading.Thread(target=self.follow, daemon=True)
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        if self.thread is not None:
-            self.thread.join(timeout=30)
-
-    def follow(self) -> None:
+    def run(self) -> None:
         while not self.stop.wait(1.0):
             try:
                 obj = pdd(self.cp, self.ns, NAME) or {}

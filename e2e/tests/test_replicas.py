@@ -26,6 +26,7 @@ import pytest
 from e2e.cluster import ControlPlane
 from e2e.stack import Stack, pool_placement
 from e2e.tests.kube import (
+    Background,
     Obj,
     PodWatch,
     apply,
@@ -249,17 +250,17 @@ def test_a_node_drain_evicts_one_replica_and_the_budget_blocks_the_next(
 
 
 @dataclass
-class Removed:
+class Removed(Background):
     """Back-to-back streamed completions straight to one replica's pod IP (not through the endpoints), each
     on a new connection, until its proxy stops accepting them: what it answers during its drain must be
     answered in full."""
 
+    join_s = 40.0  # a request in flight may take its 30 s read timeout
+
     ip: str
-    stop: threading.Event = field(default_factory=threading.Event)
     done: int = 0  # 200 with the whole stream
     broken: list[str] = field(default_factory=list)  # any other answer: a 5xx, an error event, a stream cut short
     refused: str = ""  # how it ended: a refused connect (the proxy no longer listens), or 503
-    thread: threading.Thread | None = None
 
     def run(self) -> None:
         body = {"model": "Qwen/Qwen3-235B-A22B-FP8", "prompt": "drain", "max_tokens": 8, "stream": True}
@@ -292,16 +293,6 @@ class Removed:
                     self.done += 1
                 else:
                     self.broken.append(f"{resp.status_code}: {lines[-2:]}")
-
-    def __enter__(self) -> Removed:
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        if self.thread is not None:
-            self.thread.join(timeout=40)
 
 
 def test_kubectl_scale_back_to_one(cp: ControlPlane, ns: str) -> None:
