@@ -34,14 +34,13 @@ from pd_operator.api import (
     PDDeploymentSpec,
     ScaleRecommendation,
 )
+from pd_operator.conditions import ScalingReason
 from pd_operator.goodput import parse_time, rfc3339
 from pd_operator.layout import Layout
-from pd_operator.observe import SCALING_ACTIVE
 from pd_runtime.plan.catalog import get_model
 from pd_runtime.plan.layouts import Layout as PlanLayout
 from pd_runtime.plan.price import Demand, sample
 
-CONDITION = SCALING_ACTIVE
 MAX_RECOMMENDATIONS = 64  # AutoscalingStatus.recommendations' max_length
 
 
@@ -331,7 +330,7 @@ class Verdict:
 
     replicas: int | None
     status: Literal["True", "False"]
-    reason: str
+    reason: ScalingReason  # ScalingActive's
     message: str
     recommendations: tuple[ScaleRecommendation, ...]
     event: str | None = None  # a scaling decision's reason, for an Event

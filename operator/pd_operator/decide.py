@@ -29,9 +29,10 @@ from pd_operator.api import (
     PDDeploymentStatus,
     ProbeState,
 )
+from pd_operator.conditions import NAME_CONFLICT, SCALING_ACTIVE
 from pd_operator.layout import Layout
 from pd_operator.observe import Event, NodeTrouble, Observation, ProxyReport, ReplicaObservation, RouterRead
-from pd_operator.refusals import NAME_CONFLICT, ApiFailure, Refusal, refusal
+from pd_operator.refusals import ApiFailure, Refusal, refusal
 from pd_operator.settings import Settings
 from pd_operator.validation import SpecError, validate_spec
 from pd_operator.views import ClaimView, JobView, NodeView, ObjectView, PodView, pod_view
@@ -811,9 +812,9 @@ def _autoscaling(
     )
     action = None if verdict.replicas is None else Scale(snap.deployment.name, verdict.replicas)
     failure = None if action is None else snap.failed.get(action.key)
-    cond = observe.condition(autoscale.CONDITION, verdict.status == "True", verdict.reason, verdict.message)
+    cond = observe.condition(SCALING_ACTIVE, verdict.status == "True", verdict.reason, verdict.message)
     if failure is not None:
-        cond = observe.condition(autoscale.CONDITION, False, "ScaleFailed", f"cannot set replicas: {failure}")
+        cond = observe.condition(SCALING_ACTIVE, False, "ScaleFailed", f"cannot set replicas: {failure}")
     state = AutoscalingStatus(
         desired_replicas=verdict.desired(spec.replicas),
         recommendations=list(verdict.recommendations),

@@ -2,8 +2,9 @@
 
 Nothing here talks to the API server. The status is an :class:`api.PDDeploymentStatus`, the very model
 the CRD schema is generated from, so a key the operator writes cannot be missing from the schema; it
-goes on the wire only through :func:`wire` and :func:`merge_patch`. ``Ready`` is declared once, as a
-condition set (after KServe's ``conditionSet``): it is True exactly when every dependent is True.
+goes on the wire only through :func:`wire` and :func:`merge_patch`. Every condition is built from its
+entry in ``conditions.py``; ``Ready`` is a condition set (after KServe's ``conditionSet``): it is True
+exactly when every condition that table says gates it is True.
 Each replica (serving pod) is observed on its own, as if it were alone; the deployment's phase and
 conditions are those of its one replica, or with several replicas their summary.
 """
@@ -29,8 +30,31 @@ from pd_operator.api import (
     RoleStatus,
     RouterStatus,
 )
+from pd_operator.conditions import (
+    CHILDREN_ADMITTED,
+    GOODPUT_MET,
+    KV_MISMATCH,
+    KV_NOT_APPLICABLE,
+    KV_TRANSFER_VERIFIED,
+    NAME_CONFLICT,
+    NODE_LOST,
+    NODE_NOT_READY,
+    PREFLIGHT_FAILED,
+    PROXY_READY,
+    PROXY_UNREACHABLE,
+    READY,
+    ROLE_READY,
+    ROUTER_READY,
+    SCALING_ACTIVE,
+    SPEC_VALID,
+    TUNED,
+    ConditionKind,
+    Reason,
+    RoleReason,
+    ready_gates,
+)
 from pd_operator.layout import EngineInstance, Layout
-from pd_operator.refusals import NAME_CONFLICT, Refusal
+from pd_operator.refusals import Refusal
 from pd_operator.render import DRA_CLAIM, PROXY_CONTAINER, router_name, selector_string
 from pd_operator.views import MESSAGE_LIMIT, ClaimView, ContainerView, DeploymentView, PodView
 
@@ -46,18 +70,10 @@ CRASH_REASONS = frozenset(
         "RunContainerError",
     }
 )
-KV_VERIFIED = "KVTransferVerified"
-KV_MISMATCH = "KVMismatch"
-CHILDREN_ADMITTED = "ChildrenAdmitted"
-CHILD_REFUSED = "ChildRefused"
+CHILD_REFUSED = "ChildRefused"  # the Event of a refused child (ChildrenAdmitted False, not a NameConflict)
 # `pdctl engine` exits with this code (EX_CONFIG) when its preflight refuses to start the engine; its
 # reason is the container's termination message (pd_runtime.launcher.EXIT_PREFLIGHT_FAILED).
 PREFLIGHT_EXIT_CODE = 78
-PREFLIGHT_FAILED = "PreflightFailed"
-NODE_LOST = "NodeLost"
-NODE_NOT_READY = "NodeNotReady"
-ROUTER_READY = "RouterReady"
-SCALING_ACTIVE = "ScalingActive"
 
 
 @dataclass(frozen=True)
@@ -146,8 +162,6 @@ class Event:
 
 # ---- the condition set of Ready -------------------------------------------------------------------------
 
-ROLE_CONDITION = {"prefill": "PrefillReady", "decode": "DecodeReady", "engine": "EngineReady", "proxy": "ProxyReady"}
-
 
 @dataclass(frozen=True)
 class ConditionSet:
@@ -162,10 +176,9 @@ class ConditionSet:
 
 
 def ready_set(layout: Layout) -> ConditionSet:
-    """Ready = SpecValid and one readiness condition per role of the pod (in the pod's order)."""
-    roles = [e.role for e in layout.engines] + ["proxy"]
-    per_role = tuple(dict.fromkeys(ROLE_CONDITION[r] for r in roles))
-    return ConditionSet("Ready", ("SpecValid", *per_role))
+    """Ready = the conditions that gate it (conditions.py) for this pod: SpecValid and its roles' readiness."""
+    roles = {e.role for e in layout.engines} | {"proxy"}
+    return ConditionSet(READY.type, tuple(kind.type for kind in ready_gates(roles)))
 
 
 # ---- containers ------------------------------------------------------------------------------------------
@@ -308,12 +321,13 @@ def phase_of(rep: ReplicaObservation, roles: Sequence[RoleStatus], ready: bool) 
 # ---- conditions -------------------------------------------------------------------------------------------
 
 
-def condition(kind: str, ok: bool | None, reason: str, message: str) -> Condition:
+def condition(kind: ConditionKind[Reason], ok: bool | None, reason: Reason, message: str) -> Condition:
+    """A condition of the kind the table declares, with one of its reasons."""
     status: ConditionStatus = "Unknown" if ok is None else ("True" if ok else "False")
-    return Condition(type=kind, status=status, reason=reason, message=message[:MESSAGE_LIMIT])
+    return Condition(type=kind.type, status=status, reason=reason, message=message[:MESSAGE_LIMIT])
 
 
-def _pod_not_usable(rep: ReplicaObservation) -> tuple[str, str] | None:
+def _pod_not_usable(rep: ReplicaObservation) -> tuple[RoleReason, str] | None:
     """Why no container of the serving pod can count as ready for the current spec, if so."""
     if rep.pod is None:
         return "NoPod", "the serving pod does not exist yet"
@@ -325,7 +339,10 @@ def _pod_not_usable(rep: ReplicaObservation) -> tuple[str, str] | None:
 
 
 def _role_condition(
-    kind: str, roles: Sequence[RoleStatus], blocked: tuple[str, str] | None, refusals: Mapping[str, str]
+    kind: ConditionKind[RoleReason],
+    roles: Sequence[RoleStatus],
+    blocked: tuple[RoleReason, str] | None,
+    refusals: Mapping[str, str],
 ) -> Condition:
     if blocked:
         return condition(kind, False, *blocked)
@@ -334,7 +351,9 @@ def _role_condition(
         return condition(kind, False, PREFLIGHT_FAILED, "; ".join(refused))
     not_ready = [r.name for r in roles if not r.ready]
     # Several engines of a role: the counts first, so that `kubectl describe` answers "how many" at a glance.
-    counted = f"{len(roles) - len(not_ready)}/{len(roles)} ready; " if len(roles) > 1 and kind != "ProxyReady" else ""
+    counted = (
+        f"{len(roles) - len(not_ready)}/{len(roles)} ready; " if len(roles) > 1 and kind is not PROXY_READY else ""
+    )
     if not not_ready:
         return condition(kind, True, "ContainersReady", counted + ", ".join(r.name for r in roles) + " ready")
     return condition(kind, False, "ContainersNotReady", counted + "not ready: " + ", ".join(not_ready))
@@ -375,37 +394,42 @@ def kv_transfer_condition(spec: PDDeploymentSpec, rep: ReplicaObservation, prior
     the proxy's canary finds decode's tokens after a transfer differ from prefill's own: then False
     (KVMismatch) for as long as that proxy reports it, a True before it notwithstanding (fail closed)."""
     if not spec.disaggregated:
-        return condition(KV_VERIFIED, None, "NotApplicable", "colocated mode moves no KV cache between engines")
+        return condition(
+            KV_TRANSFER_VERIFIED, None, KV_NOT_APPLICABLE, "colocated mode moves no KV cache between engines"
+        )
     kept = _kept_kv(prior, rep.pod)
     report = rep.proxy
     mismatch = kv_mismatch(report)
     if mismatch is not None and rep.pod is not None:
         message = f"the proxy's canary at {mismatch.get('at')}: {mismatch.get('message')}"
-        return condition(KV_VERIFIED, False, KV_MISMATCH, message)
+        return condition(KV_TRANSFER_VERIFIED, False, KV_MISMATCH, message)
     if kept is not None and kept.status == "True":
         return kept.model_copy()
     if kept is not None and kept.reason == KV_MISMATCH and (report is None or report.status is None):
         return kept.model_copy()  # an unreadable proxy clears nothing
     if report is None or rep.pod is None:
-        return condition(KV_VERIFIED, False, "NoProxy", "the proxy is not running yet")
+        return condition(KV_TRANSFER_VERIFIED, False, "NoProxy", "the proxy is not running yet")
     if report.status is None:
-        if kept is not None and kept.reason == "ProxyUnreachable":
+        if kept is not None and kept.reason == PROXY_UNREACHABLE:
             return kept.model_copy()  # a timeout after a refusal is no news: the first error's text stays
-        return condition(KV_VERIFIED, False, "ProxyUnreachable", f"proxy admin /status: {report.error}")
+        return condition(KV_TRANSFER_VERIFIED, False, PROXY_UNREACHABLE, f"proxy admin /status: {report.error}")
     last = report.status.get("last_transfer")
     if not isinstance(last, Mapping):
         return condition(
-            KV_VERIFIED, False, "NoTransferYet", "waiting for a request whose prefill and decode legs both succeed"
+            KV_TRANSFER_VERIFIED,
+            False,
+            "NoTransferYet",
+            "waiting for a request whose prefill and decode legs both succeed",
         )
     message = (
         f"transfer {last.get('transfer_id')} from prefill {last.get('prefill')} to decode {last.get('decode')} "
         f"completed at {last.get('completed_at')} ({last.get('source')})"
     )
-    return condition(KV_VERIFIED, True, "TransferCompleted", message)
+    return condition(KV_TRANSFER_VERIFIED, True, "TransferCompleted", message)
 
 
 def children_refused(previous: PDDeploymentStatus) -> bool:
-    found = find(previous.conditions, CHILDREN_ADMITTED)
+    found = find(previous.conditions, CHILDREN_ADMITTED.type)
     return found is not None and found.status == "False"
 
 
@@ -416,7 +440,7 @@ def children_condition(obs: Observation) -> Condition:
     if obs.refusals:
         message = "; ".join(r.describe() for r in obs.refusals)
         return condition(CHILDREN_ADMITTED, False, obs.refusals[0].reason, message)
-    kept = find(obs.previous.conditions, CHILDREN_ADMITTED)
+    kept = find(obs.previous.conditions, CHILDREN_ADMITTED.type)
     if kept is not None and not obs.children_written:
         return kept.model_copy()
     return condition(CHILDREN_ADMITTED, True, "Admitted", "the API server accepted every child")
@@ -426,11 +450,11 @@ def node_lost_condition(obs: Observation, phase: Phase) -> Condition | None:
     """Shown from the first time a serving pod's node is not Ready: True from the force-deletion until
     the replacements are Ready, then False (Recovered) until the next time; absent while nodes were fine."""
     troubles = [r.node for r in obs.replicas if r.node is not None]
-    prior = find(obs.previous.conditions, NODE_LOST)
+    prior = find(obs.previous.conditions, NODE_LOST.type)
     if troubles:
         lost = [t for t in troubles if t.lost]
         message = "; ".join(t.message for t in lost or troubles)
-        return condition(NODE_LOST, bool(lost), NODE_LOST if lost else NODE_NOT_READY, message)
+        return condition(NODE_LOST, bool(lost), "NodeLost" if lost else NODE_NOT_READY, message)
     if prior is not None and prior.reason == NODE_NOT_READY:
         return condition(NODE_LOST, False, "NodeReady", "the nodes of the serving pods are Ready again")
     if prior is not None and prior.status == "True" and phase == "Ready":
@@ -440,7 +464,7 @@ def node_lost_condition(obs: Observation, phase: Phase) -> Condition | None:
 
 
 def goodput_condition(spec: PDDeploymentSpec, goodput: GoodputStatus | None) -> Condition:
-    kind = "GoodputMet"
+    kind = GOODPUT_MET
     if not spec.goodput_probe.enabled:
         return condition(kind, None, "ProbeDisabled", "spec.goodputProbe.enabled is false")
     if goodput is None:
@@ -459,7 +483,7 @@ def tuned_conditions(spec: PDDeploymentSpec, state: AutotuneStatus | None) -> li
 
 
 def _tuned(state: AutotuneStatus | None) -> Condition:
-    kind = "Tuned"
+    kind = TUNED
     if state is None or not state.trials:
         return condition(kind, False, "NoTrials", state.message if state else "planning the trials")
     if state.tuned is None:
@@ -519,11 +543,11 @@ def with_condition(
 
 
 def _role_conditions(
-    roles: Sequence[RoleStatus], blocked: tuple[str, str] | None, refusals: Mapping[str, str]
+    roles: Sequence[RoleStatus], blocked: tuple[RoleReason, str] | None, refusals: Mapping[str, str]
 ) -> list[Condition]:
-    by_kind: dict[str, list[RoleStatus]] = {}
+    by_kind: dict[ConditionKind[RoleReason], list[RoleStatus]] = {}
     for r in roles:
-        by_kind.setdefault(ROLE_CONDITION[r.role], []).append(r)
+        by_kind.setdefault(ROLE_READY[r.role], []).append(r)
     return [_role_condition(kind, members, blocked, refusals) for kind, members in by_kind.items()]
 
 
@@ -533,8 +557,8 @@ def _role_conditions(
 def _invalid(obs: Observation) -> PDDeploymentStatus:
     """An invalid spec changes phase, message and SpecValid; everything else stays as it was."""
     phase, message = "Failed", "invalid spec: " + "; ".join(obs.spec_problems)
-    invalid = condition("SpecValid", False, obs.spec_reason, "; ".join(obs.spec_problems))
-    kept = [c for c in obs.previous.conditions if c.type != "SpecValid"]
+    invalid = condition(SPEC_VALID, False, obs.spec_reason, "; ".join(obs.spec_problems))
+    kept = [c for c in obs.previous.conditions if c.type != SPEC_VALID.type]
     conds = _with_transition_times([invalid, *kept], obs.previous.conditions, obs.now, obs.generation)
     return obs.previous.model_copy(update={"phase": phase, "message": message[:MESSAGE_LIMIT], "conditions": conds})
 
@@ -564,7 +588,7 @@ def replica_facts(
     pod = rep.pod
     roles = role_statuses(layout, pod)
     role_conds = _role_conditions(roles, _pod_not_usable(rep), preflight_refusals(pod))
-    valid = condition("SpecValid", True, "Valid", "the spec passed validation")
+    valid = condition(SPEC_VALID, True, "Valid", "the spec passed validation")
     phase, message = phase_of(rep, roles, ready_set(layout).satisfied([valid, *role_conds]))
     kv = kv_transfer_condition(spec, rep, previous_replica(previous, rep.index))
     ready = pod is not None and not pod.deleting and not pod.ended and all(r.ready for r in roles)
@@ -584,18 +608,16 @@ def replica_facts(
     return ReplicaFacts(rep, roles, role_conds, phase, message, kv, ready, status)
 
 
-def _summary_condition(
-    kind: str, per: Sequence[ReplicaFacts], conds: Sequence[Condition], ok_reason: str, worst: str = ""
-) -> Condition:
-    """A condition over several replicas: True when True on each; else the replicas that hold it back,
-    those with reason ``worst`` first (its reason is then the summary's)."""
+def _summary_condition(per: Sequence[ReplicaFacts], conds: Sequence[Condition], worst: str = "") -> Condition:
+    """One condition over several replicas, with the reason of a replica's: True when True on each; else
+    the replicas that hold it back, those with reason ``worst`` first (the first one's reason is the summary's)."""
     failing = [(f, c) for f, c in zip(per, conds, strict=True) if c.status != "True"]
     failing.sort(key=lambda item: item[1].reason != worst)
     if not failing:
-        return condition(kind, True, ok_reason, f"on all {len(per)} replicas")
+        return conds[0].model_copy(update={"message": f"on all {len(per)} replicas"})
     detail = "; ".join(f"{f.status.pod_name or f'replica {f.obs.index}'}: {c.message}" for f, c in failing)
-    prefix = f"{len(per) - len(failing)}/{len(per)} replicas: "
-    return condition(kind, False, failing[0][1].reason, prefix + detail)
+    message = f"{len(per) - len(failing)}/{len(per)} replicas: {detail}"
+    return failing[0][1].model_copy(update={"status": "False", "message": message[:MESSAGE_LIMIT]})
 
 
 def _summary_phase(per: Sequence[ReplicaFacts], surplus: int) -> tuple[Phase, str]:
@@ -622,10 +644,10 @@ def _summary_conditions(per: Sequence[ReplicaFacts]) -> tuple[list[Condition], C
     for f in per:  # every replica has the same roles: one layout
         for c in f.role_conditions:
             by_kind.setdefault(c.type, []).append(c)
-    roles = [_summary_condition(kind, per, conds, "ContainersReady") for kind, conds in by_kind.items()]
+    roles = [_summary_condition(per, conds) for conds in by_kind.values()]
     kv = per[0].kv
-    if kv.reason != "NotApplicable":
-        kv = _summary_condition(KV_VERIFIED, per, [f.kv for f in per], "TransferCompleted", KV_MISMATCH)
+    if kv.reason != KV_NOT_APPLICABLE:
+        kv = _summary_condition(per, [f.kv for f in per], KV_MISMATCH)
     return roles, kv
 
 
@@ -638,9 +660,9 @@ def status(obs: Observation) -> PDDeploymentStatus:
     per = [replica_facts(spec, layout, rep, obs.previous) for rep in obs.replicas]
     first = per[0]
     role_conds, kv = _summary_conditions(per)
-    conds = [condition("SpecValid", True, "Valid", "the spec passed validation"), *role_conds]
+    conds = [condition(SPEC_VALID, True, "Valid", "the spec passed validation"), *role_conds]
     phase, message = _summary_phase(per, obs.surplus)
-    conds.append(condition("Ready", phase == "Ready", phase, "serving" if phase == "Ready" else "not serving"))
+    conds.append(condition(READY, phase == "Ready", phase, "serving" if phase == "Ready" else "not serving"))
     conds += [kv, goodput_condition(spec, goodput), children_condition(obs), *tuned_conditions(spec, obs.autotune)]
     if (node_lost := node_lost_condition(obs, phase)) is not None:
         conds.append(node_lost)
@@ -700,12 +722,12 @@ def events(old: PDDeploymentStatus, new: PDDeploymentStatus) -> list[Event]:
         for reason in (PREFLIGHT_FAILED, NODE_NOT_READY, KV_MISMATCH):
             if cond.reason == reason and reasons_before.get(kind) != reason:
                 found.append(Event("Warning", reason, cond.message))
-        if kind == CHILDREN_ADMITTED and value == "False" and messages_before.get(kind) != cond.message:
+        if kind == CHILDREN_ADMITTED.type and value == "False" and messages_before.get(kind) != cond.message:
             found.append(
                 Event("Warning", NAME_CONFLICT if cond.reason == NAME_CONFLICT else CHILD_REFUSED, cond.message)
             )
         if (
-            kind == SCALING_ACTIVE
+            kind == SCALING_ACTIVE.type
             and value == "False"
             and (before.get(kind), reasons_before.get(kind))
             != (
@@ -716,16 +738,18 @@ def events(old: PDDeploymentStatus, new: PDDeploymentStatus) -> list[Event]:
             found.append(Event("Warning", "ScalingInactive", cond.message))
         if before.get(kind) == value or value == "Unknown":
             continue
-        if kind == "SpecValid" and value == "False":
+        if kind == SPEC_VALID.type and value == "False":
             found.append(Event("Warning", cond.reason, cond.message))
-        elif kind == KV_VERIFIED and value == "True":
-            found.append(Event("Normal", KV_VERIFIED, cond.message))
-        elif kind == "GoodputMet":
+        elif kind == KV_TRANSFER_VERIFIED.type and value == "True":
+            found.append(Event("Normal", KV_TRANSFER_VERIFIED.type, cond.message))
+        elif kind == GOODPUT_MET.type:
             met = value == "True"
             found.append(Event("Normal" if met else "Warning", "GoodputMet" if met else "GoodputMissed", cond.message))
-        elif kind == ROUTER_READY:
+        elif kind == ROUTER_READY.type:
             up = value == "True"
-            found.append(Event("Normal" if up else "Warning", ROUTER_READY if up else "RouterNotReady", cond.message))
+            found.append(
+                Event("Normal" if up else "Warning", ROUTER_READY.type if up else "RouterNotReady", cond.message)
+            )
     return found
 
 

@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pd_operator.conditions import NAME_CONFLICT, RefusalReason
+
 DETAIL_LIMIT = 1024
-NAME_CONFLICT = "NameConflict"  # a child of a rendered name exists and another owner holds it
 _POD_SECURITY = re.compile(r'violates PodSecurity "(?P<level>[^"]+)": (?P<checks>.*)$', re.S)
 _RBAC = re.compile(r'User "(?P<user>[^"]+)" cannot (?P<verb>\S+) resource "(?P<resource>[^"]+)"')
 _WEBHOOK = re.compile(r'admission webhook "(?P<name>[^"]+)" denied the request: (?P<why>.*)$', re.S)
@@ -55,7 +56,7 @@ class Refusal:
     """Who refused which child, and what the user has to change."""
 
     obj: str  # e.g. Pod/qwen
-    reason: str  # CamelCase, for a condition: PodSecurity, OwnerReferencesPermission, RBAC, Invalid, ...
+    reason: RefusalReason  # ChildrenAdmitted's reason: PodSecurity, OwnerReferencesPermission, RBAC, Invalid, ...
     policy: str  # e.g. PodSecurity "baseline:latest"
     fields: tuple[str, ...]  # what is at fault, as the policy words it
     detail: str  # the server's own message

@@ -17,9 +17,8 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from pd_operator.api import PDDeploymentSpec
+from pd_operator.conditions import INVALID_SPEC
 from pd_operator.rules import Violation
-
-INVALID_SPEC = "InvalidSpec"
 
 
 class SpecError(ValueError):

@@ -1,15 +1,19 @@
-"""Shared helpers of the operator tests: example files and the seed's golden command lines."""
+"""Shared helpers of the operator tests: example files, the seed's golden command lines, and the check
+that every condition a test makes the operator write is declared in conditions.py."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from pd_operator.policy import DEFAULT_TOLERATION_KEYS, SERVICE_TYPES, HostPathPrefix, TenancyPolicy
+from pd_operator import conditions, observe
+from pd_operator.api import Condition
+from pd_operator.policy import DEFAULT_TOLERATION_KEYS, RULES, SERVICE_TYPES, HostPathPrefix, TenancyPolicy
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -42,3 +46,35 @@ WIDE_POLICY = TenancyPolicy(
     allow_service_account_tokens=True,
     service_types=SERVICE_TYPES,
 )
+
+
+# SpecValid's reasons beyond its own: the tenancy policy's rules (its ``more_reasons``).
+POLICY_REASONS = frozenset(rule.rule for rule in RULES)
+
+
+def undeclared(cond: Condition) -> str | None:
+    """Why ``cond`` is not one conditions.TABLE declares (its type, or its reason for that type), if so."""
+    kind = next((k for k in conditions.TABLE if k.type == cond.type), None)
+    if kind is None:
+        return f"condition type {cond.type} is not in conditions.TABLE"
+    extra = POLICY_REASONS if kind is conditions.SPEC_VALID else frozenset()
+    if cond.reason not in kind.reasons and cond.reason not in extra:
+        return f"{cond.type} has reason {cond.reason}, which conditions.TABLE does not declare for it"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def conditions_declared(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Condition]]:
+    """Every condition the operator builds in any operator test (observe.condition: observe's and decide's)
+    must be declared, so a new type or reason cannot slip past the table and docs/crd-reference.md."""
+    built: list[Condition] = []
+    build = observe.condition
+
+    def recorded(*args: Any) -> Condition:
+        built.append(build(*args))
+        return built[-1]
+
+    monkeypatch.setattr(observe, "condition", recorded)
+    yield built
+    problems = sorted({why for cond in built if (why := undeclared(cond))})
+    assert not problems, problems
