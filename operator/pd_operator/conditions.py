@@ -111,7 +111,8 @@ KV_TRANSFER_VERIFIED: Final[ConditionKind[KvReason]] = ConditionKind(
     "observe: each replica proxy's admin `/status` (`last_transfer`, `canary.kv_mismatch`)",
     "A transfer's prefill and decode legs both succeeded (user traffic, the canary or a probe), on every replica; "
     "True for the life of the pod unless the canary finds decode's greedy tokens after a transfer differ from "
-    "prefill's own: then False (`KVMismatch`, see `spec.proxy.onKvMismatch`) while that proxy reports it. "
+    "prefill's own: then False (`KVMismatch`, with the first differing token position; see "
+    "`spec.proxy.onKvMismatch`) while that proxy reports it. "
     "Unknown (`NotApplicable`) in colocated mode.",
 )
 GOODPUT_MET: Final[ConditionKind[GoodputReason]] = ConditionKind(
@@ -139,8 +140,9 @@ NODE_LOST: Final[ConditionKind[NodeLostReason]] = ConditionKind(
     get_args(NodeLostReason),
     "observe: the Nodes of the serving pods (`decide.node_trouble`)",
     "Shown from the first time a serving pod's node is NotReady or unreachable: False (`NodeNotReady`) within "
-    "the grace, True (`NodeLost`) once the pod is force-deleted and recreated on a node with free GPUs, until "
-    "the new pod is Ready; then False (`Recovered`, or `NodeReady` if the node came back in time).",
+    "the grace, True (`NodeLost`) once the pod is force-deleted (zero grace: its kubelet will never confirm) and "
+    "recreated on a node with free GPUs, until the new pod is Ready; then False (`Recovered`, or `NodeReady` if "
+    "the node came back in time).",
 )
 ROUTER_READY: Final[ConditionKind[RouterReason]] = ConditionKind(
     "RouterReady",

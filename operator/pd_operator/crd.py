@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from pd_operator import api, naming
+from pd_operator import api, conditions, naming
 
 JsonSchema = dict[str, Any]
 
@@ -294,31 +294,18 @@ def _rules_section(node: JsonSchema, path: str) -> list[str]:
     return lines
 
 
-_STATUS_GUIDE = f"""## Reading the status
+_PHASES = """## Reading the status
 
 Phases: **Pending** (no pod yet, or not scheduled: the message quotes the scheduler), **Progressing**
 (containers starting, or the pod rolling after a spec change), **Ready** (every container of every
 replica ready),
 **Degraded** (a container crashed or cannot start; the message carries its last termination message,
 e.g. a failed launcher preflight; or the pod's node is NotReady or unreachable), **Failed** (invalid
-spec, or the pod ended).
+spec, or the pod ended)."""
 
-Conditions: `SpecValid` (False with reason `InvalidSpec` for a spec the API refuses, or the tenancy policy's
-rule, e.g. `HostPathNotAllowed`, for a spec outside the operator's policy: docs/security.md; either way
-nothing is created or changed); `PrefillReady` and `DecodeReady` (disaggregated) or `EngineReady` (colocated);
-`ProxyReady`; `Ready`; `KVTransferVerified` (True once the proxy's admin `/status` reports a transfer whose
-prefill and decode legs both succeeded, from user traffic, the proxy canary or a probe; it stays True for the
-life of the pod unless the canary finds decode's greedy tokens after a transfer differ from the prefill
-engine's own for the same request: then False, reason `KVMismatch`, with the first differing token position,
-for as long as that proxy reports it (see `spec.proxy.onKvMismatch`); `Unknown`/`NotApplicable` in colocated
-mode); `GoodputMet` (attainment of the last probe >= `spec.goodputProbe.slo.target` at the configured rate;
-`Unknown` until a probe ran); `NodeLost`, shown from the first time the serving pod's node is NotReady or
-unreachable: False (`NodeNotReady`) within the grace, True (`NodeLost`) once the grace has passed and the pod
-is force-deleted (zero grace, as its kubelet will never confirm) and recreated on a node with free GPUs, until
-the new pod is Ready, then False (`Recovered`, or `NodeReady` if the node came back in time). The grace is the
-operator's `--node-lost-grace-seconds` (default 300, the cluster's default toleration), shortened by the pod's
-own `tolerationSeconds` for `node.kubernetes.io/not-ready`/`unreachable` (set them in
-`spec.node.tolerations`); a pod that tolerates them forever is never replaced.
+_STATUS_GUIDE = f"""The grace of `NodeLost` is the operator's `--node-lost-grace-seconds` (default 300, the cluster's
+default toleration), shortened by the pod's own `tolerationSeconds` for `node.kubernetes.io/not-ready`/`unreachable`
+(set them in `spec.node.tolerations`); a pod that tolerates them forever is never replaced.
 
 Replicas: each replica is one serving pod (`NAME`, `NAME-1`, ...) observed on its own; its phase,
 readiness (`ready`, containers) and `available` (Ready and KV transfer verified) are in
@@ -347,13 +334,37 @@ timer adds its finalizer (`kopf.zalando.org/KopfFinalizerMarker`), which the ope
 deletion: delete PDDeployments while the operator runs."""
 
 
+def _gates_ready(kind: conditions.ConditionKind[Any]) -> str:
+    if kind is conditions.READY:
+        return "-"
+    if not kind.gates_ready:
+        return "no"
+    return "yes, in pods running this role" if kind.role else "yes"
+
+
+def _conditions_section() -> list[str]:
+    """Every condition the operator writes, from conditions.TABLE."""
+    rows = []
+    for kind in conditions.TABLE:
+        reasons = ", ".join(f"`{r}`" for r in kind.reasons) + (f"; {kind.more_reasons}" if kind.more_reasons else "")
+        rows.append(f"| `{kind.type}` | {_gates_ready(kind)} | {kind.set_by} | {reasons} | {kind.meaning} |")
+    return [
+        "Conditions (from operator/pd_operator/conditions.py), in the order the status lists them:",
+        "",
+        "| Condition | Gates Ready | Set by | Reasons | Meaning |",
+        "|---|---|---|---|---|",
+        *rows,
+    ]
+
+
 def reference_markdown() -> str:
     """docs/crd-reference.md: every field with type, default and description, then the admission rules."""
     schema = spec_schema()["properties"]
     out = [
         "# PDDeployment reference (pd.serving.dev/v1alpha1)",
         "",
-        "Generated from operator/pd_operator/api.py by `python -m pd_operator.crd --docs`; do not edit.",
+        "Generated from operator/pd_operator/api.py and conditions.py by `python -m pd_operator.crd --docs`; "
+        "do not edit.",
         f"Short name `{api.SHORT_NAME}`; `kubectl explain pdd.spec` prints the same descriptions.",
         f"Annotation `{api.RUN_PROBE_ANNOTATION}`: set or change its value to run a goodput probe now.",
         "",
@@ -363,7 +374,7 @@ def reference_markdown() -> str:
         out += [*_rows(schema[section], section), ""]
     out += ["## Admission rules (CEL, also checked offline by `pdctl render`)", ""]
     out += [*_rules_section(schema["metadata"], "metadata"), *_rules_section(schema["spec"], "spec"), ""]
-    out += [*_STATUS_GUIDE.splitlines(), ""]
+    out += [*_PHASES.splitlines(), "", *_conditions_section(), "", *_STATUS_GUIDE.splitlines(), ""]
     return "\n".join(out)
 
 
