@@ -41,14 +41,14 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from pd_runtime import eventloop
-from pd_runtime.bench.arrivals import Arrival, arrival_offsets, stage_rng
 from pd_runtime.bench.client import REQUEST_ID_HEADER, BenchClient, ClientConfig
-from pd_runtime.bench.payload import Endpoint, encode_body, request_body
 from pd_runtime.bench.plan import PlannedRequest
 from pd_runtime.bench.slo import RequestTiming, request_itl_s
-from pd_runtime.bench.sse import DONE, SseDecoder, interpret
 from pd_runtime.bench.stats import percentile
 from pd_runtime.localports import PortReservation
+from pd_runtime.openai_api import DONE, Endpoint, SseDecoder, interpret
+from pd_runtime.workload.arrivals import Arrival, arrival_offsets, stage_rng
+from pd_runtime.workload.payload import encode_body, request_body
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "benchmarks.md"

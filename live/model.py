@@ -8,7 +8,7 @@ everything that decides its content (this file, the vocabulary size and the libr
 built once per cache.
 
 A larger ``vocab`` pads the tokenizer with placeholder tokens ``<|tN|>`` up to that many ids (the trained
-BPE stays the same): the goodput probe's prompts are token ids 1000..16999 (pd_runtime.bench.payload),
+BPE stays the same): the goodput probe's prompts are token ids 1000..16999 (pd_runtime.workload.payload),
 which vLLM refuses as out of vocabulary unless the tokenizer or the model has that many. The e2e tier's
 real-vLLM deployment uses ``PROBE_VOCAB``; ``python -m live.model [--vocab N] CACHE`` builds one and prints
 its directory (for a process without this tier's venv, e2e/tests/test_real_vllm.py).
@@ -25,7 +25,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from pd_runtime.bench.payload import TOKEN_ID_BASE, TOKEN_ID_SPAN
+from pd_runtime.workload.payload import TOKEN_ID_BASE, TOKEN_ID_SPAN
 
 log = logging.getLogger(__name__)
 

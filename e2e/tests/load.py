@@ -22,9 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pd_runtime.bench.client import BenchClient, ClientConfig
-from pd_runtime.bench.payload import Endpoint, encode_body, request_body
 from pd_runtime.bench.plan import PlannedRequest
 from pd_runtime.bench.slo import RequestTiming, Slo, judge
+from pd_runtime.openai_api import Endpoint
+from pd_runtime.workload.payload import encode_body, request_body
 
 log = logging.getLogger(__name__)
 

@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from pd_runtime.bench.arrivals import Arrival
-from pd_runtime.bench.payload import Endpoint
 from pd_runtime.bench.plan import Mode, RunResult, Workload
 from pd_runtime.bench.report import render_table
 from pd_runtime.bench.result import SUMMARY_LIMIT_BYTES, RunContext, full_result, summary, summary_json
 from pd_runtime.bench.search import Bracket
 from pd_runtime.bench.slo import RequestTiming, Slo
 from pd_runtime.bench.stage import summarize_stage
+from pd_runtime.openai_api import Endpoint
+from pd_runtime.workload.arrivals import Arrival
 
 SLO = Slo(ttft_ms=1000, itl_ms=50, target=0.9)
 CONTEXT = RunContext(url="http://127.0.0.1:1/v1/completions", timeout_s=300, label=None, client="aiohttp x")

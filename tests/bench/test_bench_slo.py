@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from pd_runtime.bench.arrivals import Arrival
-from pd_runtime.bench.payload import Endpoint
 from pd_runtime.bench.plan import Workload, plan_stage
 from pd_runtime.bench.slo import NO_TOKENS, SHORT_REPLY, RequestTiming, Slo, judge, request_itl_s
 from pd_runtime.bench.stage import error_kind, summarize_stage
+from pd_runtime.openai_api import Endpoint
+from pd_runtime.workload.arrivals import Arrival
 
 SLO = Slo(ttft_ms=1000, itl_ms=50, target=0.9)
 

@@ -20,10 +20,8 @@ import aiohttp
 
 from pd_runtime import eventloop
 from pd_runtime.argtypes import fraction, non_negative_int, positive_float, positive_int
-from pd_runtime.bench.arrivals import Arrival
 from pd_runtime.bench.client import BenchClient, ClientConfig
 from pd_runtime.bench.curves import Curve, curve_from_document, load_curves
-from pd_runtime.bench.payload import Endpoint, endpoint_url
 from pd_runtime.bench.plan import Mode, RunResult, Workload
 from pd_runtime.bench.progress import progress_factory
 from pd_runtime.bench.report import render_table
@@ -32,7 +30,9 @@ from pd_runtime.bench.result import RunContext, full_result, summary_json
 from pd_runtime.bench.runner import Runner
 from pd_runtime.bench.search import SearchParams, parse_sweep
 from pd_runtime.bench.slo import Slo
+from pd_runtime.openai_api import Endpoint, endpoint_url
 from pd_runtime.report_page import package_version
+from pd_runtime.workload.arrivals import Arrival
 
 log = logging.getLogger(__name__)
 

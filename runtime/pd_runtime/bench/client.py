@@ -22,10 +22,9 @@ from typing import Any
 
 import aiohttp
 
-from pd_runtime.bench.payload import Endpoint
 from pd_runtime.bench.plan import PlannedRequest
 from pd_runtime.bench.slo import RequestTiming
-from pd_runtime.bench.sse import DONE, SseDecoder, interpret
+from pd_runtime.openai_api import DONE, Endpoint, SseDecoder, interpret
 
 log = logging.getLogger(__name__)
 

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from pd_runtime.bench.arrivals import Arrival, arrival_offsets, stage_rng
-from pd_runtime.bench.payload import Endpoint, encode_body, request_body
 from pd_runtime.bench.search import Bracket
 from pd_runtime.bench.slo import Slo
 from pd_runtime.bench.stage import StageResult
+from pd_runtime.openai_api import Endpoint
+from pd_runtime.workload.arrivals import Arrival, arrival_offsets, stage_rng
+from pd_runtime.workload.payload import encode_body, request_body
 
 
 class Mode(StrEnum):

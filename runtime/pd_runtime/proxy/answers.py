@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pd_runtime.bench.payload import Endpoint
-from pd_runtime.bench.sse import DONE, SseDecoder, interpret
+from pd_runtime.openai_api import DONE, Endpoint, SseDecoder, interpret
 from pd_runtime.proxy.legs import ClientRequest
 
 # ---------------------------------------------------------------------------------------------

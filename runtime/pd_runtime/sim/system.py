@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pd_runtime.bench.arrivals import Arrival, arrival_offsets
 from pd_runtime.sim.profiles import Profile
 from pd_runtime.sim.scheduler import Scheduler, Sequence, Step, TokenEvent
 from pd_runtime.sim.timing import KVLink, kv_transfer_time, step_time, write_tail_time
+from pd_runtime.workload.arrivals import Arrival, arrival_offsets
 
 Kind = Literal["colocated", "write", "read"]
 

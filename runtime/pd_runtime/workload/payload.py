@@ -1,4 +1,4 @@
-"""Pure: request bodies with an exact prompt length and output length, and the endpoint URL.
+"""Pure: request bodies with an exact prompt length and output length.
 
 Exact prompt length without a tokenizer: on /v1/completions the prompt is a list of token ids (vLLM
 accepts ``list[int]``), so its length is exact by construction. The ids come from a band that is
@@ -13,31 +13,13 @@ from __future__ import annotations
 
 import json
 import random
-from enum import StrEnum
 from typing import Any
+
+from pd_runtime.openai_api import Endpoint
 
 TOKEN_ID_BASE = 1000
 TOKEN_ID_SPAN = 16000
 CHAT_WORD = " hello"
-
-
-class Endpoint(StrEnum):
-    COMPLETIONS = "completions"
-    CHAT = "chat"
-
-
-ENDPOINT_PATHS = {Endpoint.COMPLETIONS: "/v1/completions", Endpoint.CHAT: "/v1/chat/completions"}
-
-
-def endpoint_url(base_url: str, endpoint: Endpoint) -> str:
-    """Accept a server root (http://h:8000), its /v1, or the full endpoint URL."""
-    url = base_url.rstrip("/")
-    path = ENDPOINT_PATHS[endpoint]
-    if url.endswith(path):
-        return url
-    if url.endswith("/v1"):
-        return url + path.removeprefix("/v1")
-    return url + path
 
 
 def prompt_token_ids(length: int, rng: random.Random) -> list[int]:

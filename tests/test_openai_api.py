@@ -1,11 +1,27 @@
-"""SSE decoding across arbitrary read boundaries and the meaning of stream chunks."""
+"""Endpoint URLs, SSE decoding across arbitrary read boundaries, and the meaning of stream chunks."""
 
 from __future__ import annotations
 
 import json
 
-from pd_runtime.bench.payload import Endpoint
-from pd_runtime.bench.sse import SseDecoder, interpret
+import pytest
+
+from pd_runtime.openai_api import Endpoint, SseDecoder, endpoint_url, interpret
+
+
+@pytest.mark.parametrize(
+    ("base", "endpoint", "expected"),
+    [
+        ("http://h:8000", Endpoint.COMPLETIONS, "http://h:8000/v1/completions"),
+        ("http://h:8000/", Endpoint.CHAT, "http://h:8000/v1/chat/completions"),
+        ("http://h:8000/v1", Endpoint.COMPLETIONS, "http://h:8000/v1/completions"),
+        ("http://h/v1/completions", Endpoint.COMPLETIONS, "http://h/v1/completions"),
+        ("http://h/api/v1/chat/completions/", Endpoint.CHAT, "http://h/api/v1/chat/completions"),
+    ],
+)
+def test_endpoint_url(base: str, endpoint: Endpoint, expected: str) -> None:
+    assert endpoint_url(base, endpoint) == expected
+
 
 STREAM = (
     b": keep-alive comment\n\n"

@@ -1,11 +1,32 @@
-"""Pure: incremental Server-Sent-Events decoding and the meaning of one OpenAI stream chunk."""
+"""Pure: the OpenAI-compatible API as its clients read it: the two endpoints and their URLs, and a
+streamed answer (incremental Server-Sent-Events decoding, the meaning of one chunk). The benchmark's
+client and the proxy read streams alike with it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
-from pd_runtime.bench.payload import Endpoint
+
+class Endpoint(StrEnum):
+    COMPLETIONS = "completions"
+    CHAT = "chat"
+
+
+ENDPOINT_PATHS = {Endpoint.COMPLETIONS: "/v1/completions", Endpoint.CHAT: "/v1/chat/completions"}
+
+
+def endpoint_url(base_url: str, endpoint: Endpoint) -> str:
+    """Accept a server root (http://h:8000), its /v1, or the full endpoint URL."""
+    url = base_url.rstrip("/")
+    path = ENDPOINT_PATHS[endpoint]
+    if url.endswith(path):
+        return url
+    if url.endswith("/v1"):
+        return url + path.removeprefix("/v1")
+    return url + path
+
 
 DONE = "[DONE]"
 
