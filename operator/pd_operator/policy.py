@@ -15,11 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
 
 from pd_operator.api import DEFAULT_IMAGE, PDDeploymentSpec
@@ -93,19 +92,6 @@ class TenancyPolicy(_PolicyModel):
 
 
 DEFAULT_POLICY = TenancyPolicy()
-
-
-class PolicyError(ValueError):
-    """A policy file that cannot be read or does not parse."""
-
-
-def load(path: Path) -> TenancyPolicy:
-    """The policy in a YAML file (the chart's ConfigMap); raises :class:`PolicyError`."""
-    try:
-        doc = yaml.safe_load(path.read_text()) or {}
-        return TenancyPolicy.model_validate(doc)
-    except (OSError, yaml.YAMLError, ValidationError) as exc:
-        raise PolicyError(f"cannot read the tenancy policy {path}: {exc}") from exc
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from pd_operator import decide, policy
+from pd_operator.commands import policy_file
 from pd_operator.commands import render as render_command
 from pd_operator.decide import Deployment, Emit, Snapshot
 from pd_operator.policy import DEFAULT_POLICY, RULES, HostPathPrefix, TenancyPolicy, violations
@@ -220,15 +221,18 @@ def test_enforce_names_the_first_rule_as_reason() -> None:
 def test_a_policy_file_loads_and_a_bad_one_is_refused(tmp_path: Path) -> None:
     good = tmp_path / "policy.yaml"
     good.write_text(yaml.safe_dump({"images": ["r/"], "hostPaths": [{"pathPrefix": "/m", "readOnly": False}]}))
-    assert policy.load(good) == TenancyPolicy(
+    assert policy_file.read(good) == TenancyPolicy(
         images=("r/",), host_paths=(WRITABLE_MODELS.model_copy(update={"path_prefix": "/m"}),)
     )
     bad = tmp_path / "bad.yaml"
     bad.write_text("imagez: []\n")
-    with pytest.raises(policy.PolicyError, match="imagez"):
-        policy.load(bad)
-    with pytest.raises(policy.PolicyError):
-        policy.load(tmp_path / "missing.yaml")
+    with pytest.raises(policy_file.PolicyError, match="imagez"):
+        policy_file.read(bad)
+    with pytest.raises(policy_file.PolicyError):
+        policy_file.read(tmp_path / "missing.yaml")
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert policy_file.read(empty) == policy_file.read(None) == DEFAULT_POLICY
 
 
 # ---- the operator refuses to reconcile -------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pd_operator import policy
+from pd_operator.commands import policy_file
 from pd_operator.settings import Settings
 
 DEFAULT_LIVENESS_PORT = 8080
@@ -96,8 +96,8 @@ def main(argv: Sequence[str]) -> int:
     )
     log = logging.getLogger(__name__)
     try:
-        tenancy = policy.load(args.policy) if args.policy else policy.DEFAULT_POLICY
-    except policy.PolicyError as exc:
+        tenancy = policy_file.read(args.policy)
+    except policy_file.PolicyError as exc:
         log.error("%s", exc)
         return 2
     settings = Settings(

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from pd_operator import api, goodput, layout, naming, policy, render
+from pd_operator.commands import policy_file
 from pd_operator.validation import SpecError, validate_spec
 
 EXIT_INVALID = 2
@@ -68,11 +69,11 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     try:
         docs = _load(args.file)
-        tenancy = policy.load(args.policy) if args.policy else policy.DEFAULT_POLICY
+        tenancy = policy_file.read(args.policy)
     except (OSError, yaml.YAMLError) as exc:
         sys.stderr.write(f"pdctl render: cannot read {args.file}: {exc}\n")
         return EXIT_INVALID
-    except policy.PolicyError as exc:
+    except policy_file.PolicyError as exc:
         sys.stderr.write(f"pdctl render: {exc}\n")
         return EXIT_INVALID
     objs: list[dict[str, Any]] = []
