@@ -38,7 +38,7 @@ from pd_operator.conditions import ScalingReason
 from pd_operator.goodput import parse_time, rfc3339
 from pd_operator.layout import Layout
 from pd_runtime.plan.catalog import get_model
-from pd_runtime.plan.layouts import Layout as PlanLayout
+from pd_runtime.plan.layouts import NodeLayout
 from pd_runtime.plan.price import Demand, sample
 
 MAX_RECOMMENDATIONS = 64  # AutoscalingStatus.recommendations' max_length
@@ -130,7 +130,7 @@ class Query:
     """One prediction to make: the model on one replica's layout, a workload and SLO in model time."""
 
     model: str
-    layout: PlanLayout
+    layout: NodeLayout
     demand: Demand
     time_scale: float  # simulated engines run this much faster: wall-clock rate = model-time rate x it
 
@@ -145,7 +145,7 @@ high rate."""
 SEARCH_MAX_REQUESTS = 1000
 
 
-def plan_layout(lay: Layout) -> PlanLayout | None:
+def plan_layout(lay: Layout) -> NodeLayout | None:
     """One replica's layout as the planner models it: homogeneous engines per role, else None."""
     tps = {(e.role, e.tensor_parallel_size) for e in lay.engines}
     roles = Counter(e.role for e in lay.engines)
@@ -153,9 +153,9 @@ def plan_layout(lay: Layout) -> PlanLayout | None:
         return None
     tp = dict(tps)
     if set(roles) == {"engine"}:
-        return PlanLayout("colocated", engines=roles["engine"], engine_tp=tp["engine"])
+        return NodeLayout("colocated", engines=roles["engine"], engine_tp=tp["engine"])
     if set(roles) == {"prefill", "decode"}:
-        return PlanLayout("disaggregated", roles["prefill"], tp["prefill"], roles["decode"], tp["decode"])
+        return NodeLayout("disaggregated", roles["prefill"], tp["prefill"], roles["decode"], tp["decode"])
     return None
 
 

@@ -20,8 +20,7 @@ from pd_operator.observe import Event, merge_patch
 from pd_operator.validation import validate_spec
 from pd_runtime.plan import emit
 from pd_runtime.plan.catalog import MI300X, ModelSpec, get_model
-from pd_runtime.plan.layouts import Layout as PlanLayout
-from pd_runtime.plan.layouts import layouts, memory_fit
+from pd_runtime.plan.layouts import NodeLayout, layouts, memory_fit
 from pd_runtime.plan.price import Demand, assemble, sample
 from pd_runtime.plan.rank import rank
 
@@ -81,7 +80,7 @@ def pick(kinds: Sequence[str], budget: int) -> list[int]:
     return chosen
 
 
-def fits(model: ModelSpec, lay: PlanLayout, wanted: Demand) -> bool:
+def fits(model: ModelSpec, lay: NodeLayout, wanted: Demand) -> bool:
     """Whether every engine of the layout holds the model and the KV of the workload's requests."""
     return all(
         f.fits for f in memory_fit(model, MI300X, lay, wanted.requests, wanted.prompt_tokens, wanted.output_tokens)
@@ -111,7 +110,7 @@ def plan_trials(spec: PDDeploymentSpec) -> list[AutotuneTrial]:
 # ---- the spec in force ------------------------------------------------------------------------------------
 
 
-def _plan_layout(spec: PDDeploymentSpec, name: str) -> PlanLayout:
+def _plan_layout(spec: PDDeploymentSpec, name: str) -> NodeLayout:
     found = {lay.name: lay for lay in layouts(spec.node.gpus_per_node)}
     if name not in found:
         raise ValueError(f"layout {name!r} does not use the node's {spec.node.gpus_per_node} GPUs")

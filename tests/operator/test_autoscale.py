@@ -22,7 +22,7 @@ from pd_operator.api import (
 from pd_operator.autoscale import Predictions, ProxyDemand, Replicas
 from pd_operator.goodput import rfc3339
 from pd_operator.validation import SpecError, validate_spec
-from pd_runtime.plan.layouts import Layout as PlanLayout
+from pd_runtime.plan.layouts import NodeLayout
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 SPEC = AutoscalingSpec(
@@ -339,7 +339,7 @@ SIM = {
 
 def test_the_planner_is_asked_about_the_probes_workload_and_a_moved_live_one() -> None:
     spec, lay = _layout(SIM)
-    assert autoscale.plan_layout(lay) == PlanLayout("disaggregated", 1, 4, 1, 4)
+    assert autoscale.plan_layout(lay) == NodeLayout("disaggregated", 1, 4, 1, 4)
     probe, live = autoscale.queries(spec, lay, _demand(5, 210, 19))  # like the probe's: no live question
     assert probe is not None and live is None and probe.time_scale == 10
     assert (probe.demand.prompt_tokens, probe.demand.output_tokens) == (200, 20)
@@ -353,7 +353,7 @@ def test_the_planner_is_asked_about_the_probes_workload_and_a_moved_live_one() -
         "colocated": {"engines": [{"gpus": "0-3", "port": 8100}, {"gpus": "4-7", "port": 8200}]},
     }
     del colocated["prefill"], colocated["decode"]
-    assert autoscale.plan_layout(_layout(colocated)[1]) == PlanLayout("colocated", engines=2, engine_tp=4)
+    assert autoscale.plan_layout(_layout(colocated)[1]) == NodeLayout("colocated", engines=2, engine_tp=4)
 
 
 def test_the_planners_capacity_falls_with_longer_prompts_and_is_none_for_an_unknown_model() -> None:

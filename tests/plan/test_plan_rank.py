@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from pd_runtime.plan.layouts import Layout
+from pd_runtime.plan.layouts import NodeLayout
 from pd_runtime.plan.price import Priced, RatePoint
 from pd_runtime.plan.rank import rank, verdict
 
-COLOCATED = Layout("colocated", engines=2, engine_tp=4)
-TP8 = Layout("colocated", engines=1, engine_tp=8)
-DISAGG = Layout("disaggregated", 1, 4, 1, 4)
+COLOCATED = NodeLayout("colocated", engines=2, engine_tp=4)
+TP8 = NodeLayout("colocated", engines=1, engine_tp=8)
+DISAGG = NodeLayout("disaggregated", 1, 4, 1, 4)
 
 
-def priced(layout: Layout, good: int, grid: list[int], ttft: float = 0.3, itl_misses: int = 0) -> Priced:
+def priced(layout: NodeLayout, good: int, grid: list[int], ttft: float = 0.3, itl_misses: int = 0) -> Priced:
     curve = [RatePoint(rate=float(i + 1), good=g, total=100) for i, g in enumerate(grid)]
     return Priced(
         layout, curve, RatePoint(8.0, good, 100), [ttft] * 100, [0.03] * 100, 100 - good - itl_misses, itl_misses

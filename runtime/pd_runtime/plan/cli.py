@@ -21,7 +21,7 @@ from pd_runtime.bench.search import parse_sweep
 from pd_runtime.plan.catalog import MI300X, ModelSpec, get_model
 from pd_runtime.plan.document import Context, Excluded, plan_document
 from pd_runtime.plan.emit import manifest, supported, to_yaml
-from pd_runtime.plan.layouts import Fit, Layout, layouts, memory_fit
+from pd_runtime.plan.layouts import Fit, NodeLayout, layouts, memory_fit
 from pd_runtime.plan.price import Demand, Priced, Sample, assemble, sample
 from pd_runtime.plan.rank import rank, verdict
 from pd_runtime.plan.report import render_plan
@@ -108,8 +108,8 @@ def main(argv: Sequence[str]) -> int:
 
 
 def _feasible(
-    model: ModelSpec, candidates: list[Layout], demand: Demand
-) -> tuple[dict[str, list[Fit]], list[Excluded], list[Layout]]:
+    model: ModelSpec, candidates: list[NodeLayout], demand: Demand
+) -> tuple[dict[str, list[Fit]], list[Excluded], list[NodeLayout]]:
     fits: dict[str, list[Fit]] = {}
     excluded, feasible = [], []
     for layout in candidates:
@@ -123,7 +123,7 @@ def _feasible(
 
 
 def _price_all(
-    model: ModelSpec, feasible: list[Layout], demand: Demand, jobs: int, progress: TextIO | None
+    model: ModelSpec, feasible: list[NodeLayout], demand: Demand, jobs: int, progress: TextIO | None
 ) -> list[Priced]:
     """Every (layout, rate) cell in a process pool; the bar counts finished cells."""
     cells = [(layout, rate) for layout in feasible for rate in (*demand.rates, demand.rate)]

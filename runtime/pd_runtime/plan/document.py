@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pd_runtime.plan.catalog import GpuSpec, ModelSpec
-from pd_runtime.plan.layouts import Fit, Layout
+from pd_runtime.plan.layouts import Fit, NodeLayout
 from pd_runtime.plan.price import Demand, Priced
 from pd_runtime.plan.rank import Verdict
 
@@ -19,7 +19,7 @@ PREDICTED_NOTE = "TP sizes the profile was not calibrated at (TP2), timed by its
 
 @dataclass(frozen=True)
 class Excluded:
-    layout: Layout
+    layout: NodeLayout
     fits: Sequence[Fit]
 
     @property

@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from pd_runtime.plan.layouts import COLOCATED_ENGINE, DISAGGREGATED_ENGINE, Layout
+from pd_runtime.plan.layouts import COLOCATED_ENGINE, DISAGGREGATED_ENGINE, NodeLayout
 from pd_runtime.plan.price import Demand
 
 API_VERSION = "pd.serving.dev/v1alpha1"
@@ -27,14 +27,14 @@ INSTANCE_PORT_STRIDE = {"http": 1, "handshake": 10, "notify": 10}
 """Instance i's base ports: side channels 10 apart, room for the rank offsets of up to TP8."""
 
 
-def supported(layout: Layout) -> bool:
+def supported(layout: NodeLayout) -> bool:
     """Whether today's PDDeployment API can express the layout."""
     if layout.kind == "colocated":
         return layout.engines <= len(COLOCATED_PORTS)
     return True
 
 
-def manifest(layout: Layout, model: str, demand: Demand, name: str | None = None) -> dict[str, Any]:
+def manifest(layout: NodeLayout, model: str, demand: Demand, name: str | None = None) -> dict[str, Any]:
     if not supported(layout):
         raise ValueError(f"layout {layout.name} needs {layout.engines} colocated engines; the API runs one or two")
     spec: dict[str, Any] = {"model": model, "engine": "vllm", "mode": layout.kind}
@@ -79,7 +79,7 @@ def manifest(layout: Layout, model: str, demand: Demand, name: str | None = None
     }
 
 
-def default_name(model: str, layout: Layout) -> str:
+def default_name(model: str, layout: NodeLayout) -> str:
     base = f"{model.split('/')[-1]}-{layout.name}".lower()
     return re.sub(r"[^a-z0-9]+", "-", base).strip("-")[:63].rstrip("-")
 

@@ -21,7 +21,9 @@ DISAGGREGATED_ENGINE = dict(max_batched_tokens=4096, max_num_seqs=64)
 
 
 @dataclass(frozen=True)
-class Layout:
+class NodeLayout:
+    """One way to split a node's GPUs into engines: N colocated engines of one TP size, or xP + yD."""
+
     kind: Literal["colocated", "disaggregated"]
     prefills: int = 0
     prefill_tp: int = 0
@@ -69,15 +71,15 @@ class Layout:
         return any(tp not in model.measured_tp for _, tp, _ in self.instances)
 
 
-def layouts(gpus: int, backend: Literal["rdma", "xgmi"] = "rdma") -> list[Layout]:
+def layouts(gpus: int, backend: Literal["rdma", "xgmi"] = "rdma") -> list[NodeLayout]:
     """Every homogeneous colocated and every xPyD layout that uses exactly ``gpus`` GPUs."""
-    found = [Layout("colocated", engines=gpus // tp, engine_tp=tp) for tp in TP_SIZES if gpus % tp == 0]
+    found = [NodeLayout("colocated", engines=gpus // tp, engine_tp=tp) for tp in TP_SIZES if gpus % tp == 0]
     for a in TP_SIZES:
         for b in TP_SIZES:
             for x in range(1, gpus // a + 1):
                 rest = gpus - x * a
                 if rest > 0 and rest % b == 0:
-                    found.append(Layout("disaggregated", x, a, rest // b, b, backend=backend))
+                    found.append(NodeLayout("disaggregated", x, a, rest // b, b, backend=backend))
     return found
 
 
@@ -97,7 +99,7 @@ class Fit:
 
 
 def memory_fit(
-    model: ModelSpec, gpu: GpuSpec, layout: Layout, sequences: int, prompt_tokens: int, output_tokens: int
+    model: ModelSpec, gpu: GpuSpec, layout: NodeLayout, sequences: int, prompt_tokens: int, output_tokens: int
 ) -> list[Fit]:
     """Per distinct engine: weights per GPU and KV capacity (tokens) against what its sequences need.
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pd_runtime.bench.stats import Distribution, summarize, wilson_interval
-from pd_runtime.plan.layouts import Layout
+from pd_runtime.plan.layouts import NodeLayout
 from pd_runtime.sim.profiles import Profile
 from pd_runtime.sim.system import RequestResult, Workload, simulate
 
@@ -51,7 +51,7 @@ class RatePoint:
 
 @dataclass
 class Priced:
-    layout: Layout
+    layout: NodeLayout
     curve: list[RatePoint]
     at_rate: RatePoint
     ttft_s: list[float] = field(default_factory=list)
@@ -94,7 +94,7 @@ class Sample:
     """Attainment of each arrival sequence: how much one 100-request run swings with its arrivals alone."""
 
 
-def sample(profile: Profile, layout: Layout, demand: Demand, rate: float) -> Sample:
+def sample(profile: Profile, layout: NodeLayout, demand: Demand, rate: float) -> Sample:
     """Simulate ``demand.seeds`` arrival sequences of ``demand.requests`` requests at ``rate``."""
     results: list[RequestResult] = []
     runs: list[float] = []
@@ -107,7 +107,7 @@ def sample(profile: Profile, layout: Layout, demand: Demand, rate: float) -> Sam
     return Sample(point, tuple(r.ttft for r in results), tuple(r.itl for r in results), tuple(runs))
 
 
-def assemble(layout: Layout, demand: Demand, curve: Sequence[Sample], at_rate: Sample) -> Priced:
+def assemble(layout: NodeLayout, demand: Demand, curve: Sequence[Sample], at_rate: Sample) -> Priced:
     """A layout's curve over the grid and its detail at the requested rate."""
     priced = Priced(layout=layout, curve=[s.point for s in curve], at_rate=at_rate.point, runs=list(at_rate.runs))
     priced.ttft_s = list(at_rate.ttft_s)
