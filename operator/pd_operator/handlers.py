@@ -47,6 +47,7 @@ from pd_operator.views import (
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 T = TypeVar("T")
+V = TypeVar("V")
 MANAGED_BY = {render.LABEL_MANAGED_BY: render.MANAGER}
 _PROBE_METRICS = {"GoodputProbeStarted": "started", "GoodputMeasured": "succeeded", "GoodputProbeFailed": "failed"}
 
@@ -276,13 +277,36 @@ async def reconcile(snap: Snapshot, deps: Deps, known: dict[str, str] | None = N
 # ---- kopf wiring ---------------------------------------------------------------------------------------------
 
 
-def _operator(memo: Any) -> Operator:
+Owner = tuple[str | None, str]
+"""A PDDeployment's (namespace, name): the key of the pods and Jobs it owns in their indexes."""
+PodIndex = kopf.Index[Owner, PodView]
+JobIndex = kopf.Index[Owner, JobView]
+NodeIndex = kopf.Index[str, NodeView]
+
+
+@dataclass(frozen=True)
+class Indexes:
+    """The kopf indexes a reconcile reads."""
+
+    pods: PodIndex
+    jobs: JobIndex
+    nodes: NodeIndex
+
+    @classmethod
+    def passed(cls, kwargs: Mapping[str, Any]) -> Indexes:
+        """The indexes kopf passes a handler, each as the keyword its index function is named. They are not
+        parameters of the handlers: kopf's callback protocols, which mypy checks every registration against,
+        admit no required keyword of an operator's own."""
+        return cls(kwargs[pd_pods.__name__], kwargs[pd_jobs.__name__], kwargs[pd_nodes.__name__])
+
+
+def _operator(memo: kopf.Memo) -> Operator:
     operator = memo["operator"]
     assert isinstance(operator, Operator), "pdctl operator puts an Operator in kopf's memo"
     return operator
 
 
-async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=api.GROUP, key="last-handled-configuration"
@@ -295,28 +319,29 @@ async def configure(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> Non
         operator.deps = Deps(kube=kube, fetch_proxy_status=partial(fetch_proxy_status, timeout_s=timeout))
 
 
-def _index_entry(view: Callable[[Mapping[str, Any]], Any], kwargs: Mapping[str, Any]) -> dict[Any, Any] | None:
-    owner = kwargs["labels"].get(render.LABEL_DEPLOYMENT)
-    return {(kwargs["namespace"], owner): view(kwargs["body"])} if owner else None
+def _by_owner(
+    view: Callable[[kopf.Body], V], body: kopf.Body, namespace: str | None, labels: kopf.Labels
+) -> dict[Owner, V] | None:
+    owner = labels.get(render.LABEL_DEPLOYMENT)
+    return {(namespace, owner): view(body)} if owner else None
 
 
-def pd_pods(**kwargs: Any) -> dict[Any, PodView] | None:
+def pd_pods(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any) -> dict[Owner, PodView] | None:
     """Serving and probe pods by (namespace, PDDeployment name), as views kept current by a watch."""
-    return _index_entry(pod_view, kwargs)
+    return _by_owner(pod_view, body, namespace, labels)
 
 
-def pd_jobs(**kwargs: Any) -> dict[Any, JobView] | None:
+def pd_jobs(body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any) -> dict[Owner, JobView] | None:
     """Probe Jobs by (namespace, PDDeployment name)."""
-    return _index_entry(job_view, kwargs)
+    return _by_owner(job_view, body, namespace, labels)
 
 
-def pd_nodes(**kwargs: Any) -> dict[str, NodeView]:
+def pd_nodes(body: kopf.Body, name: str, **_: Any) -> dict[str, NodeView]:
     """Every Node's Ready condition by name: where the serving pods run, and whether those nodes live."""
-    return {str(kwargs["name"]): node_view(kwargs["body"])}
+    return {name: node_view(body)}
 
 
-def _snapshot(kwargs: Mapping[str, Any], now: datetime, repair: bool, settings: Settings) -> Snapshot:
-    body: kopf.Body = kwargs["body"]
+def _snapshot(body: kopf.Body, indexes: Indexes, now: datetime, repair: bool, settings: Settings) -> Snapshot:
     meta = body.metadata
     key = (str(meta.namespace), str(meta.name))
     deployment = decide.Deployment(
@@ -329,9 +354,8 @@ def _snapshot(kwargs: Mapping[str, Any], now: datetime, repair: bool, settings: 
         annotations=dict(meta.annotations),
         tenancy=settings.policy,
     )
-    pods, jobs = list(kwargs["pd_pods"].get(key, [])), list(kwargs["pd_jobs"].get(key, []))
-    index = kwargs["pd_nodes"]
-    nodes = {p.node: next(iter(index[p.node])) for p in pods if p.node and index.get(p.node)}
+    pods, jobs = list(indexes.pods.get(key, [])), list(indexes.jobs.get(key, []))
+    nodes = {p.node: next(iter(indexes.nodes[p.node])) for p in pods if p.node and indexes.nodes.get(p.node)}
     return Snapshot(
         deployment,
         now,
@@ -344,44 +368,43 @@ def _snapshot(kwargs: Mapping[str, Any], now: datetime, repair: bool, settings: 
     )
 
 
-async def _handle(trigger: str, kwargs: Mapping[str, Any]) -> None:
-    operator, memo = _operator(kwargs["memo"]), kwargs["memo"]
+async def _handle(trigger: str, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, indexes: Indexes) -> None:
+    operator = _operator(memo)
     assert operator.deps is not None, "configure() ran at startup"
     state: ObjectState = memo.setdefault("object", ObjectState())
     async with state.lock:
         repair = (
             trigger != "timer"
             or time.monotonic() - state.children_applied > operator.settings.drift_repair_seconds
-            or decide.children_refused(kwargs["body"].status)
+            or decide.children_refused(body.status)
         )
         if repair:
             state.children_applied = time.monotonic()
         snap = dataclasses.replace(
-            _snapshot(kwargs, operator.deps.now(), repair, operator.settings), known=dict(state.known)
+            _snapshot(body, indexes, operator.deps.now(), repair, operator.settings), known=dict(state.known)
         )
         with metrics.RECONCILE_SECONDS.labels(trigger).time():
             decision = await reconcile(snap, operator.deps, state.known)
-    kwargs["patch"].status.update(decision.patch)
+    patch.status.update(decision.patch)
     d = snap.deployment
     metrics.set_phase(d.namespace, d.name, decision.status.phase)
     metrics.set_scaling(d.namespace, d.name, decision.status)
     metrics.RECONCILES.labels(trigger, "changed" if decision.patch else "unchanged").inc()
     for event in decision.events:
-        kopf.event(kwargs["body"], type=event.type, reason=event.reason, message=event.message)
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
 
 
-async def on_change(**kwargs: Any) -> None:
-    await _handle(str(kwargs["reason"]), kwargs)
+async def on_change(reason: str, body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any) -> None:
+    await _handle(reason, body, patch, memo, Indexes.passed(kwargs))
 
 
-async def resync(**kwargs: Any) -> None:
-    await _handle("timer", kwargs)
+async def resync(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **kwargs: Any) -> None:
+    await _handle("timer", body, patch, memo, Indexes.passed(kwargs))
 
 
-def on_delete(**kwargs: Any) -> None:
+def on_delete(namespace: str | None, name: str, **_: Any) -> None:
     """Children go with the owner (garbage collection via owner references); only forget the metrics."""
-    namespace, name = str(kwargs["namespace"]), str(kwargs["name"])
-    metrics.forget(namespace, name)
+    metrics.forget(str(namespace), name)
     log.info("%s/%s deleted; its children follow through owner references", namespace, name)
 
 

@@ -10,15 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
+import logging
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import kopf
 import pytest
+from kopf._cogs.structs.references import Resource
+from kopf._core.actions.invocation import invoke
+from kopf._core.engines import indexing
+from kopf._core.intents.causes import ChangingCause, Reason
 from kubernetes import client
 
-from pd_operator import autotune, decide, handlers, layout, render
+from pd_operator import api, autotune, decide, handlers, layout, render
 from pd_operator.api import AutotuneTrial, PDDeploymentSpec
 from pd_operator.decide import Deployment, Snapshot
 from pd_operator.handlers import Deps, reconcile
@@ -163,6 +170,62 @@ async def test_dra_claims_are_read_at_once_and_a_refused_one_leaves_only_itself_
 async def test_proxy_poll_failure_is_a_report(unused_tcp_port: int) -> None:
     report = await handlers.fetch_proxy_status(f"http://127.0.0.1:{unused_tcp_port}/status")
     assert report.status is None and report.error
+
+
+async def _indexed(registry: kopf.OperatorRegistry, objects: list[tuple[Resource, dict[str, Any]]]) -> Any:
+    """The indexes as kopf's own indexing fills them from watch events, through the registered functions."""
+    indexers = indexing.OperatorIndexers()
+    indexers.ensure(registry._indexing.get_all_handlers())
+    for resource, obj in objects:
+        await indexing.index_resource(
+            indexers=indexers,
+            registry=registry,
+            settings=kopf.OperatorSettings(),
+            resource=resource,
+            raw_event={"type": "ADDED", "object": obj},  # type: ignore[typeddict-item]
+            memory=indexing.IndexingMemory(),
+            logger=logging.getLogger(__name__),
+            memo=kopf.Memo(),
+            body=kopf.Body(obj),
+        )
+    return indexers.indices
+
+
+async def test_kopf_passes_each_handler_what_it_names(monkeypatch: Any) -> None:
+    """kopf's own indexing and invocation (no hand-made keywords): the pod and its node a watch indexed
+    reach the snapshot, the decision's status reaches kopf's patch, its Events kopf.event."""
+    reg = handlers.registry(Settings())
+    pod = running_pod(render.pod(layout.build(layout.Owner(NAME, NS, UID, 1), validate_spec(SPEC))))
+    node = {"metadata": {"name": "mi300x-0"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    indices = await _indexed(reg, [(Resource("", "v1", "pods"), pod), (Resource("", "v1", "nodes"), node)])
+    snapshots: list[Snapshot] = []
+
+    async def deciding(snap: Snapshot, deps: Deps, known: dict[str, str] | None = None) -> decide.Decision:
+        snapshots.append(snap)
+        return decide.decide(snap)
+
+    events: list[str] = []
+    monkeypatch.setattr(handlers, "reconcile", deciding)
+    monkeypatch.setattr(kopf, "event", lambda body, *, type, reason, message: events.append(reason))
+    operator = handlers.Operator(Settings(), deps=Deps(kube=None, fetch_proxy_status=None))  # type: ignore[arg-type]
+    metadata = {"name": NAME, "namespace": NS, "uid": UID, "generation": 1}
+    body = kopf.Body({"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": metadata, "spec": SPEC})
+    cause = ChangingCause(
+        logger=logging.getLogger(__name__),
+        indices=indices,
+        memo=kopf.Memo(operator=operator),
+        resource=Resource(api.GROUP, api.VERSION, api.PLURAL),
+        patch=kopf.Patch(),
+        body=body,
+        initial=True,
+        reason=Reason.CREATE,
+    )
+    await invoke(handlers.on_change, kwargsrc=cause)
+    (snap,) = snapshots
+    assert [p.name for p in snap.pods] == [NAME] and list(snap.nodes) == ["mi300x-0"]
+    assert snap.repair_children and cause.patch["status"]["phase"] == decide.decide(snap).status.phase
+    assert events == [e.reason for e in decide.decide(snap).events]
+    await invoke(handlers.on_delete, kwargsrc=dataclasses.replace(cause, reason=Reason.DELETE))
 
 
 def test_the_registry_logs_in_and_has_one_timer_at_the_configured_interval() -> None:
