@@ -58,10 +58,10 @@ demo: venv control-plane
 	$(PY) -m e2e.demo $(DEMO_ARGS)
 
 cluster-up: venv control-plane
-	$(PY) -m e2e.cluster up
+	$(PY) -m e2e.cluster_cli up
 
 cluster-down: venv
-	$(PY) -m e2e.cluster down
+	$(PY) -m e2e.cluster_cli down
 
 # Regenerate what is generated from the pydantic models: the CRD, its chart copy, the CRD reference,
 # the chart's tenancy ValidatingAdmissionPolicy (from policy.py's rules).
