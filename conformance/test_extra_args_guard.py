@@ -13,8 +13,7 @@ import pytest
 
 from conformance.rendered import EngineCase, example_cases
 from conformance.vllm_code import ServeArgsRejected, serve_namespace, serve_option_dests
-from pd_operator.api import COMPILATION_CONFIG_FLAGS, MANAGED_FLAGS
-from pd_operator.rules import names_flag
+from pd_operator.vllm_flags import COMPILATION_CONFIG_FLAGS, MANAGED_FLAGS, names_flag
 from tests.operator.flag_spellings import ACCEPTED, COMPILATION_CONFIG, REFUSED
 
 DESTS = serve_option_dests()

@@ -21,14 +21,20 @@ from pd_operator.rules import (
     cel_count,
     cel_first,
     cel_last,
-    cel_names_flag,
+    cel_list,
     cel_range_ok,
     cel_ranges_disjoint,
     gpu_count,
-    names_flag,
     parse_gpu_range,
     ranges_disjoint,
     violations,
+)
+from pd_operator.vllm_flags import (
+    MANAGED_FLAGS,
+    cel_names_flag,
+    cel_sets_compilation_config,
+    names_flag,
+    sets_compilation_config,
 )
 from pd_runtime import protocol
 
@@ -58,17 +64,7 @@ Arg = Annotated[str, StringConstraints(max_length=4096)]
 EnvName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")]
 Timestamp = Annotated[str, StringConstraints(max_length=64)]
 
-# Flags and variables the operator renders itself; setting them through extraArgs/env would fight it.
-# Flags by their canonical names: rules.names_flag matches every spelling vLLM's parser reads as them.
-MANAGED_FLAGS = (
-    "--port",
-    "--tensor-parallel-size",
-    "-tp",
-    "--data-parallel-size",
-    "-dp",
-    "--kv-transfer-config",
-    "--served-model-name",
-)
+# Variables the operator renders itself; setting them through env would fight it (flags: vllm_flags).
 MANAGED_ENV = (
     "CUDA_VISIBLE_DEVICES",
     "HIP_VISIBLE_DEVICES",
@@ -79,10 +75,6 @@ MANAGED_ENV = (
     "VLLM_MORIIO_CONNECTOR_READ_MODE",
     "VLLM_ENGINE_READY_TIMEOUT_S",
 )
-# vLLM's compilation config flag (also dotted: -cc.cudagraph_mode=PIECEWISE, and in every spelling
-# rules.names_flag matches). A user's compilation config replaces the one the operator renders in read
-# mode (see engine_cmd).
-COMPILATION_CONFIG_FLAGS = ("--compilation-config", "-cc")
 # Linux's default net.ipv4.ip_local_port_range: where the kernel picks a port for bind(port 0), which
 # is how vLLM's get_open_port() draws the ports of its other listeners (MoRI engine, side channels).
 EPHEMERAL_PORTS = (32768, 60999)
@@ -98,19 +90,6 @@ KNOWN_ATTENTION_HEADS = {
     "deepseek-ai/DeepSeek-R1": 128,
     "deepseek-ai/DeepSeek-V3": 128,
 }
-
-
-def _cel_list(values: tuple[str, ...]) -> str:
-    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
-
-
-def sets_compilation_config(args: list[str]) -> bool:
-    """Whether ``vllm serve`` arguments set a compilation config in any spelling vLLM accepts."""
-    return any(names_flag(a, COMPILATION_CONFIG_FLAGS) for a in args)
-
-
-def _cel_sets_compilation_config(args: str) -> str:
-    return f"{args}.exists(a, {cel_names_flag('a', COMPILATION_CONFIG_FLAGS)})"
 
 
 class ApiModel(BaseModel):
@@ -196,7 +175,7 @@ _ARGS_AND_ENV_RULES = (
         field_path=".extraArgs",
     ),
     Rule(
-        cel=f"!has(self.env) || self.env.all(e, !(e.name in {_cel_list(MANAGED_ENV)}))",
+        cel=f"!has(self.env) || self.env.all(e, !(e.name in {cel_list(MANAGED_ENV)}))",
         message="env must not set variables the operator manages (CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, "
         "ROCR_VISIBLE_DEVICES, POD_IP, VLLM_HOST_IP, VLLM_MORIIO_CONNECTOR_READ_MODE, "
         "VLLM_ENGINE_READY_TIMEOUT_S)",
@@ -653,7 +632,7 @@ class PodTemplateMetadata(ApiModel):
 
     _rules = (
         Rule(
-            cel=f"!has(self.labels) || self.labels.all(k, !(k in {_cel_list(OWNED_LABELS)}) && "
+            cel=f"!has(self.labels) || self.labels.all(k, !(k in {cel_list(OWNED_LABELS)}) && "
             f"!k.startsWith('{OWNED_PREFIX}'))",
             message="podTemplate.metadata.labels must not set the labels the operator owns "
             f"({', '.join(OWNED_LABELS)}, {OWNED_PREFIX}*)",
@@ -688,7 +667,7 @@ def _cel_mounts_ok(mounts: str) -> str:
     """CEL: the mounts at ``mounts`` name declared volumes and stay off the operator's mount paths."""
     return (
         f"(!has({mounts}) || {mounts}.all(m, has(self.volumes) && self.volumes.exists(v, v.name == m.name) && "
-        f"!(m.mountPath in {_cel_list(OWNED_MOUNT_PATHS)})))"
+        f"!(m.mountPath in {cel_list(OWNED_MOUNT_PATHS)})))"
     )
 
 
@@ -794,7 +773,7 @@ class PodTemplateSpec(ApiModel):
         *(_template_refuses(field, why) for field, why in TEMPLATE_REFUSED.items()),
         Rule(
             cel="!has(self.volumes) || self.volumes.all(v, !(v.name in "
-            f"{_cel_list(OWNED_VOLUMES)}) && "
+            f"{cel_list(OWNED_VOLUMES)}) && "
             + " && ".join(f"!v.name.startsWith('{p}')" for p in OWNED_VOLUME_PREFIXES)
             + ")",
             message="podTemplate.volumes must not use the operator's volume names (models, tmp, dshm-*, pd-*)",
@@ -1605,7 +1584,7 @@ class PDDeploymentSpec(ApiModel):
         _rank_ports_outside_ephemeral_rule("decode"),
         Rule(
             cel="self.mode != 'disaggregated' || self.kvTransfer.transferMode != 'read' || "
-            f"!has(self.decode.extraArgs) || !{_cel_sets_compilation_config('self.decode.extraArgs')} || "
+            f"!has(self.decode.extraArgs) || !{cel_sets_compilation_config('self.decode.extraArgs')} || "
             "self.decode.extraArgs.exists(a, a.contains('cudagraph_mode'))",
             message="decode.extraArgs set a compilation config without cudagraph_mode: in read mode it replaces "
             "the operator's cudagraph_mode PIECEWISE (MoRI-IO's per-layer KV-read wait cannot run inside full "

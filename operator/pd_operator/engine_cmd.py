@@ -23,9 +23,9 @@ from pd_operator.api import (
     DisaggregatedRoleSpec,
     EngineSettings,
     PDDeploymentSpec,
-    sets_compilation_config,
 )
 from pd_operator.rules import gpu_indices
+from pd_operator.vllm_flags import sets_compilation_config
 from pd_runtime import protocol
 from pd_runtime.vllm_pin import DEFAULT_MAX_NUM_SEQS
 

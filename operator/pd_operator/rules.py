@@ -107,34 +107,6 @@ def cel_ranges_disjoint(pairs: str) -> str:
     return f"{pairs}.all(r, {pairs}.exists_one(q, q[0] <= r[1] && r[0] <= q[1]))"
 
 
-# ---- `vllm serve` flags: Python and CEL -------------------------------------------------------------
-#
-# How vLLM's parser (FlexibleArgumentParser, an argparse.ArgumentParser) reads a word of the command line,
-# which is what a guard on extraArgs must match, not the spelling we render: the option name ends at the
-# first "=" (``--port=9000``) or "." (``--kv-transfer-config.kv_role=kv_producer`` sets the whole
-# --kv-transfer-config from its dotted keys); underscores in it are dashes (``--tensor_parallel-size``);
-# and argparse takes any prefix of an option (``--tensor-par``, ``-t`` for -tp) as that option when only
-# one option starts with it. A prefix shared with another option is refused by argparse as ambiguous,
-# so counting every prefix as the flag refuses nothing vLLM would have accepted as another option
-# (conformance/test_extra_args_guard.py checks this against every option of vLLM's `vllm serve`).
-
-
-def flag_key(word: str) -> str:
-    """The option name vLLM reads in a command-line word: before any "=" and ".", underscores as dashes."""
-    return word.split("=", 1)[0].split(".", 1)[0].replace("_", "-")
-
-
-def names_flag(word: str, spellings: Sequence[str]) -> bool:
-    """Whether vLLM's parser could read ``word`` as one of ``spellings`` (canonical, dashed option names)."""
-    key = flag_key(word)
-    return len(key) >= 2 and key != "--" and any(spelling.startswith(key) for spelling in spellings)
-
-
-def cel_names_flag(word: str, spellings: Sequence[str]) -> str:
-    """CEL of :func:`names_flag` for the string at ``word``.
-
-    The key is computed once, in a one-element list literal (CEL has no let on every API server version).
-    """
-    key = f"{word}.split('=')[0].split('.')[0].replace('_', '-')"
-    literal = "[" + ", ".join(f"'{s}'" for s in spellings) + "]"
-    return f"[{key}].exists(k, k.size() >= 2 && k != '--' && {literal}.exists(s, s.startsWith(k)))"
+def cel_list(values: Sequence[str]) -> str:
+    """CEL: a list literal of the strings ``values``."""
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"

@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
-from pd_operator.api import API_VERSION, KIND, PDDeploymentSpec, sets_compilation_config
+from pd_operator.api import API_VERSION, KIND, PDDeploymentSpec
 from pd_operator.commands.render import objects_for
 from pd_operator.validation import SpecError, validate_spec
+from pd_operator.vllm_flags import sets_compilation_config
 from tests.operator.conftest import EXAMPLES, load_example
 from tests.operator.flag_spellings import ACCEPTED, COMPILATION_CONFIG, REFUSED
 from tests.operator.spec_table import load_cases, load_table, merge_patch, name_of, patched
