@@ -17,13 +17,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pd_operator.api import (
-    PROXY_SETTINGS_DIR,
-    ColocatedEngineSpec,
-    DisaggregatedRoleSpec,
-    EngineSettings,
-    PDDeploymentSpec,
-)
+from pd_operator.api.engines import ColocatedEngineSpec, DisaggregatedRoleSpec, EngineSettings
+from pd_operator.api.placement import PROXY_SETTINGS_DIR
+from pd_operator.api.spec import PDDeploymentSpec
 from pd_operator.rules import gpu_indices
 from pd_operator.vllm_flags import sets_compilation_config
 from pd_runtime import protocol

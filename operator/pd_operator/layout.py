@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pd_operator import qos
-from pd_operator.api import EndpointPickerSpec, PDDeploymentSpec, PodTemplateSpec
+from pd_operator.api.placement import PodTemplateSpec
+from pd_operator.api.serving import EndpointPickerSpec
+from pd_operator.api.spec import PDDeploymentSpec
 from pd_operator.engine_cmd import (
     EngineContainer,
     EngineRoleName,
