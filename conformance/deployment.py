@@ -25,7 +25,7 @@ import pytest
 from conformance.engines import Behaviour, EngineRole, Ledger, RecordingEngine
 from conformance.rendered import disaggregated_spec, engine_cases_of, example_spec, kubelet_command, pod_of
 from conformance.vllm_code import parse_serve, registering_worker, vllm_config
-from pd_operator.engine_cmd import proxy_settings
+from pd_operator.command_lines import proxy_settings
 from pd_operator.validation import validate_spec
 
 

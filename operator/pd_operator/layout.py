@@ -18,7 +18,7 @@ from pd_operator import qos
 from pd_operator.api.placement import PodTemplateSpec
 from pd_operator.api.serving import EndpointPickerSpec
 from pd_operator.api.spec import PDDeploymentSpec
-from pd_operator.engine_cmd import (
+from pd_operator.command_lines import (
     EngineContainer,
     EngineRoleName,
     EnvEntry,

@@ -26,7 +26,7 @@ from typing import Any
 
 from pd_operator import api
 from pd_operator.api import PROXY_SETTINGS_DIR
-from pd_operator.engine_cmd import LOOPBACK, PROXY_SETTINGS_KEY, TERMINATION_LOG
+from pd_operator.command_lines import LOOPBACK, PROXY_SETTINGS_KEY, TERMINATION_LOG
 from pd_operator.layout import EngineInstance, Layout, Owner
 
 Obj = dict[str, Any]

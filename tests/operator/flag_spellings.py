@@ -52,7 +52,7 @@ ACCEPTED: tuple[tuple[str, ...], ...] = (
     ("--seed", "-1"),
 )
 
-# compilation config: words vllm_flags.names_flag reads as it (the read-mode rule and engine_cmd use it)
+# compilation config: words vllm_flags.names_flag reads as it (the read-mode rule and command_lines use it)
 COMPILATION_CONFIG: tuple[tuple[str, ...], ...] = (
     ("-cc.cudagraph_mode=PIECEWISE",),
     ("--compilation_config", '{"cudagraph_mode": "PIECEWISE"}'),

@@ -10,8 +10,8 @@ import pytest
 
 from pd_operator import autotune, decide, layout, render
 from pd_operator.api import AutotuneStatus, AutotuneTrial, GoodputStatus, ProbeSlo
+from pd_operator.command_lines import bench_command
 from pd_operator.decide import Create, Delete
-from pd_operator.engine_cmd import bench_command
 from pd_operator.goodput import goodput_status
 from pd_operator.observe import wire
 from pd_operator.validation import SpecError, validate_spec

@@ -9,7 +9,7 @@ import msgpack
 import pytest
 
 from pd_operator import layout
-from pd_operator.engine_cmd import bench_command, engine_command, engine_containers, proxy_command, vllm_serve_args
+from pd_operator.command_lines import bench_command, engine_command, engine_containers, proxy_command, vllm_serve_args
 from pd_operator.validation import validate_spec
 from pd_runtime import protocol
 from pd_runtime.proxy import gate

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pd_operator import layout, render
-from pd_operator.engine_cmd import proxy_command, proxy_settings
+from pd_operator.command_lines import proxy_command, proxy_settings
 from pd_operator.validation import SpecError, validate_spec
 from pd_runtime.proxy import reload
 from pd_runtime.proxy.config import ProxyConfig

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from pd_operator import api, layout, render
+from pd_operator.command_lines import engine_command, engine_containers
 from pd_operator.commands import render as render_command
-from pd_operator.engine_cmd import engine_command, engine_containers
 from pd_operator.validation import validate_spec
 from tests.operator.conftest import DRA, EXAMPLES, load_example
 

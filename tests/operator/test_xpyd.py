@@ -9,7 +9,7 @@ import pytest
 
 from pd_operator import layout, observe, render
 from pd_operator.api import PDDeploymentSpec
-from pd_operator.engine_cmd import engine_containers
+from pd_operator.command_lines import engine_containers
 from pd_operator.observe import Observation, ReplicaObservation
 from pd_operator.validation import SpecError, validate_spec
 from pd_operator.views import pod_view

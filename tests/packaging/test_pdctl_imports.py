@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pd_operator import engine_cmd
+from pd_operator import command_lines
 from pd_operator.validation import validate_spec
 from pd_runtime.bench.calibration_server import Behaviour
 from pd_runtime.cli import SUBCOMMANDS
@@ -139,8 +139,8 @@ def test_a_goodput_probe_run_does_not_load_matplotlib(tmp_path: Path) -> None:
     server = ServerThread(Behaviour(ttft_s=0.01, itl_s=0.001))
     summary = tmp_path / "termination-log"
     try:
-        command = engine_cmd.bench_command(spec, server.url)
-        report = probe(*(str(summary) if arg == engine_cmd.TERMINATION_LOG else arg for arg in command[1:]))
+        command = command_lines.bench_command(spec, server.url)
+        report = probe(*(str(summary) if arg == command_lines.TERMINATION_LOG else arg for arg in command[1:]))
     finally:
         server.stop()
     assert report.code == 0, report.stderr

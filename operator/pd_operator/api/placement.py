@@ -70,7 +70,7 @@ OWNED_PREFIX = f"{GROUP}/"
 # Volume names the operator renders (dshm-<engine>, models, tmp) and the prefix it keeps for new ones.
 OWNED_VOLUMES = ("models", "tmp")
 OWNED_VOLUME_PREFIXES = ("dshm-", "pd-")
-PROXY_SETTINGS_DIR = "/etc/pd-proxy"  # the proxy's settings ConfigMap (engine_cmd.proxy_settings)
+PROXY_SETTINGS_DIR = "/etc/pd-proxy"  # the proxy's settings ConfigMap (command_lines.proxy_settings)
 OWNED_MOUNT_PATHS = ("/dev/shm", "/tmp", PROXY_SETTINGS_DIR)
 MAX_TEMPLATE_ENTRIES = 16
 LabelMap = dict[str, Text]  # keys are checked by the API server when the pod is created
