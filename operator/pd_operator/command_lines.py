@@ -387,8 +387,9 @@ def proxy_settings(spec: PDDeploymentSpec) -> dict[str, Any]:
             "queue-timeout": p.admission.queue_timeout_seconds,
         }
     if spec.disaggregated:
+        chosen = p.timeouts.kv_wait_seconds  # unset: as long as decode can still get its KV
         settings |= {
-            "kv-wait-timeout": spec.proxy_kv_wait_seconds(),
+            "kv-wait-timeout": spec.proxy_kv_wait_limit() if chosen is None else chosen,
             "no-kv-fallback": p.no_kv_fallback,
             "on-kv-mismatch": p.on_kv_mismatch,
         }

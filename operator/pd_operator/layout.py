@@ -183,6 +183,7 @@ def _device_selector(spec: PDDeploymentSpec, eng: EngineContainer) -> str | None
 
 def _engine(spec: PDDeploymentSpec, eng: EngineContainer, gpu_count: int | None) -> EngineInstance:
     settings = eng.settings
+    selector = _device_selector(spec, eng)
     requests, limits = qos.engine(spec, settings, len(eng.gpus))
     if gpu_count is not None:
         limits[spec.gpu_allocation.resource_name] = str(gpu_count)
@@ -204,7 +205,7 @@ def _engine(spec: PDDeploymentSpec, eng: EngineContainer, gpu_count: int | None)
         requests=requests,
         limits=limits,
         shm_size=settings.shm_size,
-        device_selector=_device_selector(spec, eng),
+        device_selector=selector,
     )
 
 

@@ -362,11 +362,6 @@ class PDDeploymentSpec(ApiModel):
         scale = self.simulation.time_scale if self.engine == "simulated" else 1.0
         return engine_seconds / scale + protocol.KV_WAIT_MARGIN_S
 
-    def proxy_kv_wait_seconds(self) -> float:
-        """The proxy's wait for decode's first byte after prefill answered (--kv-wait-timeout)."""
-        chosen = self.proxy.timeouts.kv_wait_seconds
-        return self.proxy_kv_wait_limit() if chosen is None else chosen
-
     _rules = (
         _role_within_node_rule("prefill"),
         _role_within_node_rule("decode"),
