@@ -1,4 +1,4 @@
-"""Pure: Kubernetes resource quantities (the subset api.Quantity admits) as exact numbers, and back.
+"""Pure: Kubernetes resource quantities (the subset api.shared.Quantity admits) as exact numbers, and back.
 
 The operator adds quantities (a memory request = the /dev/shm size + a margin) and compares them (a
 default limit never below the user's request); Decimal keeps "1.5Gi" and "100m" exact.
@@ -27,7 +27,7 @@ _QUANTITY = re.compile(r"^(?P<number>[0-9]+(\.[0-9]+)?)(?P<suffix>Ki|Mi|Gi|Ti|Pi
 
 
 def parse(quantity: str) -> Decimal:
-    """``"32Gi"`` -> 34359738368; raises ValueError for anything api.Quantity would refuse."""
+    """``"32Gi"`` -> 34359738368; raises ValueError for anything api.shared.Quantity would refuse."""
     found = _QUANTITY.match(quantity)
     if found is None:
         raise ValueError(f"not a quantity: {quantity!r}")

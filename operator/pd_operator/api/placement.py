@@ -265,6 +265,7 @@ class PodTemplateSpec(ApiModel):
     )
 
 
+# Where engine vllm lands when node.nodeSelector is unset (PDDeploymentSpec.effective_node_selector).
 MI300X_NODE_SELECTOR = {"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM"}
 
 
