@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from pd_runtime.proxy.flows import Exchange
 from pd_runtime.proxy.legs import ClientRequest, TransferIds
+from pd_runtime.proxy.relay import Exchange
 
 
 def _exchange() -> Exchange:

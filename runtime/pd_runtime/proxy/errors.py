@@ -1,4 +1,5 @@
-"""OpenAI-style errors: every failure a client sees has the same body shape and a meaningful status."""
+"""OpenAI-style errors: every failure a client sees has the same body shape and a meaningful status;
+and how an upstream leg failed (``LegFailure``), which says what the client is told."""
 
 from __future__ import annotations
 
@@ -83,3 +84,28 @@ def decode_without_output() -> ApiError:
         "token (vLLM 0.31 does so when loading the transferred KV failed)",
         "decode_failed",
     )
+
+
+class LegFailure(Exception):
+    """An upstream leg failed; ``error`` is what the client is told."""
+
+    def __init__(self, leg: str, kind: str, error: ApiError) -> None:
+        super().__init__(f"{leg} {kind}: {error.message}")
+        self.leg = leg
+        self.kind = kind
+        self.error = error
+
+    @property
+    def engine_failed(self) -> bool:
+        """The engine failed, not the request: no connection, a connection lost, an HTTP 5xx, or no
+        answer in time. Another instance of the role may well serve the same request."""
+        return self.kind in ("unreachable", "broken", "timeout") or (self.kind == "http" and self.error.status >= 500)
+
+
+class NoKvTransfer(LegFailure):
+    """Prefill answered but its kv_transfer_params cannot feed a decode (e.g. the prefill was aborted)."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(
+            "prefill", "no_kv", upstream_failed(f"prefill produced no KV transfer: {problem}", "prefill_no_kv")
+        )

@@ -160,10 +160,8 @@ class ProxyServer:
 
     def reconfigure(self, config: ProxyConfig) -> None:
         """Run with new reloadable settings (reload.py): requests already under way keep their deadlines."""
-        self.config = self.core.config = config
-        self.core.router.policy = config.policy
-        self.core.router.max_imbalance = config.affinity_max_imbalance
-        self.core.upstream.connect_timeout = config.timeouts.connect
+        self.config = config
+        self.core.reconfigure(config)
         self.admission.reconfigure(config.max_in_flight, config.max_queued, config.queue_timeout_s)
         if self.housekeeping is not None:
             self.housekeeping.health_timeout_s = config.timeouts.health
