@@ -21,7 +21,7 @@ from pd_runtime.protocol import (
     new_transfer_id,
     prefill_leg_params,
 )
-from pd_runtime.proxy.errors import ApiError, bad_request
+from pd_runtime.proxy.errors import bad_request
 
 Endpoint = Literal["completions", "chat/completions"]
 ProxyMode = Literal["disaggregated", "colocated"]
@@ -330,51 +330,3 @@ def decode_token_limits(body: dict[str, Any], policy: MaxTokensPolicy) -> dict[s
             if out.get(key) is not None:
                 out[key] = max(1, out[key] - 1)
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Response ids
-# ---------------------------------------------------------------------------------------------
-
-
-class IdRewriter:
-    """Replaces the internal X-Request-Id (which carries engine addresses, docs/protocol.md#toy-proxy) with the uid.
-
-    For streams it rewrites only complete SSE events and holds back a partial one, so an id split
-    across two reads is still replaced; reads from vLLM end on event boundaries, so nothing waits.
-    """
-
-    def __init__(self, internal_id: str, public_id: str) -> None:
-        self._internal = internal_id.encode()
-        self._public = public_id.encode()
-        self._active = internal_id != public_id
-        self._pending = b""
-
-    def whole(self, body: bytes) -> bytes:
-        return body.replace(self._internal, self._public) if self._active else body
-
-    def feed(self, data: bytes) -> bytes:
-        if not self._active:
-            return data
-        if not self._pending and data.endswith(b"\n\n"):  # what vLLM's reads are: whole events
-            return data.replace(self._internal, self._public)
-        if self._pending:
-            data = self._pending + data
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            self._pending = data
-            return b""
-        self._pending = data[end + 2 :]
-        return data[: end + 2].replace(self._internal, self._public)
-
-    def flush(self) -> bytes:
-        rest, self._pending = self._pending, b""
-        return rest.replace(self._internal, self._public)
-
-
-def upstream_error_for_client(status: int, body: bytes, leg: str, rewriter: IdRewriter) -> ApiError:
-    """What a failed leg means for the client: an engine 4xx is about the request and passes through
-    (its body, ids rewritten); anything else is a 502 that names the leg, never the engine's text."""
-    if 400 <= status < 500:
-        return ApiError(status, f"{leg} engine rejected the request", raw_body=rewriter.whole(body))
-    return ApiError(502, f"{leg} engine answered HTTP {status}", type="upstream_error", code=f"{leg}_failed")

@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pd_runtime.proxy.answers import (
+    IdRewriter,
     chunks_open_answer,
     merge_usage,
     merge_usage_events,
     opens_answer,
     prompt_details,
     stream_chunks,
+    upstream_error_for_client,
     whole_from_stream,
 )
 from pd_runtime.proxy.circuits import Circuits
@@ -37,13 +39,11 @@ from pd_runtime.proxy.errors import (
 )
 from pd_runtime.proxy.legs import (
     ClientRequest,
-    IdRewriter,
     Leg,
     Target,
     TransferIds,
     prefill_leg,
     streams_whole,
-    upstream_error_for_client,
 )
 from pd_runtime.proxy.metrics import ProxyMetrics
 from pd_runtime.proxy.sinks import Sink
