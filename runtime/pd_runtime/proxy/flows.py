@@ -25,7 +25,7 @@ from pd_runtime.proxy.circuits import Circuits
 from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.demand import DemandWindow, asked_output_tokens
 from pd_runtime.proxy.errors import ApiError, LegFailure, NoKvTransfer, unavailable
-from pd_runtime.proxy.legs import ClientRequest, Leg, Target, TransferIds, decode_leg, plain_leg
+from pd_runtime.proxy.legs import ClientRequest, Target, TransferIds
 from pd_runtime.proxy.metrics import ProxyMetrics
 from pd_runtime.proxy.placement import Placement
 from pd_runtime.proxy.registry import Registry
@@ -213,32 +213,14 @@ class ProxyCore:
         with self.placement.holding(exchange.prefill, exchange.decode):
             if exchange.prefill is None:
                 assert exchange.decode is not None
-                await self.relay.relay(
-                    exchange, exchange.decode, self._plain(exchange, exchange.decode), "engine", sink
-                )
+                await self.relay.plain(exchange, exchange.decode, "engine", sink)
                 return False
             if self.registry.transfer_mode == "READ":
                 return await self._read_flow(exchange, sink)
             return await self._write_flow(exchange, sink)
 
-    def _plain(self, exchange: Exchange, target: Target) -> Leg:
-        return plain_leg(exchange.request, target, exchange.ids.uid, self.config.engine_api_key)
-
-    def _decode_leg(self, exchange: Exchange, prefill_params: dict[str, Any] | None) -> Leg:
-        assert exchange.prefill is not None and exchange.decode is not None
-        return decode_leg(
-            exchange.request,
-            exchange.prefill,
-            exchange.decode,
-            exchange.ids,
-            self.config.max_tokens_policy,
-            self.config.engine_api_key,
-            prefill_params,
-        )
-
     async def _read_flow(self, exchange: Exchange, sink: Sink) -> bool:
         """docs/protocol.md#read-mode: strictly serial; D is sent only after P's answer was validated."""
-        assert exchange.decode is not None
         answer = await self.relay.prefill(exchange)
         params = answer.kv_transfer_params
         problem = check_prefill_response(params, exchange.ids.transfer_id)
@@ -246,7 +228,7 @@ class ProxyCore:
             await self._without_kv(exchange, sink, NoKvTransfer(problem))
             return False
         exchange.prefill_answered(self.config.timeouts.kv_wait)
-        await self.relay.relay(exchange, exchange.decode, self._decode_leg(exchange, params), "decode", sink)
+        await self.relay.decode(exchange, params, sink)
         self._record_transfer(exchange)
         return True
 
@@ -255,10 +237,7 @@ class ProxyCore:
 
         D goes out first: it must allocate blocks and send them to P before P's KV writes can start.
         """
-        assert exchange.decode is not None
-        decode = asyncio.create_task(
-            self.relay.relay(exchange, exchange.decode, self._decode_leg(exchange, None), "decode", sink)
-        )
+        decode = asyncio.create_task(self.relay.decode(exchange, None, sink))
         prefill = asyncio.create_task(self._prefill_with_kv(exchange))
         handed_off = False
         try:
@@ -315,8 +294,7 @@ class ProxyCore:
             raise missing
         self.metrics.no_kv.labels("prefill_plain").inc()
         log.warning("serving on prefill as a plain request transfer_id=%s: %s", exchange.ids.transfer_id, missing)
-        plain = self._plain(exchange, exchange.prefill)
-        await self.relay.relay(exchange, exchange.prefill, plain, "prefill", sink)
+        await self.relay.plain(exchange, exchange.prefill, "prefill", sink)
 
     def _record_transfer(self, exchange: Exchange) -> None:
         assert exchange.prefill is not None and exchange.decode is not None

@@ -42,6 +42,8 @@ from pd_runtime.proxy.legs import (
     Leg,
     Target,
     TransferIds,
+    decode_leg,
+    plain_leg,
     prefill_leg,
     streams_whole,
 )
@@ -167,7 +169,26 @@ class Relay:
         exchange.prompt_details = prompt_details(document)
         return PrefillAnswer(document)
 
-    async def relay(self, exchange: Exchange, target: Target, leg: Leg, name: str, sink: Sink) -> None:
+    async def decode(self, exchange: Exchange, prefill_params: dict[str, Any] | None, sink: Sink) -> None:
+        """The decode leg; ``prefill_params``: prefill's kv_transfer_params in read mode, None in write mode."""
+        assert exchange.prefill is not None and exchange.decode is not None
+        leg = decode_leg(
+            exchange.request,
+            exchange.prefill,
+            exchange.decode,
+            exchange.ids,
+            self.config.max_tokens_policy,
+            self.config.engine_api_key,
+            prefill_params,
+        )
+        await self._relay(exchange, exchange.decode, leg, "decode", sink)
+
+    async def plain(self, exchange: Exchange, target: Target, name: str, sink: Sink) -> None:
+        """The request as the client sent it, on one engine: colocated, or prefill's when it gave no KV."""
+        leg = plain_leg(exchange.request, target, exchange.ids.uid, self.config.engine_api_key)
+        await self._relay(exchange, target, leg, name, sink)
+
+    async def _relay(self, exchange: Exchange, target: Target, leg: Leg, name: str, sink: Sink) -> None:
         """POST a decode (or colocated, or plain prefill) leg and pass its answer through, SSE chunk by chunk."""
         with self.circuits.verdict(target, exchange.prefill):
             if name == "decode" and streams_whole(exchange.request):
