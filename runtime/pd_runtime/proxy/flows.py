@@ -20,12 +20,11 @@ from typing import Any
 
 import aiohttp
 
-from pd_runtime.protocol import check_prefill_response, new_request_uid
 from pd_runtime.proxy.circuits import Circuits
 from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.demand import DemandWindow, asked_output_tokens
 from pd_runtime.proxy.errors import ApiError, LegFailure, NoKvTransfer, unavailable
-from pd_runtime.proxy.legs import ClientRequest, Target, TransferIds
+from pd_runtime.proxy.legs import ClientRequest, Target
 from pd_runtime.proxy.metrics import ProxyMetrics
 from pd_runtime.proxy.placement import Placement
 from pd_runtime.proxy.registry import Registry
@@ -190,11 +189,8 @@ class ProxyCore:
         """The request placed on its instances, with the ids of its transfer."""
         if self.draining:
             raise unavailable("the proxy is shutting down", "shutting_down")
-        prefill, decode = await self.placement.place(request)
-        if prefill is None:
-            uid = new_request_uid()
-            return Exchange(request, TransferIds(uid=uid, transfer_id="", request_id=uid), source, decode=decode)
-        return Exchange(request, TransferIds.mint(prefill.instance, decode.instance), source, prefill, decode)
+        prefill, decode, ids = await self.placement.place(request)
+        return Exchange(request, ids, source, prefill, decode)
 
     def _fail_over(self, exchange: Exchange, failure: LegFailure, sink: Sink) -> bool:
         """Whether to serve the request once more elsewhere after ``failure``: only while nothing has
@@ -213,7 +209,7 @@ class ProxyCore:
         with self.placement.holding(exchange.prefill, exchange.decode):
             if exchange.prefill is None:
                 assert exchange.decode is not None
-                await self.relay.plain(exchange, exchange.decode, "engine", sink)
+                await self.relay.run_plain(exchange, exchange.decode, "engine", sink)
                 return False
             if self.registry.transfer_mode == "READ":
                 return await self._read_flow(exchange, sink)
@@ -221,14 +217,12 @@ class ProxyCore:
 
     async def _read_flow(self, exchange: Exchange, sink: Sink) -> bool:
         """docs/protocol.md#read-mode: strictly serial; D is sent only after P's answer was validated."""
-        answer = await self.relay.prefill(exchange)
-        params = answer.kv_transfer_params
-        problem = check_prefill_response(params, exchange.ids.transfer_id)
-        if problem:
-            await self._without_kv(exchange, sink, NoKvTransfer(problem))
+        try:
+            params = await self.relay.run_prefill(exchange, read_mode=True)
+        except NoKvTransfer as missing:
+            await self._without_kv(exchange, sink, missing)
             return False
-        exchange.prefill_answered(self.config.timeouts.kv_wait)
-        await self.relay.decode(exchange, params, sink)
+        await self.relay.run_decode(exchange, params, sink)
         self._record_transfer(exchange)
         return True
 
@@ -237,8 +231,8 @@ class ProxyCore:
 
         D goes out first: it must allocate blocks and send them to P before P's KV writes can start.
         """
-        decode = asyncio.create_task(self.relay.decode(exchange, None, sink))
-        prefill = asyncio.create_task(self._prefill_with_kv(exchange))
+        decode = asyncio.create_task(self.relay.run_decode(exchange, None, sink))
+        prefill = asyncio.create_task(self.relay.run_prefill(exchange, read_mode=False))
         handed_off = False
         try:
             prefill_failure: BaseException | None = None
@@ -294,7 +288,7 @@ class ProxyCore:
             raise missing
         self.metrics.no_kv.labels("prefill_plain").inc()
         log.warning("serving on prefill as a plain request transfer_id=%s: %s", exchange.ids.transfer_id, missing)
-        await self.relay.plain(exchange, exchange.prefill, "prefill", sink)
+        await self.relay.run_plain(exchange, exchange.prefill, "prefill", sink)
 
     def _record_transfer(self, exchange: Exchange) -> None:
         assert exchange.prefill is not None and exchange.decode is not None
@@ -311,14 +305,6 @@ class ProxyCore:
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    async def _prefill_with_kv(self, exchange: Exchange) -> None:
-        """Write mode: a P answer without kv_transfer_params means no KV will ever reach D."""
-        answer = await self.relay.prefill(exchange)
-        if not isinstance(answer.kv_transfer_params, dict):
-            problem = "kv_transfer_params is null (the prefill was aborted or did not end length-capped)"
-            raise NoKvTransfer(problem)
-        exchange.prefill_answered(self.config.timeouts.kv_wait)
 
 
 def _address(target: Target | None) -> str:

@@ -12,11 +12,12 @@ import logging
 import time
 from collections.abc import Iterator
 
+from pd_runtime.protocol import new_request_uid
 from pd_runtime.proxy.affinity import prefix_key
 from pd_runtime.proxy.circuits import Circuits
 from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.errors import ApiError, LegFailure, unavailable
-from pd_runtime.proxy.legs import ClientRequest, Target
+from pd_runtime.proxy.legs import ClientRequest, Target, TransferIds
 from pd_runtime.proxy.metrics import ProxyMetrics
 from pd_runtime.proxy.registry import Instance, InstanceRole, Registry
 from pd_runtime.proxy.routing import Candidate, Router, Slot, decode_dp_rank
@@ -37,13 +38,14 @@ class Placement:
         """Requests waiting for a decode slot (``_decode_slot``)."""
         self._slot_freed = asyncio.Event()
 
-    async def place(self, request: ClientRequest) -> tuple[Target | None, Target]:
-        """The request's prefill (None when colocated) and decode targets; a half-open instance chosen
-        gets its trial (``breaker``)."""
+    async def place(self, request: ClientRequest) -> tuple[Target | None, Target, TransferIds]:
+        """The request's prefill (None when colocated) and decode targets, and the ids that name them
+        (docs/protocol.md#request-ids); a half-open instance chosen gets its trial (``breaker``)."""
         if self.registry.mode == "colocated":
             engine = self._pick("E", None, request, time.monotonic())
             self.circuits.routed(engine)
-            return None, engine
+            uid = new_request_uid()
+            return None, engine, TransferIds(uid=uid, transfer_id="", request_id=uid)
         # One live set per role per request: the prefill set is checked before any wait for a decode slot
         # and routed from unless that wait ran (the registry may have changed meanwhile).
         now = time.monotonic()
@@ -65,7 +67,7 @@ class Placement:
             ),
         )
         self.circuits.routed(prefill, decode)
-        return prefill, decode
+        return prefill, decode, TransferIds.mint(prefill.instance, decode.instance)
 
     @contextlib.contextmanager
     def holding(self, *targets: Target | None) -> Iterator[None]:

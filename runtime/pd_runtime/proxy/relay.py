@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pd_runtime.protocol import check_prefill_response
 from pd_runtime.proxy.answers import (
     IdRewriter,
     chunks_open_answer,
@@ -32,6 +33,7 @@ from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.demand import DemandWindow, reported_prompt_tokens
 from pd_runtime.proxy.errors import (
     LegFailure,
+    NoKvTransfer,
     decode_without_output,
     kv_transfer_timeout,
     upstream_failed,
@@ -132,11 +134,22 @@ class Relay:
         self.demand = demand
         self.tracing = tracing
 
-    async def prefill(self, exchange: Exchange) -> PrefillAnswer:
-        """POST the P leg and return its answer (a failure raises LegFailure)."""
+    async def run_prefill(self, exchange: Exchange, read_mode: bool) -> Any:
+        """The prefill leg; its kv_transfer_params, checked as the transfer mode needs them for decode (a
+        failed leg raises LegFailure, an answer whose KV cannot feed decode NoKvTransfer). From here
+        decode's first byte is due within the kv wait (``Exchange.prefill_answered``)."""
         assert exchange.prefill is not None
         with self.circuits.verdict(exchange.prefill, exchange.prefill):
-            return await self._prefill_leg(exchange)
+            params = (await self._prefill_leg(exchange)).kv_transfer_params
+        problem: str | None = None
+        if read_mode:
+            problem = check_prefill_response(params, exchange.ids.transfer_id)
+        elif not isinstance(params, dict):  # write mode: no KV will ever reach decode
+            problem = "kv_transfer_params is null (the prefill was aborted or did not end length-capped)"
+        if problem:
+            raise NoKvTransfer(problem)
+        exchange.prefill_answered(self.config.timeouts.kv_wait)
+        return params
 
     async def _prefill_leg(self, exchange: Exchange) -> PrefillAnswer:
         assert exchange.prefill is not None and exchange.decode is not None
@@ -169,7 +182,7 @@ class Relay:
         exchange.prompt_details = prompt_details(document)
         return PrefillAnswer(document)
 
-    async def decode(self, exchange: Exchange, prefill_params: dict[str, Any] | None, sink: Sink) -> None:
+    async def run_decode(self, exchange: Exchange, prefill_params: dict[str, Any] | None, sink: Sink) -> None:
         """The decode leg; ``prefill_params``: prefill's kv_transfer_params in read mode, None in write mode."""
         assert exchange.prefill is not None and exchange.decode is not None
         leg = decode_leg(
@@ -183,7 +196,7 @@ class Relay:
         )
         await self._relay(exchange, exchange.decode, leg, "decode", sink)
 
-    async def plain(self, exchange: Exchange, target: Target, name: str, sink: Sink) -> None:
+    async def run_plain(self, exchange: Exchange, target: Target, name: str, sink: Sink) -> None:
         """The request as the client sent it, on one engine: colocated, or prefill's when it gave no KV."""
         leg = plain_leg(exchange.request, target, exchange.ids.uid, self.config.engine_api_key)
         await self._relay(exchange, target, leg, name, sink)
