@@ -81,6 +81,8 @@ class Leg:
     path: str
     headers: dict[str, str]
     body: dict[str, Any]
+    assembled: bool = False
+    """Streamed for a client that did not ask for a stream: its answer is assembled (``streams_whole``)."""
 
     def encoded(self) -> bytes:
         return _compact_json(self.body).encode()
@@ -284,7 +286,8 @@ def decode_leg(
     ``prefill_params`` is P's returned kv_transfer_params in read mode, None in write mode.
     """
     body = decode_token_limits(request.body, policy)
-    if streams_whole(request):
+    assembled = streams_whole(request)
+    if assembled:
         body |= {"stream": True, "stream_options": {"include_usage": True}}
     body["kv_transfer_params"] = decode_leg_params(
         prefill.instance,
@@ -292,7 +295,7 @@ def decode_leg(
         prefill_response=prefill_params,
         prefill_dp_rank=prefill.dp_rank if prefill.instance.dp_size > 1 else None,
     )
-    return Leg(request.path, _headers(request, ids.request_id, decode.dp_rank, engine_api_key), body)
+    return Leg(request.path, _headers(request, ids.request_id, decode.dp_rank, engine_api_key), body, assembled)
 
 
 # Whole answers that a stream of the same request does not carry: tool calls (vLLM parses them with a

@@ -47,7 +47,6 @@ from pd_runtime.proxy.legs import (
     decode_leg,
     plain_leg,
     prefill_leg,
-    streams_whole,
 )
 from pd_runtime.proxy.metrics import ProxyMetrics
 from pd_runtime.proxy.sinks import Sink
@@ -204,7 +203,7 @@ class Relay:
     async def _relay(self, exchange: Exchange, target: Target, leg: Leg, name: str, sink: Sink) -> None:
         """POST a decode (or colocated, or plain prefill) leg and pass its answer through, SSE chunk by chunk."""
         with self.circuits.verdict(target, exchange.prefill):
-            if name == "decode" and streams_whole(exchange.request):
+            if leg.assembled:
                 await self._relay_whole(exchange, target, leg, sink)
             else:
                 await self._relay_leg(exchange, target, leg, name, sink)
