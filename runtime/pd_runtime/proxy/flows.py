@@ -22,7 +22,7 @@ import aiohttp
 
 from pd_runtime.proxy.circuits import Circuits
 from pd_runtime.proxy.config import ProxyConfig
-from pd_runtime.proxy.demand import DemandWindow, asked_output_tokens
+from pd_runtime.proxy.demand import DemandWindow
 from pd_runtime.proxy.errors import ApiError, LegFailure, NoKvTransfer, unavailable
 from pd_runtime.proxy.legs import ClientRequest, Target
 from pd_runtime.proxy.metrics import ProxyMetrics
@@ -114,10 +114,6 @@ class ProxyCore:
             await asyncio.to_thread(self.tracing.shutdown)  # its last export is blocking HTTP
 
     # -- entry point ---------------------------------------------------------------------------
-
-    def arrived(self, request: ClientRequest) -> None:
-        """A client request arrived (before admission: a refused one is demand too; the canary is not)."""
-        self.demand.arrived(time.monotonic(), asked_output_tokens(request.body))
 
     async def handle(self, request: ClientRequest, sink: Sink, source: Source = "request") -> Result:
         """Serve one request; every failure ends as an OpenAI-style error on the sink, never a raise

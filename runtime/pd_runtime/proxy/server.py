@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pd_runtime.proxy.admission_gate import AdmissionGate
 from pd_runtime.proxy.canary import Canary
 from pd_runtime.proxy.config import ProxyConfig
+from pd_runtime.proxy.demand import asked_output_tokens
 from pd_runtime.proxy.errors import ApiError, unavailable
 from pd_runtime.proxy.flows import ProxyCore
 from pd_runtime.proxy.gate import parse_expected_engine
@@ -239,7 +240,7 @@ class ProxyServer:
         except ApiError:
             self.metrics.request_done(endpoint, "rejected")
             raise
-        self.core.arrived(client_request)
+        self.core.demand.arrived(time.monotonic(), asked_output_tokens(client_request.body))
         served = False
         try:
             async with self.admission.admitted():
