@@ -11,6 +11,7 @@ of the legs: which run, in which order, and what a failure of one means for the 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Coroutine
@@ -20,11 +21,20 @@ from typing import Any
 
 import aiohttp
 
+from pd_runtime.protocol import check_prefill_response
+from pd_runtime.proxy.answers import prompt_details, upstream_error_for_client
 from pd_runtime.proxy.circuits import Circuits
 from pd_runtime.proxy.config import ProxyConfig
-from pd_runtime.proxy.demand import DemandWindow
-from pd_runtime.proxy.errors import ApiError, LegFailure, NoKvTransfer, unavailable
-from pd_runtime.proxy.legs import ClientRequest, Target
+from pd_runtime.proxy.demand import DemandWindow, reported_prompt_tokens
+from pd_runtime.proxy.errors import (
+    ApiError,
+    LegFailure,
+    NoKvTransfer,
+    unavailable,
+    upstream_failed,
+    upstream_timeout,
+)
+from pd_runtime.proxy.legs import ClientRequest, Target, decode_leg, plain_leg, prefill_leg
 from pd_runtime.proxy.metrics import ProxyMetrics
 from pd_runtime.proxy.placement import Placement
 from pd_runtime.proxy.registry import Registry
@@ -33,11 +43,22 @@ from pd_runtime.proxy.routing import Router
 from pd_runtime.proxy.sinks import ClientGone, Sink
 from pd_runtime.proxy.status import LastTransfer
 from pd_runtime.proxy.tracing import Tracing
-from pd_runtime.proxy.upstream import UpstreamPool
+from pd_runtime.proxy.upstream import UpstreamError, UpstreamPool
 
 log = logging.getLogger(__name__)
 
 UPSTREAM_KEEPALIVE_S = 4.0
+
+
+@dataclass(frozen=True)
+class PrefillAnswer:
+    """Prefill's HTTP answer (status 200), parsed."""
+
+    document: Any
+
+    @property
+    def kv_transfer_params(self) -> Any:
+        return self.document.get("kv_transfer_params") if isinstance(self.document, dict) else None
 
 
 @dataclass(frozen=True)
@@ -63,10 +84,10 @@ class ProxyCore:
         self.demand = DemandWindow(time.monotonic())
         self.draining = False
         self._background: set[asyncio.Task[None]] = set()
-        circuits = Circuits(registry, metrics)
-        self.placement = Placement(config, registry, router, circuits, metrics)
+        self.circuits = Circuits(registry, metrics)
+        self.placement = Placement(config, registry, router, self.circuits, metrics)
         tracing = Tracing(config.otlp_traces_endpoint) if config.otlp_traces_endpoint else None
-        self.relay = Relay(config, self.upstream, circuits, metrics, self.demand, tracing)
+        self.relay = Relay(config, self.upstream, self.circuits, metrics, tracing)
 
     @property
     def tracing(self) -> Tracing | None:
@@ -205,7 +226,7 @@ class ProxyCore:
         with self.placement.holding(exchange.prefill, exchange.decode):
             if exchange.prefill is None:
                 assert exchange.decode is not None
-                await self.relay.run_plain(exchange, exchange.decode, "engine", sink)
+                await self._plain(exchange, exchange.decode, "engine", sink)
                 return False
             if self.registry.transfer_mode == "READ":
                 return await self._read_flow(exchange, sink)
@@ -214,11 +235,11 @@ class ProxyCore:
     async def _read_flow(self, exchange: Exchange, sink: Sink) -> bool:
         """docs/protocol.md#read-mode: strictly serial; D is sent only after P's answer was validated."""
         try:
-            params = await self.relay.run_prefill(exchange, read_mode=True)
+            params = await self._prefill(exchange, read_mode=True)
         except NoKvTransfer as missing:
             await self._without_kv(exchange, sink, missing)
             return False
-        await self.relay.run_decode(exchange, params, sink)
+        await self._decode(exchange, params, sink)
         self._record_transfer(exchange)
         return True
 
@@ -227,8 +248,8 @@ class ProxyCore:
 
         D goes out first: it must allocate blocks and send them to P before P's KV writes can start.
         """
-        decode = asyncio.create_task(self.relay.run_decode(exchange, None, sink))
-        prefill = asyncio.create_task(self.relay.run_prefill(exchange, read_mode=False))
+        decode = asyncio.create_task(self._decode(exchange, None, sink))
+        prefill = asyncio.create_task(self._prefill(exchange, read_mode=False))
         handed_off = False
         try:
             prefill_failure: BaseException | None = None
@@ -271,6 +292,73 @@ class ProxyCore:
             return
         self._record_transfer(exchange)
 
+    async def _prefill(self, exchange: Exchange, read_mode: bool) -> Any:
+        """The prefill leg; its kv_transfer_params, checked as the transfer mode needs them for decode (a
+        failed leg raises LegFailure, an answer whose KV cannot feed decode NoKvTransfer). From here
+        decode's first byte is due within the kv wait (``Exchange.prefill_answered``)."""
+        assert exchange.prefill is not None
+        with self.circuits.verdict(exchange.prefill, exchange.prefill):
+            params = (await self._prefill_leg(exchange)).kv_transfer_params
+        problem: str | None = None
+        if read_mode:
+            problem = check_prefill_response(params, exchange.ids.transfer_id)
+        elif not isinstance(params, dict):  # write mode: no KV will ever reach decode
+            problem = "kv_transfer_params is null (the prefill was aborted or did not end length-capped)"
+        if problem:
+            raise NoKvTransfer(problem)
+        exchange.prefill_answered(self.config.timeouts.kv_wait)
+        return params
+
+    async def _prefill_leg(self, exchange: Exchange) -> PrefillAnswer:
+        assert exchange.prefill is not None and exchange.decode is not None
+        leg = prefill_leg(exchange.request, exchange.prefill, exchange.decode, exchange.ids, self.config.engine_api_key)
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self.config.timeouts.prefill):
+                async with self.relay.open_leg(exchange.prefill, leg, "prefill") as resp:
+                    status, body = resp.status, await resp.read()
+        except TimeoutError as exc:
+            raise LegFailure(
+                "prefill", "timeout", upstream_timeout(f"prefill took longer than {self.config.timeouts.prefill:g} s")
+            ) from exc
+        except UpstreamError as exc:
+            raise LegFailure(
+                "prefill", "unreachable", upstream_failed("prefill engine unreachable", "prefill_failed")
+            ) from exc
+        finally:
+            self.metrics.leg_seconds.labels("prefill").observe(time.monotonic() - started)
+        if status != 200:
+            raise LegFailure("prefill", "http", upstream_error_for_client(status, body, "prefill", exchange.rewriter))
+        try:
+            document = json.loads(body)  # never the client's: decode answers it
+        except ValueError as exc:
+            raise LegFailure(
+                "prefill", "protocol", upstream_failed("prefill answered invalid JSON", "prefill_failed")
+            ) from exc
+        if exchange.source == "request" and (prompt := reported_prompt_tokens(document)) is not None:
+            self.demand.prompt_measured(time.monotonic(), prompt)
+        exchange.prompt_details = prompt_details(document)
+        return PrefillAnswer(document)
+
+    async def _decode(self, exchange: Exchange, prefill_params: dict[str, Any] | None, sink: Sink) -> None:
+        """The decode leg; ``prefill_params``: prefill's kv_transfer_params in read mode, None in write mode."""
+        assert exchange.prefill is not None and exchange.decode is not None
+        leg = decode_leg(
+            exchange.request,
+            exchange.prefill,
+            exchange.decode,
+            exchange.ids,
+            self.config.max_tokens_policy,
+            self.config.engine_api_key,
+            prefill_params,
+        )
+        await self.relay.to_client(exchange, exchange.decode, leg, "decode", sink)
+
+    async def _plain(self, exchange: Exchange, target: Target, name: str, sink: Sink) -> None:
+        """The request as the client sent it, on one engine: colocated, or prefill's when it gave no KV."""
+        leg = plain_leg(exchange.request, target, exchange.ids.uid, self.config.engine_api_key)
+        await self.relay.to_client(exchange, target, leg, name, sink)
+
     async def _without_kv(self, exchange: Exchange, sink: Sink, missing: NoKvTransfer) -> None:
         """Prefill gave no KV for decode (any decode leg is already cancelled): an aborted prefill, or
         one that stopped although ``min_tokens: 1`` masked its stop tokens (a grammar allowing nothing
@@ -284,7 +372,7 @@ class ProxyCore:
             raise missing
         self.metrics.no_kv.labels("prefill_plain").inc()
         log.warning("serving on prefill as a plain request transfer_id=%s: %s", exchange.ids.transfer_id, missing)
-        await self.relay.run_plain(exchange, exchange.prefill, "prefill", sink)
+        await self._plain(exchange, exchange.prefill, "prefill", sink)
 
     def _record_transfer(self, exchange: Exchange) -> None:
         assert exchange.prefill is not None and exchange.decode is not None

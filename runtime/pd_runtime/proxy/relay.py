@@ -16,24 +16,20 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pd_runtime.protocol import check_prefill_response
 from pd_runtime.proxy.answers import (
     IdRewriter,
     chunks_open_answer,
     merge_usage,
     merge_usage_events,
     opens_answer,
-    prompt_details,
     stream_chunks,
     upstream_error_for_client,
     whole_from_stream,
 )
 from pd_runtime.proxy.circuits import Circuits
 from pd_runtime.proxy.config import ProxyConfig
-from pd_runtime.proxy.demand import DemandWindow, reported_prompt_tokens
 from pd_runtime.proxy.errors import (
     LegFailure,
-    NoKvTransfer,
     decode_without_output,
     kv_transfer_timeout,
     upstream_failed,
@@ -44,9 +40,6 @@ from pd_runtime.proxy.legs import (
     Leg,
     Target,
     TransferIds,
-    decode_leg,
-    plain_leg,
-    prefill_leg,
 )
 from pd_runtime.proxy.metrics import ProxyMetrics
 from pd_runtime.proxy.sinks import Sink
@@ -54,17 +47,6 @@ from pd_runtime.proxy.tracing import Tracing
 from pd_runtime.proxy.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 Source = Literal["request", "canary"]
-
-
-@dataclass(frozen=True)
-class PrefillAnswer:
-    """Prefill's HTTP answer (status 200), parsed."""
-
-    document: Any
-
-    @property
-    def kv_transfer_params(self) -> Any:
-        return self.document.get("kv_transfer_params") if isinstance(self.document, dict) else None
 
 
 @dataclass
@@ -123,84 +105,15 @@ class Relay:
         upstream: UpstreamPool,
         circuits: Circuits,
         metrics: ProxyMetrics,
-        demand: DemandWindow,
         tracing: Tracing | None,
     ) -> None:
         self.config = config
         self.upstream = upstream
         self.circuits = circuits
         self.metrics = metrics
-        self.demand = demand
         self.tracing = tracing
 
-    async def run_prefill(self, exchange: Exchange, read_mode: bool) -> Any:
-        """The prefill leg; its kv_transfer_params, checked as the transfer mode needs them for decode (a
-        failed leg raises LegFailure, an answer whose KV cannot feed decode NoKvTransfer). From here
-        decode's first byte is due within the kv wait (``Exchange.prefill_answered``)."""
-        assert exchange.prefill is not None
-        with self.circuits.verdict(exchange.prefill, exchange.prefill):
-            params = (await self._prefill_leg(exchange)).kv_transfer_params
-        problem: str | None = None
-        if read_mode:
-            problem = check_prefill_response(params, exchange.ids.transfer_id)
-        elif not isinstance(params, dict):  # write mode: no KV will ever reach decode
-            problem = "kv_transfer_params is null (the prefill was aborted or did not end length-capped)"
-        if problem:
-            raise NoKvTransfer(problem)
-        exchange.prefill_answered(self.config.timeouts.kv_wait)
-        return params
-
-    async def _prefill_leg(self, exchange: Exchange) -> PrefillAnswer:
-        assert exchange.prefill is not None and exchange.decode is not None
-        leg = prefill_leg(exchange.request, exchange.prefill, exchange.decode, exchange.ids, self.config.engine_api_key)
-        started = time.monotonic()
-        try:
-            async with asyncio.timeout(self.config.timeouts.prefill):
-                async with self._post(exchange.prefill, leg, "prefill") as resp:
-                    status, body = resp.status, await resp.read()
-        except TimeoutError as exc:
-            raise LegFailure(
-                "prefill", "timeout", upstream_timeout(f"prefill took longer than {self.config.timeouts.prefill:g} s")
-            ) from exc
-        except UpstreamError as exc:
-            raise LegFailure(
-                "prefill", "unreachable", upstream_failed("prefill engine unreachable", "prefill_failed")
-            ) from exc
-        finally:
-            self.metrics.leg_seconds.labels("prefill").observe(time.monotonic() - started)
-        if status != 200:
-            raise LegFailure("prefill", "http", upstream_error_for_client(status, body, "prefill", exchange.rewriter))
-        try:
-            document = json.loads(body)  # never the client's: decode answers it
-        except ValueError as exc:
-            raise LegFailure(
-                "prefill", "protocol", upstream_failed("prefill answered invalid JSON", "prefill_failed")
-            ) from exc
-        if exchange.source == "request" and (prompt := reported_prompt_tokens(document)) is not None:
-            self.demand.prompt_measured(time.monotonic(), prompt)
-        exchange.prompt_details = prompt_details(document)
-        return PrefillAnswer(document)
-
-    async def run_decode(self, exchange: Exchange, prefill_params: dict[str, Any] | None, sink: Sink) -> None:
-        """The decode leg; ``prefill_params``: prefill's kv_transfer_params in read mode, None in write mode."""
-        assert exchange.prefill is not None and exchange.decode is not None
-        leg = decode_leg(
-            exchange.request,
-            exchange.prefill,
-            exchange.decode,
-            exchange.ids,
-            self.config.max_tokens_policy,
-            self.config.engine_api_key,
-            prefill_params,
-        )
-        await self._relay(exchange, exchange.decode, leg, "decode", sink)
-
-    async def run_plain(self, exchange: Exchange, target: Target, name: str, sink: Sink) -> None:
-        """The request as the client sent it, on one engine: colocated, or prefill's when it gave no KV."""
-        leg = plain_leg(exchange.request, target, exchange.ids.uid, self.config.engine_api_key)
-        await self._relay(exchange, target, leg, name, sink)
-
-    async def _relay(self, exchange: Exchange, target: Target, leg: Leg, name: str, sink: Sink) -> None:
+    async def to_client(self, exchange: Exchange, target: Target, leg: Leg, name: str, sink: Sink) -> None:
         """POST a decode (or colocated, or plain prefill) leg and pass its answer through, SSE chunk by chunk."""
         with self.circuits.verdict(target, exchange.prefill):
             if leg.assembled:
@@ -220,7 +133,7 @@ class Relay:
             async with (
                 asyncio.timeout(timeouts.response) as deadline,
                 exchange.first_byte_bounded(deadline, True),
-                self._post(target, leg, "decode") as resp,
+                self.open_leg(target, leg, "decode") as resp,
             ):
                 if resp.status != 200:
                     body = await resp.read()
@@ -282,7 +195,7 @@ class Relay:
             async with (
                 asyncio.timeout(first_deadline) as deadline,
                 exchange.first_byte_bounded(deadline, bounded),
-                self._post(target, leg, name) as resp,
+                self.open_leg(target, leg, name) as resp,
             ):
                 if resp.status != 200:
                     body = await resp.read()
@@ -343,7 +256,7 @@ class Relay:
         finally:
             self.metrics.leg_seconds.labels(name).observe(time.monotonic() - started)
 
-    def _post(self, target: Target, leg: Leg, name: str) -> contextlib.AbstractAsyncContextManager[UpstreamResponse]:
+    def open_leg(self, target: Target, leg: Leg, name: str) -> contextlib.AbstractAsyncContextManager[UpstreamResponse]:
         instance, known = target.instance, self.circuits.instance(target)
         host = known.http_host if known is not None else instance.http_host or instance.host
         if self.tracing is None:
