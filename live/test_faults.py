@@ -103,7 +103,7 @@ def test_lost_transfer_gets_a_clear_answer(pair: Pair, faults: Faults, fault: st
         faults.clear()
         if (pair.mode, fault) == ("read", "fail"):
             # vLLM 0.31 fails the decode request (kv_load_failure_policy=fail) and streams neither a token nor
-            # its error (answers.opens_answer): the proxy answers 502 instead of an empty HTTP 200
+            # its error (relay.opens_answer): the proxy answers 502 instead of an empty HTTP 200
             assert resp.status_code == 502, resp.text
             assert "without a token" in resp.json()["error"]["message"]
         if resp.status_code != 200:

@@ -7,10 +7,10 @@ from collections import Counter
 import pytest
 
 from pd_runtime.protocol import Registration
-from pd_runtime.proxy.answers import IdRewriter
 from pd_runtime.proxy.errors import ApiError
 from pd_runtime.proxy.legs import decode_token_limits, parse_client_request
 from pd_runtime.proxy.registry import Registry, static_engine
+from pd_runtime.proxy.relay import IdRewriter
 from pd_runtime.proxy.routing import (
     Candidate,
     Policy,

@@ -41,7 +41,7 @@ async def test_a_decode_stream_without_a_token_or_an_error_is_a_502(
     pd_setup: SetupFactory, mode: str, path: str
 ) -> None:
     """vLLM 0.31 fails a request whose KV load failed and streams only chat's role chunk, the usage chunk and
-    [DONE] (answers.opens_answer): the client gets a 502, not HTTP 200 with an empty answer."""
+    [DONE] (relay.opens_answer): the client gets a 502, not HTTP 200 with an empty answer."""
     setup = await pd_setup(mode=mode)
     setup.decode.fail_before_token = True
     messages = {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {}

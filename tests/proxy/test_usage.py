@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pd_runtime.proxy.answers import merge_usage, merge_usage_events, prompt_details
+from pd_runtime.proxy.relay import merge_usage, merge_usage_events, prompt_details
 from tests.proxy.conftest import PdSetup, SetupFactory
 
 BODY = {"model": "m", "prompt": "Hello there", "max_tokens": 4}

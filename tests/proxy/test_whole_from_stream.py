@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from pd_runtime.proxy.answers import opens_answer, stream_chunks, whole_from_stream
 from pd_runtime.proxy.legs import ClientRequest, streams_whole
+from pd_runtime.proxy.relay import opens_answer, stream_chunks, whole_from_stream
 
 
 def _events(*chunks: Any) -> bytes:

@@ -22,7 +22,6 @@ from typing import Any
 import aiohttp
 
 from pd_runtime.protocol import check_prefill_response
-from pd_runtime.proxy.answers import prompt_details, upstream_error_for_client
 from pd_runtime.proxy.circuits import Circuits
 from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.demand import DemandWindow, reported_prompt_tokens
@@ -38,7 +37,7 @@ from pd_runtime.proxy.legs import ClientRequest, Target, decode_leg, plain_leg, 
 from pd_runtime.proxy.metrics import ProxyMetrics
 from pd_runtime.proxy.placement import Placement
 from pd_runtime.proxy.registry import Registry
-from pd_runtime.proxy.relay import Exchange, Relay, Source
+from pd_runtime.proxy.relay import Exchange, Relay, Source, prompt_details, upstream_error_for_client
 from pd_runtime.proxy.routing import Router
 from pd_runtime.proxy.sinks import ClientGone, Sink
 from pd_runtime.proxy.status import LastTransfer

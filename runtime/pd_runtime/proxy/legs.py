@@ -305,7 +305,7 @@ WHOLE_ONLY_KEYS = ("tools", "functions", "prompt_logprobs")
 
 def streams_whole(request: ClientRequest) -> bool:
     """Whether a request that is not streamed has its decode leg streamed and its answer assembled
-    (answers.whole_from_stream), so that decode's first byte shows that the KV came, as for a stream
+    (relay.whole_from_stream), so that decode's first byte shows that the KV came, as for a stream
     (docs/proxy.md, "Waiting for the KV"). Not when the client set ``stream_options`` (vLLM refuses them
     on a request that is not streamed: its 400 passes) or asked for what a stream lacks."""
     body = request.body
