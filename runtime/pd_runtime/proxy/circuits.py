@@ -30,17 +30,17 @@ class Circuits:
         """The registered instance ``target`` was chosen from (None once it left the registry)."""
         return self.registry.instances.get(target.instance.http_address)
 
-    def routed(self, *targets: Target | None) -> None:
+    def routed_to(self, *targets: Target | None) -> None:
         for target in targets:
             if target is not None and (inst := self.instance(target)) is not None:
                 inst.breaker.routed()
 
-    def answered(self, target: Target) -> None:
+    def answered_by(self, target: Target) -> None:
         inst = self.instance(target)
         if inst is not None and inst.breaker.answered():
             log.info("circuit closed: instance back in rotation role=%s http=%s", inst.role, inst.key)
 
-    def abandoned(self, target: Target) -> None:
+    def abandoned_on(self, target: Target) -> None:
         if (inst := self.instance(target)) is not None:
             inst.breaker.abandoned()
 
@@ -67,9 +67,9 @@ class Circuits:
             self._leg_failed(target, prefill, failure)
             raise
         except BaseException:
-            self.abandoned(target)  # the client left or the leg was cancelled: no verdict
+            self.abandoned_on(target)  # the client left or the leg was cancelled: no verdict
             raise
-        self.answered(target)
+        self.answered_by(target)
 
     def _leg_failed(self, target: Target, prefill: Target | None, failure: LegFailure) -> None:
         """A leg on ``target`` failed: an engine failure counts against the instance it blames (a write-mode
@@ -77,12 +77,12 @@ class Circuits:
         transfer says nothing about the engine."""
         blamed = prefill if failure.leg == "prefill" and prefill is not None else target
         if blamed is not target:
-            self.abandoned(target)
+            self.abandoned_on(target)
         if failure.engine_failed:
             inst = self.instance(blamed)
             if inst is not None and (reason := inst.breaker.failed(failure.kind == "timeout", time.monotonic())):
                 self.opened(blamed, reason, failure)
         elif failure.kind == "kv_timeout":
-            self.abandoned(blamed)
+            self.abandoned_on(blamed)
         else:
-            self.answered(blamed)
+            self.answered_by(blamed)

@@ -43,7 +43,7 @@ class Placement:
         (docs/protocol.md#request-ids); a half-open instance chosen gets its trial (``breaker``)."""
         if self.registry.mode == "colocated":
             engine = self._pick("E", None, request, time.monotonic())
-            self.circuits.routed(engine)
+            self.circuits.routed_to(engine)
             uid = new_request_uid()
             return None, engine, TransferIds(uid=uid, transfer_id="", request_id=uid)
         # One live set per role per request: the prefill set is checked before any wait for a decode slot
@@ -66,7 +66,7 @@ class Placement:
                 prefill.dp_rank, prefill.instance.dp_size, decode_slot.dp_rank, decode_slot.instance.dp_size
             ),
         )
-        self.circuits.routed(prefill, decode)
+        self.circuits.routed_to(prefill, decode)
         return prefill, decode, TransferIds.mint(prefill.instance, decode.instance)
 
     @contextlib.contextmanager

@@ -196,7 +196,7 @@ class Relay:
                 content_type = resp.headers.get("content-type", "application/json")
                 if not content_type.startswith("text/event-stream"):
                     body = await resp.read()
-                    self.circuits.answered(target)
+                    self.circuits.answered_by(target)
                     body = exchange.rewriter.whole(body)
                     if name == "decode" and exchange.prompt_details is not None:
                         body = merge_usage(body, exchange.prompt_details)
@@ -219,7 +219,7 @@ class Relay:
                                 out, held = b"", out
                     if out:
                         streaming = True
-                        self.circuits.answered(target)
+                        self.circuits.answered_by(target)
                         exchange.first_byte_timer = None
                         await sink.begin_stream(content_type)
                         self.metrics.ttft.observe(time.monotonic() - exchange.started)
