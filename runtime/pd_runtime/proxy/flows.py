@@ -3,9 +3,10 @@ over once, and its outcome told (docs/protocol.md#request-flow; docs/protocol.md
 docs/protocol.md#write-mode the two flows).
 
 ``ProxyCore`` is what the server and the canary call. The parts it composes each do one job:
-``placement`` chooses the instances, ``relay`` runs one leg and passes its answer on, ``circuits``
+``placement`` chooses the instances, ``relay`` carries a leg's answer to the client, ``circuits``
 keeps each instance's circuit breaker; the bodies come from ``legs``. What is left here is the order
-of the legs: which run, in which order, and what a failure of one means for the others.
+of the legs (which run, when, and what a failure of one means for the others) and the prefill leg,
+whose answer only the proxy reads.
 """
 
 from __future__ import annotations

@@ -87,8 +87,8 @@ class Exchange:
 
 
 class Relay:
-    """Runs the legs of every request: pooled connections (``upstream``), the optional leg spans
-    (``tracing``), the circuit breakers (``circuits``)."""
+    """Opens every leg (pooled connections of ``upstream``, the optional leg spans of ``tracing``) and
+    carries the answers the client gets, telling each leg's instance how it ended (``circuits``)."""
 
     def __init__(
         self,
