@@ -13,7 +13,8 @@ The bytes are parsed by llhttp, Node.js's parser (through httptools, as uvicorn 
 mode: what RFC 9110/9112 say a server MUST reject is a 400 (an unsupported transfer coding a 501) and
 closes the connection. This module keeps the connection and flow logic: the limits, checked on every
 read before any handler runs (request line and headers, a body's size, a chunked body's framing and
-trailers), the queue of pipelined requests, the answers, and a client that half-closes after sending.
+trailers), the server's head check (the proxy's client key: a refused request's body is never read),
+the queue of pipelined requests, the answers, and a client that half-closes after sending.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import logging
 import socket
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import httptools
@@ -70,6 +71,9 @@ class HttpRequest:
 
 
 Handler = Callable[[HttpRequest, "ResponseSink"], Awaitable[None]]
+HeadCheck = Callable[[str, str, Mapping[str, str]], ApiError | None]
+"""Called with a request's method, path and headers once its head is complete, before any of its body is
+read: an ApiError refuses it (answered, then the connection closes; the body is never buffered)."""
 
 
 class ResponseSink:
@@ -151,6 +155,7 @@ class _Message:
 
     def __init__(self) -> None:
         self.target = b""
+        self.path = ""
         self.headers: dict[str, str] = {}
         self.hosts = 0
         self.in_body = False  # the head is complete
@@ -353,6 +358,13 @@ class _ApiConnection(asyncio.Protocol):
                 raise ApiError(501, f"Transfer-Encoding {codings!r} is not supported", code="not_implemented")
             message.close_after = version == "1.0"  # RFC 9112 6.1: the framing may be faulty, close after
             message.chunked = True
+        try:
+            message.path = (httptools.parse_url(message.target).path or b"").decode("latin-1")
+        except httptools.HttpParserInvalidURLError as exc:
+            raise ApiError(400, "malformed request target", code="bad_request") from exc
+        check = self._server.check_head
+        if check is not None and (refusal := check(self._parser.get_method().decode("latin-1"), message.path, headers)):
+            raise refusal
         message.wants_continue = headers.get("expect", "").lower() == "100-continue"
         message.length = length = int(headers.get("content-length", "0"))  # llhttp admits 1*DIGIT only
         limit = self._server.max_body_bytes
@@ -382,13 +394,9 @@ class _ApiConnection(asyncio.Protocol):
         if message.drop_body:
             return
         body = message.pieces[0] if len(message.pieces) == 1 else b"".join(message.pieces)
-        try:
-            path = httptools.parse_url(message.target).path or b""
-        except httptools.HttpParserInvalidURLError as exc:
-            raise ApiError(400, "malformed request target", code="bad_request") from exc
         request = HttpRequest(
             parser.get_method().decode("latin-1"),
-            path.decode("latin-1"),
+            message.path,
             message.headers,
             body,
             keep_alive,
@@ -520,9 +528,12 @@ class _ApiConnection(asyncio.Protocol):
 class ApiServer:
     """Routes exact paths to handlers; ``stop`` drains: no new connections, in-flight answers finish."""
 
-    def __init__(self, routes: dict[str, dict[str, Handler]], max_body_bytes: int) -> None:
+    def __init__(
+        self, routes: dict[str, dict[str, Handler]], max_body_bytes: int, check_head: HeadCheck | None = None
+    ) -> None:
         self.routes = routes
         self.max_body_bytes = max_body_bytes
+        self.check_head = check_head
         self.connections: set[_ApiConnection] = set()
         self.draining = False
         self._server: asyncio.Server | None = None

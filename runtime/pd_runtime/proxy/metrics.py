@@ -153,6 +153,13 @@ class ProxyMetrics:
         self.admission_wait = LoopHistogram(
             "pd_proxy_admission_wait_seconds", "Time admitted requests waited in the admission queue", TTFT_BUCKETS, r
         )
+        self.api_refusals = Counter(
+            "pd_proxy_api_refusals",
+            "Requests and connections the API port refused before reading a body or running a handler, by reason: "
+            "unauthenticated (no valid client key, or a body sent to /health or /ready)",
+            ["reason"],
+            registry=r,
+        )
         self.canary_ok = Gauge("pd_proxy_canary_ok", "1 if the last canary transfer succeeded", registry=r)
         self.kv_canary = Counter(
             "pd_proxy_kv_canary",

@@ -13,7 +13,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -40,6 +40,8 @@ from pd_runtime.proxy.watcher import SettingsWatcher
 log = logging.getLogger(__name__)
 
 AdminHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+PUBLIC_PATHS = frozenset({"/health", "/ready"})
+"""The API port's paths that need no client key: the kubelet's and load balancers' probes."""
 
 
 def json_response(document: Any, status: int = 200) -> web.Response:
@@ -133,7 +135,7 @@ class ProxyServer:
         if self.watcher is not None:
             self.watcher.start(self.reconfigure)
         sock = _listen(self.config.host, self.config.port, self.config.backlog)
-        self._api = ApiServer(self._api_routes(), self.config.max_body_bytes)
+        self._api = ApiServer(self._api_routes(), self.config.max_body_bytes, self.check_head)
         await self._api.start(sock, self.config.backlog)
         self.api_port = sock.getsockname()[1]
         if self.config.admin_port is not None:
@@ -204,13 +206,23 @@ class ProxyServer:
             "/ready": {"GET": self._ready},
         }
 
-    def _authorize(self, request: HttpRequest) -> None:
+    def check_head(self, method: str, path: str, headers: Mapping[str, str]) -> ApiError | None:
+        """The client key, checked on the request's head: a request without it is answered 401 and its
+        connection closed before any of its body is read, so nothing unauthenticated holds memory. With a
+        key set, every path needs it but the probes' (``PUBLIC_PATHS``), which take no body."""
+        if path in PUBLIC_PATHS:
+            if int(headers.get("content-length", "0")) == 0 and "transfer-encoding" not in headers:
+                return None
+            self.metrics.api_refusals.labels("unauthenticated").inc()
+            return ApiError(413, f"{path} takes no request body", code="body_too_large")
         expected = self.config.api_key
         if not expected:
-            return
-        supplied = request.headers.get("authorization", "")
-        if not hmac.compare_digest(supplied.encode(), f"Bearer {expected}".encode()):
-            raise ApiError(401, "invalid or missing API key", type="authentication_error", code="invalid_api_key")
+            return None
+        supplied = headers.get("authorization", "")
+        if hmac.compare_digest(supplied.encode(), f"Bearer {expected}".encode()):
+            return None
+        self.metrics.api_refusals.labels("unauthenticated").inc()
+        return ApiError(401, "invalid or missing API key", type="authentication_error", code="invalid_api_key")
 
     async def _completions(self, request: HttpRequest, sink: ResponseSink) -> None:
         await self._relay(request, sink, "completions")
@@ -232,7 +244,6 @@ class ProxyServer:
         """Checks, then admission (``--max-in-flight``, a FIFO queue, 429 + Retry-After past it), then the
         engines. A request refused by admission is demand too: it counts as an arrival (docs/proxy.md)."""
         try:
-            self._authorize(request)
             self._refuse_after_kv_mismatch()
             client_request = parse_client_request(
                 request.body, endpoint, self.config.mode, self.config.max_tokens_limit, request.headers
@@ -256,7 +267,6 @@ class ProxyServer:
 
     async def _models(self, request: HttpRequest, sink: ResponseSink) -> None:
         """The engines' own model list, from a live decode engine (or any engine when colocated)."""
-        self._authorize(request)
         now = time.monotonic()
         live = self.registry.live("D", now) or self.registry.live(None, now)
         if not live:
