@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.proxy.conftest import SetupFactory
+from tests.proxy.conftest import PdSetup, SetupFactory
+from tests.proxy.proxy_fakes import wait_for
 
+BODY = {"model": "m", "prompt": "hi", "max_tokens": 4}
 HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n%s\r\n"
 
 
@@ -36,3 +38,33 @@ async def test_the_probes_need_no_key_and_take_no_body(pd_setup: SetupFactory) -
     writer.write(b"GET /ready HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n")
     assert (await _head_of_answer(reader)).startswith(b"HTTP/1.1 413 ")
     writer.close()
+
+
+async def test_bodies_past_the_budget_get_503_and_the_budget_comes_back(pd_setup: SetupFactory) -> None:
+    """Slow authenticated bodies: the one that would take the held bytes past --body-budget-bytes is
+    refused; once a holder leaves, its bytes are free for the next request."""
+    setup = await pd_setup(mode="WRITE", api_key="secret", max_body_bytes=64 * 1024, body_budget_bytes=100 * 1024)
+    port = setup.proxy.api_port
+    key = b"Authorization: Bearer secret\r\n"
+    holders = []
+    for _ in range(2):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(HEAD % (64 * 1024, key) + b"x" * (48 * 1024))  # 48 KiB of 64 held: 96 KiB in all
+        holders.append((reader, writer))
+    await wait_for(lambda: _held(setup) == 96 * 1024, what="the bodies read")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(HEAD % (64 * 1024, key) + b"x" * (8 * 1024))
+    head = await _head_of_answer(reader)
+    assert head.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1" in head and b"Connection: close" in head
+    assert await asyncio.wait_for(reader.read(), 10) and _held(setup) == 96 * 1024
+    holders[0][1].close()
+    await wait_for(lambda: _held(setup) == 48 * 1024, what="the budget released")
+    status, _ = await setup.post("/v1/completions", BODY, headers={"Authorization": "Bearer secret"})
+    assert status == 200
+    text = await (await setup.client.get(setup.admin_url + "/metrics")).text()
+    assert 'pd_proxy_api_refusals_total{reason="body_budget"} 1.0' in text
+    holders[1][1].close()
+
+
+def _held(setup: PdSetup) -> float | None:
+    return setup.proxy.metrics.registry.get_sample_value("pd_proxy_request_bytes_held")

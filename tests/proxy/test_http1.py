@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from pd_runtime.localports import bound_socket
+from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.http1 import ApiServer, HttpRequest, ResponseSink
+from pd_runtime.proxy.server import api_limits
 
 Connect = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
@@ -52,7 +54,7 @@ async def served() -> AsyncIterator[tuple[Handlers, Connect]]:
     routes = {"/echo": {"POST": handlers.echo}, "/stream": {"GET": handlers.stream}, "/hang": {"GET": handlers.hang}}
     routes["/hello"] = {"GET": handlers.hello}
     routes["/slow"] = {"GET": handlers.slow}
-    server = ApiServer(routes, max_body_bytes=64)  # type: ignore[dict-item]
+    server = ApiServer(routes, api_limits(ProxyConfig(max_body_bytes=64)))  # type: ignore[dict-item]
     sock = bound_socket()
     port = sock.getsockname()[1]
     await server.start(sock, 16)

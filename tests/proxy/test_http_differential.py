@@ -20,7 +20,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from pd_runtime.localports import bound_socket
+from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.http1 import ApiServer, HttpRequest, ResponseSink
+from pd_runtime.proxy.server import api_limits
 from tests.proxy.http_vectors import VECTORS, Vector, exchange, h11_verdict, llhttp_verdict, verdict_of_answers
 
 PATHS = ("/", "/a", "/hidden")
@@ -34,7 +36,7 @@ async def _echo(request: HttpRequest, sink: ResponseSink) -> None:
 @pytest.fixture
 async def port() -> AsyncIterator[int]:
     routes = {path: {"GET": _echo, "POST": _echo, "FROB": _echo} for path in PATHS}
-    server = ApiServer(routes, max_body_bytes=1024 * 1024)
+    server = ApiServer(routes, api_limits(ProxyConfig(max_body_bytes=1024 * 1024)))
     sock = bound_socket()
     await server.start(sock, 16)
     yield sock.getsockname()[1]

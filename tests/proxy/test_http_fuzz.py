@@ -23,7 +23,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pd_runtime.localports import bound_socket
+from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.http1 import ApiServer, HttpRequest, ResponseSink
+from pd_runtime.proxy.server import api_limits
 from pd_runtime.proxy.upstream import UpstreamError, UpstreamPool
 
 EXAMPLES = 60
@@ -136,7 +138,7 @@ async def _echo(request: HttpRequest, sink: ResponseSink) -> None:
 
 
 async def _send_request(data: bytes) -> None:
-    server = ApiServer({"/echo": {"GET": _echo, "POST": _echo}}, max_body_bytes=MAX_BODY)
+    server = ApiServer({"/echo": {"GET": _echo, "POST": _echo}}, api_limits(ProxyConfig(max_body_bytes=MAX_BODY)))
     listening = bound_socket()
     await server.start(listening, 16)
     loop = asyncio.get_running_loop()

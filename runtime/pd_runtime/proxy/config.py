@@ -32,6 +32,7 @@ NoKvFallback = Literal["prefill", "error"]
 DEFAULT_KV_WAIT_S = DEFAULT_DEFER_TIMEOUT_S + DEFAULT_TRANSFER_TIMEOUT_S + KV_WAIT_MARGIN_S
 
 
+MIB = 1024 * 1024
 TIMEOUT_SUFFIX = "-timeout"  # Timeouts.connect is --connect-timeout
 
 
@@ -213,7 +214,19 @@ class ProxyConfig:
         ),
     )
     max_body_bytes: int = field(
-        default=32 * 1024 * 1024, metadata=flag("largest accepted request body", parse=positive_int)
+        default=8 * MIB,
+        metadata=flag(
+            "largest accepted request body (413 past it); a 128k-token prompt as token ids is at most 1 MiB",
+            parse=positive_int,
+        ),
+    )
+    body_budget_bytes: int = field(
+        default=256 * MIB,
+        metadata=flag(
+            "request bodies held at once across all client connections, each from its first byte until its "
+            "request is answered; a body that would pass it gets 503 + Retry-After and its connection closes",
+            parse=positive_int,
+        ),
     )
     max_in_flight: int = field(
         default=0,

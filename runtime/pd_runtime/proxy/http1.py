@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import httptools
 
-from pd_runtime.proxy.errors import ApiError
+from pd_runtime.proxy.errors import ApiError, unavailable
 from pd_runtime.proxy.sinks import ClientGone
 
 log = logging.getLogger(__name__)
@@ -61,11 +61,20 @@ REASONS = {
 
 
 @dataclass(frozen=True)
+class Limits:
+    """What the server holds at most; past each, the client is refused (docs/proxy.md, "The API port's
+    server")."""
+
+    max_body_bytes: int  # one request's body: 413
+    body_budget_bytes: int  # request bodies held across all connections, each until answered: 503
+
+
+@dataclass(frozen=True)
 class HttpRequest:
     method: str
     path: str
     headers: dict[str, str]  # names lowercased; repeated headers joined with ", "
-    body: bytes
+    body: bytearray  # one buffer, grown as the body arrives: a big one is its own mmap'd block, freed whole
     keep_alive: bool = True  # the connection may carry another request after this one
     http10: bool = False
 
@@ -162,7 +171,7 @@ class _Message:
         self.chunked = False
         self.close_after = False  # Transfer-Encoding in HTTP/1.0: served, then the connection closes
         self.drop_body = False  # refused at its head (413): the body is read and dropped
-        self.pieces: list[bytes] = []
+        self.body = bytearray()
         self.length = 0  # Content-Length
         self.received = 0  # decoded body bytes, a dropped body's included
         self.size = 0  # decoded body bytes kept
@@ -185,6 +194,7 @@ class _ApiConnection(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self._queue: deque[HttpRequest | _Refusal] = deque()
         self._queued_bytes = 0
+        self._held = 0  # body bytes of this connection counted in the server's budget
         self._message: _Message | None = None
         self._completed = 0  # requests parsed on this connection
         self._between = 0  # bytes read between requests (empty lines)
@@ -211,6 +221,9 @@ class _ApiConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._server.connections.discard(self)
+        self._release(self._held)
+        self._message = None  # its body goes now: the parser and this object refer to each other
+        self._queue.clear()
         self._wake_writer()
         if self._task is not None:
             self._task.cancel()  # the client went away: the handler's legs close on the way out
@@ -261,7 +274,7 @@ class _ApiConnection(asyncio.Protocol):
                 self._feed(view[pos : pos + step])
                 pos += step
         self._serve_next()
-        far_ahead = len(self._queue) > MAX_QUEUED_REQUESTS or self._queued_bytes > self._server.max_body_bytes
+        far_ahead = len(self._queue) > MAX_QUEUED_REQUESTS or self._queued_bytes > self._server.limits.max_body_bytes
         if far_ahead and self._transport is not None:
             self._reading_paused = True
             self._transport.pause_reading()  # a client pipelining far ahead waits for its answers
@@ -277,8 +290,8 @@ class _ApiConnection(asyncio.Protocol):
             self._stopped = True
         except httptools.HttpParserCallbackError as exc:
             cause = exc.__context__
-            if isinstance(cause, ApiError):
-                self._refuse(cause)
+            if isinstance(cause, ApiError):  # its traceback would keep the refused body alive (the parser keeps it)
+                self._refuse(cause.with_traceback(None))
             else:
                 log.error("HTTP parser callback failed: %r", cause, exc_info=cause)
                 self._refuse(_internal_error())
@@ -294,7 +307,7 @@ class _ApiConnection(asyncio.Protocol):
         A slice spent wholly inside a head (or a chunked body) counts whole; in a slice where a head
         begins after another request ended, only what the parser reported of it counts. So each limit
         holds to within one slice, and nothing is buffered past them: llhttp keeps no more than the field
-        it is in, and the body pieces are bounded by the body limit.
+        it is in, and a body is bounded by the body limit and the server's budget.
         """
         message = self._message
         if message is None:
@@ -367,7 +380,7 @@ class _ApiConnection(asyncio.Protocol):
             raise refusal
         message.wants_continue = headers.get("expect", "").lower() == "100-continue"
         message.length = length = int(headers.get("content-length", "0"))  # llhttp admits 1*DIGIT only
-        limit = self._server.max_body_bytes
+        limit = self._server.limits.max_body_bytes
         if length > limit:  # answered now; the body is dropped as it comes unless the client waits for 100
             message.drop_body = True
             self._stopped = message.wants_continue
@@ -379,9 +392,15 @@ class _ApiConnection(asyncio.Protocol):
         if message.drop_body:
             return
         message.size += len(body)
-        if message.size > self._server.max_body_bytes:
-            raise _body_too_large(self._server.max_body_bytes)
-        message.pieces.append(body)
+        server = self._server
+        if message.size > server.limits.max_body_bytes:
+            raise _body_too_large(server.limits.max_body_bytes)
+        if server.held_bytes + len(body) > server.limits.body_budget_bytes:
+            server.refused("body_budget")
+            raise unavailable("the proxy holds as many request bytes as it may; retry", "body_budget")
+        message.body += body
+        self._held += len(body)
+        server.held_bytes += len(body)
 
     def on_message_complete(self) -> None:
         message = self._current()
@@ -393,7 +412,7 @@ class _ApiConnection(asyncio.Protocol):
             self._stopped = True
         if message.drop_body:
             return
-        body = message.pieces[0] if len(message.pieces) == 1 else b"".join(message.pieces)
+        body = message.body
         request = HttpRequest(
             parser.get_method().decode("latin-1"),
             message.path,
@@ -415,6 +434,16 @@ class _ApiConnection(asyncio.Protocol):
         """Answer ``error`` once the requests before it are answered, then close; read nothing more."""
         self._stopped = True
         self._queue.append(_Refusal(error))
+        if self._message is not None:  # its body so far is dropped
+            self._release(len(self._message.body))
+            self._message = None
+
+    def _release(self, size: int) -> None:
+        """Body bytes no longer held: a request answered, a body dropped, the connection gone (which
+        releases everything; what its requests release later is then already counted)."""
+        size = min(size, self._held)
+        self._held -= size
+        self._server.held_bytes -= size
 
     def _serve_next(self) -> None:
         """Answer what is queued, in order: refusals at once, a request by starting its handler."""
@@ -466,6 +495,8 @@ class _ApiConnection(asyncio.Protocol):
         else:
             if not sink.done:  # a stream the handler left open cannot be ended cleanly
                 self.close()
+        finally:
+            self._release(len(request.body))
         self._task, self._sink = None, None
         self.idle_since = time.monotonic()
         if self.closed:
@@ -529,11 +560,17 @@ class ApiServer:
     """Routes exact paths to handlers; ``stop`` drains: no new connections, in-flight answers finish."""
 
     def __init__(
-        self, routes: dict[str, dict[str, Handler]], max_body_bytes: int, check_head: HeadCheck | None = None
+        self,
+        routes: dict[str, dict[str, Handler]],
+        limits: Limits,
+        check_head: HeadCheck | None = None,
+        refused: Callable[[str], None] = lambda reason: None,
     ) -> None:
         self.routes = routes
-        self.max_body_bytes = max_body_bytes
+        self.limits = limits
         self.check_head = check_head
+        self.refused = refused  # told the reason of each refusal past a limit, for the metrics
+        self.held_bytes = 0  # request body bytes held, across connections (Limits.body_budget_bytes)
         self.connections: set[_ApiConnection] = set()
         self.draining = False
         self._server: asyncio.Server | None = None

@@ -94,7 +94,7 @@ class Leg:
 
 
 def parse_client_request(
-    raw: bytes,
+    raw: bytes | bytearray,
     endpoint: Endpoint,
     mode: ProxyMode,
     max_tokens_limit: int,
@@ -151,7 +151,7 @@ def _not_a_number(token: str) -> Any:
     raise ValueError(f"{token} is not a JSON number")
 
 
-def _json_object(raw: bytes) -> dict[str, Any]:
+def _json_object(raw: bytes | bytearray) -> dict[str, Any]:
     try:
         body = json.loads(raw, parse_constant=_not_a_number)
     except ValueError as exc:  # includes UnicodeDecodeError

@@ -156,8 +156,14 @@ class ProxyMetrics:
         self.api_refusals = Counter(
             "pd_proxy_api_refusals",
             "Requests and connections the API port refused before reading a body or running a handler, by reason: "
-            "unauthenticated (no valid client key, or a body sent to /health or /ready)",
+            "unauthenticated (no valid client key, or a body sent to /health or /ready), body_budget (503: the "
+            "request bodies held across connections reached --body-budget-bytes)",
             ["reason"],
+            registry=r,
+        )
+        self.request_bytes_held = Gauge(
+            "pd_proxy_request_bytes_held",
+            "Request body bytes the API port holds (read and not yet answered), across connections",
             registry=r,
         )
         self.canary_ok = Gauge("pd_proxy_canary_ok", "1 if the last canary transfer succeeded", registry=r)
@@ -184,6 +190,9 @@ class ProxyMetrics:
         )
         r.register(_RegistryCollector(registry, clock))
         self._request_counts: dict[tuple[str, str], Any] = {}
+
+    def api_refused(self, reason: str) -> None:
+        self.api_refusals.labels(reason).inc()
 
     def request_done(self, endpoint: str, outcome: str) -> None:
         """Count a finished request (the labelled child cached: ``labels()`` costs more than the count)."""

@@ -27,7 +27,7 @@ from pd_runtime.proxy.demand import asked_output_tokens
 from pd_runtime.proxy.errors import ApiError, unavailable
 from pd_runtime.proxy.flows import ProxyCore
 from pd_runtime.proxy.gate import parse_expected_engine
-from pd_runtime.proxy.http1 import ApiServer, Handler, HttpRequest, ResponseSink
+from pd_runtime.proxy.http1 import ApiServer, Handler, HttpRequest, Limits, ResponseSink
 from pd_runtime.proxy.legs import Endpoint, parse_client_request
 from pd_runtime.proxy.listener import Housekeeping, RegistrationListener
 from pd_runtime.proxy.metrics import ProxyMetrics
@@ -69,6 +69,10 @@ async def openai_errors(request: web.Request, handler: AdminHandler) -> web.Stre
     except Exception:
         log.exception("unexpected error serving %s %s", request.method, request.path)
         return error_response(ApiError(500, "internal proxy error", type="server_error", code="internal_error"))
+
+
+def api_limits(config: ProxyConfig) -> Limits:
+    return Limits(config.max_body_bytes, config.body_budget_bytes)
 
 
 def _listen(host: str, port: int, backlog: int) -> socket.socket:
@@ -135,8 +139,10 @@ class ProxyServer:
         if self.watcher is not None:
             self.watcher.start(self.reconfigure)
         sock = _listen(self.config.host, self.config.port, self.config.backlog)
-        self._api = ApiServer(self._api_routes(), self.config.max_body_bytes, self.check_head)
+        self._api = ApiServer(self._api_routes(), api_limits(self.config), self.check_head, self.metrics.api_refused)
         await self._api.start(sock, self.config.backlog)
+        api = self._api
+        self.metrics.request_bytes_held.set_function(lambda: api.held_bytes)
         self.api_port = sock.getsockname()[1]
         if self.config.admin_port is not None:
             admin_host = self.config.admin_host or self.config.host
@@ -213,7 +219,7 @@ class ProxyServer:
         if path in PUBLIC_PATHS:
             if int(headers.get("content-length", "0")) == 0 and "transfer-encoding" not in headers:
                 return None
-            self.metrics.api_refusals.labels("unauthenticated").inc()
+            self.metrics.api_refused("unauthenticated")
             return ApiError(413, f"{path} takes no request body", code="body_too_large")
         expected = self.config.api_key
         if not expected:
@@ -221,7 +227,7 @@ class ProxyServer:
         supplied = headers.get("authorization", "")
         if hmac.compare_digest(supplied.encode(), f"Bearer {expected}".encode()):
             return None
-        self.metrics.api_refusals.labels("unauthenticated").inc()
+        self.metrics.api_refused("unauthenticated")
         return ApiError(401, "invalid or missing API key", type="authentication_error", code="invalid_api_key")
 
     async def _completions(self, request: HttpRequest, sink: ResponseSink) -> None:
