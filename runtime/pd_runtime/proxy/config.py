@@ -228,6 +228,21 @@ class ProxyConfig:
             parse=positive_int,
         ),
     )
+    max_connections: int = field(
+        default=4096,
+        metadata=flag(
+            "client connections open at once on the API port; the next one is answered 503 + Retry-After and closed",
+            parse=positive_int,
+        ),
+    )
+    head_timeout_s: float = field(
+        default=10.0,
+        metadata=flag(
+            "seconds from a request's first byte (a new connection's: from its accept) to its complete head; "
+            "past it 408 and the connection closes (an idle keep-alive connection closes after 75 s)",
+            parse=positive_float,
+        ),
+    )
     max_in_flight: int = field(
         default=0,
         metadata=flag(

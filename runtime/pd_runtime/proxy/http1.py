@@ -54,6 +54,7 @@ IDLE_TIMEOUT_S = 75.0
 """A keep-alive connection with no request in progress for this long is closed (aiohttp's default)."""
 REASONS = {
     200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+    408: "Request Timeout",
     413: "Payload Too Large", 429: "Too Many Requests", 431: "Request Header Fields Too Large",
     500: "Internal Server Error", 501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable",
     504: "Gateway Timeout", 505: "HTTP Version Not Supported",
@@ -67,6 +68,8 @@ class Limits:
 
     max_body_bytes: int  # one request's body: 413
     body_budget_bytes: int  # request bodies held across all connections, each until answered: 503
+    max_connections: int  # client connections open at once: the next one gets 503
+    head_timeout_s: float  # a request's first byte (a new connection's accept) to its complete head: 408
 
 
 @dataclass(frozen=True)
@@ -204,6 +207,7 @@ class _ApiConnection(asyncio.Protocol):
         self._task: asyncio.Task[None] | None = None
         self._sink: ResponseSink | None = None  # the answer being written
         self._probe_timer: asyncio.TimerHandle | None = None
+        self._head_timer: asyncio.TimerHandle | None = None  # runs while a head is awaited (Limits.head_timeout_s)
         self._writable: asyncio.Future[None] | None = None
         self.write_paused = False
         self._reading_paused = False
@@ -216,11 +220,21 @@ class _ApiConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # a TCP transport
-        self._server.connections.add(self)
+        server = self._server
+        if len(server.connections) >= server.limits.max_connections:
+            server.refused("connection_cap")
+            self._stopped = True
+            error = unavailable("the proxy has as many client connections open as it may; retry", "connection_cap")
+            self._answer_refusal(_Refusal(error))
+            return
+        server.connections.add(self)
+        self._await_head()  # the first request's head is due from the accept: a silent connection is one too
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._server.connections.discard(self)
+        if self._head_timer is not None:
+            self._head_timer.cancel()
         self._release(self._held)
         self._message = None  # its body goes now: the parser and this object refer to each other
         self._queue.clear()
@@ -337,6 +351,7 @@ class _ApiConnection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._message = _Message()
+        self._await_head()
 
     def on_url(self, url: bytes) -> None:
         message = self._current()
@@ -357,6 +372,9 @@ class _ApiConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         message = self._current()
         message.in_body = True
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
         version = self._parser.get_http_version()
         if version not in ("1.0", "1.1"):
             raise ApiError(505, f"HTTP/{version} is not supported", code="bad_request")
@@ -456,18 +474,42 @@ class _ApiConnection(asyncio.Protocol):
                 return
             item = self._queue.popleft()
             if isinstance(item, _Refusal):
-                self.keep_alive, self.http10 = not item.close, False
-                err = item.error
-                try:
-                    ResponseSink(self, head_only=False).answer(err.status, err.headers(), err.json_bytes())
-                except ClientGone:
+                if not self._answer_refusal(item):
                     return
-                if item.close:
-                    self._linger()
                 continue
             self._queued_bytes -= len(item.body)
             self.keep_alive, self.http10 = item.keep_alive, item.http10
             self._task = asyncio.get_running_loop().create_task(self._serve(item))
+
+    def _answer_refusal(self, refusal: _Refusal) -> bool:
+        """Answer ``refusal`` (then close, unless it leaves the connection usable); False: the client is gone."""
+        self.keep_alive, self.http10 = not refusal.close, False
+        err = refusal.error
+        try:
+            ResponseSink(self, head_only=False).answer(err.status, err.headers(), err.json_bytes())
+        except ClientGone:
+            return False
+        if refusal.close:
+            self._linger()
+        return True
+
+    def _await_head(self) -> None:
+        if self._head_timer is None:
+            limit = self._server.limits.head_timeout_s
+            self._head_timer = asyncio.get_running_loop().call_later(limit, self._head_late)
+
+    def _head_late(self) -> None:
+        """The head did not come in time (a slowloris holds its connection this way): 408, then close."""
+        self._head_timer = None
+        if self.closed or self._stopped:
+            return
+        if self._reading_paused:  # the server stopped reading (pipelined far ahead), not the client
+            self._await_head()
+            return
+        self._server.refused("head_timeout")
+        limit = self._server.limits.head_timeout_s
+        self._refuse(ApiError(408, f"request head not complete within {limit:g} s", code="head_timeout"))
+        self._serve_next()
 
     def _continue(self) -> None:
         """``Expect: 100-continue``: the client waits for this before it sends the body (once)."""

@@ -157,7 +157,8 @@ class ProxyMetrics:
             "pd_proxy_api_refusals",
             "Requests and connections the API port refused before reading a body or running a handler, by reason: "
             "unauthenticated (no valid client key, or a body sent to /health or /ready), body_budget (503: the "
-            "request bodies held across connections reached --body-budget-bytes)",
+            "request bodies held across connections reached --body-budget-bytes), connection_cap (503: "
+            "--max-connections open), head_timeout (408: no complete head within --head-timeout)",
             ["reason"],
             registry=r,
         )
@@ -165,6 +166,9 @@ class ProxyMetrics:
             "pd_proxy_request_bytes_held",
             "Request body bytes the API port holds (read and not yet answered), across connections",
             registry=r,
+        )
+        self.client_connections = Gauge(
+            "pd_proxy_client_connections", "Client connections open on the API port", registry=r
         )
         self.canary_ok = Gauge("pd_proxy_canary_ok", "1 if the last canary transfer succeeded", registry=r)
         self.kv_canary = Counter(

@@ -72,7 +72,7 @@ async def openai_errors(request: web.Request, handler: AdminHandler) -> web.Stre
 
 
 def api_limits(config: ProxyConfig) -> Limits:
-    return Limits(config.max_body_bytes, config.body_budget_bytes)
+    return Limits(config.max_body_bytes, config.body_budget_bytes, config.max_connections, config.head_timeout_s)
 
 
 def _listen(host: str, port: int, backlog: int) -> socket.socket:
@@ -143,6 +143,7 @@ class ProxyServer:
         await self._api.start(sock, self.config.backlog)
         api = self._api
         self.metrics.request_bytes_held.set_function(lambda: api.held_bytes)
+        self.metrics.client_connections.set_function(lambda: len(api.connections))
         self.api_port = sock.getsockname()[1]
         if self.config.admin_port is not None:
             admin_host = self.config.admin_host or self.config.host
