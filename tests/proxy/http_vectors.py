@@ -31,6 +31,11 @@ def chunked(body: bytes) -> bytes:
     return post(b"Transfer-Encoding: chunked\r\n", body)
 
 
+HOST_SYNTAX = (
+    'RFC 9110 7.2: Host is uri-host [ ":" port ] (RFC 3986); h11 and llhttp leave its syntax to the application'
+)
+
+
 @dataclass(frozen=True)
 class Vector:
     name: str
@@ -138,6 +143,20 @@ VECTORS = [
         "host-twice",
         b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
         note="llhttp leaves Host to the application",
+    ),
+    Vector("host-ipv6-literal-and-port", b"GET / HTTP/1.1\r\nHost: [::1]:8000\r\n\r\n"),
+    Vector("host-empty", b"GET / HTTP/1.1\r\nHost:\r\n\r\n"),
+    Vector("host-with-a-space", b"GET / HTTP/1.1\r\nHost: a b\r\n\r\n", note=HOST_SYNTAX),
+    Vector("host-with-userinfo", b"GET / HTTP/1.1\r\nHost: user@a\r\n\r\n", note=HOST_SYNTAX),
+    Vector("host-with-two-ports", b"GET / HTTP/1.1\r\nHost: a:1:2\r\n\r\n", note=HOST_SYNTAX),
+    Vector("host-with-a-control-byte", b"GET / HTTP/1.1\r\nHost: a\x01b\r\n\r\n"),
+    # the request line: method SP request-target SP HTTP-version (RFC 9112 3)
+    Vector("request-line-two-spaces-before-the-target", b"GET  / HTTP/1.1\r\nHost: x\r\n\r\n"),
+    Vector("request-line-two-spaces-before-the-version", b"GET /  HTTP/1.1\r\nHost: x\r\n\r\n"),
+    Vector("request-line-two-spaces-pipelined", GET + b"GET  /hidden HTTP/1.1\r\nHost: x\r\n\r\n"),
+    Vector(
+        "request-line-two-spaces-after-chunked",
+        chunked(b"5\r\nhello\r\n0\r\n\r\n") + b"GET /hidden  HTTP/1.1\r\nHost: x\r\n\r\n",
     ),
     # version (RFC 9112 2.3)
     Vector("version-1.1x", b"GET / HTTP/1.1x\r\nHost: x\r\n\r\n"),

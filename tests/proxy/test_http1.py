@@ -238,7 +238,7 @@ async def test_chunk_extensions_trailers_and_framing_are_bounded(served: tuple[H
     await _refused(reader, 400, b"chunk extension or trailer section too long")
     reader, writer = await connect()
     writer.write(chunked + b"1\r\na\r\n0\r\n" + b"T: v\r\n" * 4000)  # trailer fields past 16 KiB
-    await _refused(reader, 400, b"chunk extension or trailer section too long")
+    await _refused(reader, 400, b"bad_request")  # they are framing too: whichever bound they pass first
     reader, writer = await connect()
     # body bytes far apart: each chunk's extension is short, their sum is not
     writer.write(chunked + b"".join(b"1;%s\r\na\r\n" % (b"e" * 8000) for _ in range(32)))
@@ -279,6 +279,27 @@ async def test_an_http_1_1_request_needs_exactly_one_host(served: tuple[Handlers
     reader, writer = await connect()
     writer.write(b"GET /hello HTTP/1.0\r\n\r\n")  # HTTP/1.0 has no Host requirement
     assert (await _answer(reader))[1] == b"hello"
+
+
+@pytest.mark.parametrize(
+    ("head", "needle"),
+    [
+        (b"GET /hello HTTP/1.1\r\nHost: a b\r\n\r\n", b"invalid Host"),
+        (b"GET /hello HTTP/1.1\r\nHost: user@a\r\n\r\n", b"invalid Host"),
+        (b"GET /hello HTTP/1.1\r\nHost: a:1:2\r\n\r\n", b"invalid Host"),
+        (b"GET  /hello HTTP/1.1\r\nHost: x\r\n\r\n", b"malformed request line"),
+        (b"GET /hello  HTTP/1.1\r\nHost: x\r\n\r\n", b"malformed request line"),
+    ],
+    ids=["host-space", "host-userinfo", "host-two-ports", "two-spaces-before-target", "two-spaces-before-version"],
+)
+async def test_an_invalid_host_or_request_line_gets_400(
+    served: tuple[Handlers, Connect], head: bytes, needle: bytes
+) -> None:
+    _, connect = served
+    reader, writer = await connect()
+    writer.write(b"GET /hello HTTP/1.1\r\nHost: [::1]:80\r\n\r\n" + head)  # one by one, well-formed first
+    assert (await _answer(reader))[1] == b"hello"
+    await _refused(reader, 400, needle)
 
 
 async def test_pipelined_requests_before_a_malformed_one_are_answered_first(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 import time
 from collections import deque
@@ -52,6 +53,12 @@ LINGER_S = 2.0
 """After a refusal that closes, how long what the client still sends is read and dropped."""
 IDLE_TIMEOUT_S = 75.0
 """A keep-alive connection with no request in progress for this long is closed (aiohttp's default)."""
+_HOST = re.compile(
+    r"(?:\[(?:[0-9A-Fa-f:.]+|v[0-9A-Fa-f]+\.[-A-Za-z0-9._~!$&'()*+,;=:]+)\]"  # IP-literal (RFC 3986 3.2.2)
+    r"|(?:[-A-Za-z0-9._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})*)"  # reg-name, IPv4address among them
+    r"(?::[0-9]*)?"  # port
+)
+"""A Host value (RFC 9110 7.2, RFC 3986 3.2.2): no spaces, userinfo (``@``), second port or control bytes."""
 REASONS = {
     200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
     408: "Request Timeout",
@@ -201,6 +208,9 @@ class _ApiConnection(asyncio.Protocol):
         self._message: _Message | None = None
         self._completed = 0  # requests parsed on this connection
         self._between = 0  # bytes read between requests (empty lines)
+        self._tail = b""  # the last 3 bytes of the previous read (a blank line may straddle two)
+        self._request_line = bytearray()  # the raw request line of the request being read, then its LF
+        self._line_complete = False
         self._stopped = False  # nothing more is parsed: after an error, an upgrade or Connection: close
         self._eof = False  # the client half-closed: answer what is queued, then close
         self._transport: asyncio.Transport | None = None
@@ -273,25 +283,54 @@ class _ApiConnection(asyncio.Protocol):
         self._wake_writer()
 
     def data_received(self, data: bytes) -> None:
-        """Feed the parser in slices, so that the limits below are counted to within one slice."""
+        """Feed the parser in slices, so that the limits below are counted to within one slice, and so that
+        every request starts a slice (``_slice_end``): its request line is read from there."""
         if self._stopped:
             return
-        if len(data) <= FEED_SLICE_BYTES:
-            self._feed(data)
-        else:
-            view, pos = memoryview(data), 0
-            while pos < len(data) and not self._stopped:
-                message = self._message
-                step = FEED_SLICE_BYTES
-                if message is not None and message.in_body and not message.chunked:
-                    step = max(step, message.length - message.received)  # exactly to the body's end
-                self._feed(view[pos : pos + step])
-                pos += step
+        view, pos = memoryview(data), 0
+        while pos < len(data) and not self._stopped:
+            end = self._slice_end(data, pos)
+            if not self._line_complete:
+                self._collect_request_line(data, pos, end)
+            self._feed(view[pos:end])
+            pos = end
+        self._tail = (self._tail + data[-3:])[-3:]
         self._serve_next()
         far_ahead = len(self._queue) > MAX_QUEUED_REQUESTS or self._queued_bytes > self._server.limits.max_body_bytes
         if far_ahead and self._transport is not None:
             self._reading_paused = True
             self._transport.pause_reading()  # a client pipelining far ahead waits for its answers
+
+    def _slice_end(self, data: bytes, pos: int) -> int:
+        """Where the slice of ``data`` from ``pos`` ends: at a ``Content-Length`` body's end, else after the
+        first blank line (CRLF CRLF, one begun in the previous read too) or FEED_SLICE_BYTES on. Every
+        request ends at one of these (a head without a body and a chunked body end in a blank line), so
+        the next one starts a slice."""
+        message = self._message
+        if message is not None and message.in_body and not message.chunked:
+            return min(len(data), pos + max(message.length - message.received, 1))
+        if pos == 0 and (straddle := (self._tail + data[:3]).find(b"\r\n\r\n")) >= 0:
+            return straddle + 4 - len(self._tail)
+        stop = min(len(data), pos + FEED_SLICE_BYTES)
+        blank = data.find(b"\r\n\r\n", max(pos - 3, 0), stop)  # not the one that ended at pos
+        return stop if blank < 0 else blank + 4
+
+    def _collect_request_line(self, data: bytes, pos: int, end: int) -> None:
+        """The raw request line of the request being read, up to its LF (empty lines before it skipped,
+        RFC 9112 2.2): llhttp reads past repeated spaces in it, which RFC 9112 3 does not allow."""
+        line = self._request_line
+        while pos < end and len(line) <= MAX_HEAD_BYTES:  # past it the head limit refuses the request
+            lf = data.find(b"\n", pos, end)
+            stop = end if lf < 0 else lf + 1
+            line += data[pos:stop]
+            pos = stop
+            if lf < 0:
+                return
+            if not line.rstrip(b"\r\n"):  # an empty line
+                line.clear()
+                continue
+            self._line_complete = True
+            return
 
     def _feed(self, data: bytes | memoryview) -> None:
         if self._stopped:
@@ -381,6 +420,11 @@ class _ApiConnection(asyncio.Protocol):
         if message.hosts > 1 or (message.hosts == 0 and version == "1.1"):  # RFC 9112 3.2
             raise ApiError(400, "an HTTP/1.1 request needs exactly one Host header", code="bad_request")
         headers = message.headers
+        if message.hosts and not _HOST.fullmatch(headers["host"]):  # RFC 9110 7.2: uri-host [ ":" port ]
+            raise ApiError(400, f"invalid Host {headers['host']!r}", code="bad_request")
+        expected = b"%s %s HTTP/%s\r\n" % (self._parser.get_method(), message.target, version.encode())
+        if self._request_line != expected:  # RFC 9112 3: method SP request-target SP HTTP-version CRLF
+            raise ApiError(400, "malformed request line", code="bad_request")
         codings = headers.get("transfer-encoding")
         if codings is not None:  # llhttp refused chunked twice and framing it cannot read; we decode chunked
             if codings.rsplit(",", 1)[-1].strip().lower() != "chunked":  # RFC 9112 6.3: no length
@@ -424,6 +468,8 @@ class _ApiConnection(asyncio.Protocol):
         message = self._current()
         self._message = None
         self._completed += 1
+        self._request_line.clear()
+        self._line_complete = False
         parser = self._parser
         keep_alive = parser.should_keep_alive() and not parser.should_upgrade() and not message.close_after
         if not keep_alive:
