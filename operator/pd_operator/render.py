@@ -95,19 +95,22 @@ def selector_string(owner: Owner) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(serving_selector(owner).items()))
 
 
+def owner_reference(owner: Owner) -> Obj:
+    """The PDDeployment as its children's controller (deleted with it, acted on by it alone)."""
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
 def _metadata(owner: Owner, name: str, component: str) -> Obj:
     meta: Obj = {"name": name, "namespace": owner.namespace, "labels": labels(owner, component)}
     if owner.uid:
-        meta["ownerReferences"] = [
-            {
-                "apiVersion": api.API_VERSION,
-                "kind": api.KIND,
-                "name": owner.name,
-                "uid": owner.uid,
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ]
+        meta["ownerReferences"] = [owner_reference(owner)]
     return meta
 
 

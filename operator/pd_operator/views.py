@@ -1,5 +1,6 @@
 """Pure: the few facts the operator reads from pods, Jobs, Nodes, ResourceClaims and the router Deployment, as
-small typed views built once, at the edge.
+small typed views built once, at the edge; with each pod's and Job's controller reference, as the operator
+acts only on what it controls.
 
 kopf's indexes store these views instead of whole objects, so the core never digs through nested
 dicts and the operator's memory grows with what it uses, not with what the kubelet writes.
@@ -22,6 +23,31 @@ NO_SUMMARY = "the probe Job ended without a summary"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 NODE_LOSS_TAINTS = (NOT_READY_TAINT, UNREACHABLE_TAINT)
+
+
+@dataclass(frozen=True)
+class OwnerRef:
+    """One owner reference; ``controller``: the one owner that may act on the object (at most one has it)."""
+
+    kind: str
+    name: str
+    uid: str
+    controller: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+
+def owner_refs(meta: Mapping[str, Any]) -> tuple[OwnerRef, ...]:
+    return tuple(
+        OwnerRef(str(r.get("kind", "")), str(r.get("name", "")), str(r.get("uid", "")), r.get("controller") is True)
+        for r in meta.get("ownerReferences") or []
+    )
+
+
+def controller_ref(meta: Mapping[str, Any]) -> OwnerRef | None:
+    """The controller reference: who acts on the object (Kubernetes' controllers act only on their own)."""
+    return next((ref for ref in owner_refs(meta) if ref.controller), None)
 
 
 @dataclass(frozen=True)
@@ -48,6 +74,7 @@ class PodView:
     uid: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    controller: OwnerRef | None = None  # the serving pod's is its PDDeployment, a probe pod's its Job
     created: str = ""
     deleting: bool = False
     phase: str | None = None
@@ -95,6 +122,7 @@ class JobView:
     name: str
     uid: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
+    controller: OwnerRef | None = None
     finished: bool = False
     failure: str = NO_SUMMARY
 
@@ -163,6 +191,7 @@ def pod_view(obj: Mapping[str, Any]) -> PodView:
         uid=meta.get("uid"),
         labels=dict(meta.get("labels") or {}),
         annotations=dict(meta.get("annotations") or {}),
+        controller=controller_ref(meta),
         created=str(meta.get("creationTimestamp") or ""),
         deleting=bool(meta.get("deletionTimestamp")),
         phase=status.get("phase"),
@@ -212,6 +241,7 @@ def job_view(obj: Mapping[str, Any]) -> JobView:
         name=str(meta.get("name", "")),
         uid=meta.get("uid"),
         labels=dict(meta.get("labels") or {}),
+        controller=controller_ref(meta),
         finished=bool(status.get("succeeded") or status.get("failed") or ended),
         failure=_job_failure(conditions),
     )
@@ -268,16 +298,6 @@ def deployment_view(obj: Mapping[str, Any]) -> DeploymentView:
 
 
 @dataclass(frozen=True)
-class OwnerRef:
-    kind: str
-    name: str
-    uid: str
-
-    def __str__(self) -> str:
-        return f"{self.kind}/{self.name}"
-
-
-@dataclass(frozen=True)
 class ObjectView:
     """Who holds an object of a name the operator renders: its uid, its owner references and its labels."""
 
@@ -286,22 +306,24 @@ class ObjectView:
     uid: str
     owners: tuple[OwnerRef, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
+    deleting: bool = False
 
     @property
     def key(self) -> str:
         return f"{self.kind}/{self.name}"
 
+    @property
+    def controller(self) -> OwnerRef | None:
+        return next((ref for ref in self.owners if ref.controller), None)
+
 
 def object_view(kind: str, obj: Mapping[str, Any]) -> ObjectView:
     meta = obj.get("metadata") or {}
-    owners = tuple(
-        OwnerRef(str(r.get("kind", "")), str(r.get("name", "")), str(r.get("uid", "")))
-        for r in meta.get("ownerReferences") or []
-    )
     return ObjectView(
         kind=kind,
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),
-        owners=owners,
+        owners=owner_refs(meta),
         labels=dict(meta.get("labels") or {}),
+        deleting=bool(meta.get("deletionTimestamp")),
     )
