@@ -21,7 +21,8 @@ RoleReason = Literal[
     "NoPod", "PodTerminating", "PodOutdated", "PreflightFailed", "ContainersReady", "ContainersNotReady"
 ]
 KvReason = Literal["NotApplicable", "NoProxy", "ProxyUnreachable", "NoTransferYet", "TransferCompleted", "KVMismatch"]
-# Why the API server refused a child write (refusals.py, decide.py's NameConflict).
+# Why the API server refused a child write (refusals.py), or why the operator leaves an object alone (decide.py:
+# NameConflict, NotOwned).
 RefusalReason = Literal[
     "PodSecurity",
     "OwnerReferencesPermission",
@@ -31,6 +32,7 @@ RefusalReason = Literal[
     "AdmissionPolicy",
     "Forbidden",
     "NameConflict",
+    "NotOwned",
     "ChildDeleted",
     "Invalid",
     "NotServed",
@@ -60,6 +62,7 @@ KV_NOT_APPLICABLE: Final[KvReason] = "NotApplicable"
 KV_MISMATCH: Final[KvReason] = "KVMismatch"
 PROXY_UNREACHABLE: Final[KvReason] = "ProxyUnreachable"
 NAME_CONFLICT: Final[RefusalReason] = "NameConflict"  # a child of a rendered name exists and another owner holds it
+NOT_OWNED: Final[RefusalReason] = "NotOwned"  # a pod, Job or claim template carries our labels, another owner holds it
 NODE_NOT_READY: Final[NodeLostReason] = "NodeNotReady"
 
 
@@ -125,9 +128,11 @@ GOODPUT_MET: Final[ConditionKind[GoodputReason]] = ConditionKind(
 CHILDREN_ADMITTED: Final[ConditionKind[ChildrenReason]] = ConditionKind(
     "ChildrenAdmitted",
     get_args(ChildrenReason),
-    "observe: the API server's refusals of child writes (refusals.py; decide.py for `NameConflict`)",
+    "observe: the API server's refusals of child writes (refusals.py; decide.py for `NameConflict` and `NotOwned`)",
     "The API server accepted every child; False names the object, the policy that refused it and the fields "
-    "at fault (its reason is the policy).",
+    "at fault (its reason is the policy); `NameConflict`: an object of a rendered name belongs to another owner; "
+    "`NotOwned`: a pod, Job or claim template carries this PDDeployment's labels but another controller (or none "
+    "the adoption rule admits) holds it, so the operator leaves it alone.",
 )
 TUNED: Final[ConditionKind[TunedReason]] = ConditionKind(
     "Tuned",

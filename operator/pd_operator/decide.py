@@ -29,13 +29,13 @@ from pd_operator.api import (
     PDDeploymentStatus,
     ProbeState,
 )
-from pd_operator.conditions import NAME_CONFLICT, SCALING_ACTIVE
+from pd_operator.conditions import NAME_CONFLICT, NOT_OWNED, SCALING_ACTIVE
 from pd_operator.layout import Layout
 from pd_operator.observe import Event, NodeTrouble, Observation, ProxyReport, ReplicaObservation, RouterRead
 from pd_operator.refusals import ApiFailure, Refusal, refusal
 from pd_operator.settings import Settings
 from pd_operator.validation import SpecError, validate_spec
-from pd_operator.views import ClaimView, JobView, NodeView, ObjectView, PodView, pod_view
+from pd_operator.views import ClaimView, JobView, NodeView, ObjectView, OwnerRef, PodView, pod_view
 
 Obj = dict[str, Any]
 ERROR_LIMIT = 1024
@@ -76,21 +76,22 @@ class Snapshot:
 
     deployment: Deployment
     now: datetime
-    pods: Sequence[PodView] = ()  # the serving pods and probe pods (kopf index)
-    jobs: Sequence[JobView] = ()  # probe Jobs (kopf index)
+    pods: Sequence[PodView] = ()  # the pods with its labels (kopf index): its own, its Jobs', and any other's
+    jobs: Sequence[JobView] = ()  # the Jobs with its labels (kopf index): its probe Jobs, and any other's
     proxies: Mapping[str, ProxyReport] = field(default_factory=dict)  # pod name -> report, from proxy_urls()
     repair_children: bool = True  # apply the Service, NetworkPolicy (and claim template) this time
     failed: Mapping[str, ApiFailure] = field(default_factory=dict)  # Action.key -> error, from executing once
     nodes: Mapping[str, NodeView] = field(default_factory=dict)  # the serving pods' nodes, by name (kopf index)
     node_lost_grace_s: float = Settings.node_lost_grace_seconds
     probe_image: str | None = None  # the goodput probe Job's image (the operator's); None: the runtime image
-    claim_templates: Sequence[str] = ()  # the deployment's ResourceClaimTemplates, listed when claim_reads() asks
+    claim_templates: Sequence[ObjectView] = ()  # the ResourceClaimTemplates with its labels, from claim_reads()
     claims: Mapping[str, ClaimView] = field(default_factory=dict)  # ResourceClaim name -> view, from claim_reads()
     seen: Mapping[str, ObjectView | None] = field(
         default_factory=dict
     )  # Kind/name -> read (None: absent), object_reads()
     unread: frozenset[str] = frozenset()  # Kind/name object_reads() asked for whose read failed
     known: Mapping[str, str] = field(default_factory=dict)  # Kind/name -> uid of a child this operator applied as ours
+    reread: ObjectView | None = None  # this PDDeployment read again when owner_read() asks (None: not read, or gone)
     plan: autotune.Plan | None = None  # autotune's trials for a new workload, planned when plan_for() asks
     router: RouterRead | None = None  # the router Deployment, read when router_read() asks (status.router)
     hpas: Sequence[str] | None = (
@@ -162,7 +163,27 @@ class Scale:
         return f"scale {self.kind}/{self.name}"
 
 
-Action = Apply | Create | Delete | Emit | Scale
+@dataclass(frozen=True)
+class Adopt:
+    """Make this PDDeployment an orphan's controller: a strategic merge patch of its owner references that
+    names its uid, so an object that replaced it is refused (422 on ``metadata.uid``), as Kubernetes'
+    controllers adopt."""
+
+    kind: str
+    name: str
+    uid: str
+    owner: Obj  # the owner reference
+
+    @property
+    def key(self) -> str:
+        return f"adopt {self.kind}/{self.name}"
+
+    @property
+    def patch(self) -> Obj:
+        return {"metadata": {"uid": self.uid, "ownerReferences": [self.owner]}}
+
+
+Action = Adopt | Apply | Create | Delete | Emit | Scale
 
 
 @dataclass(frozen=True)
@@ -274,8 +295,48 @@ def _pod_step(snap: Snapshot, desired: Obj, live: PodView | None, verb: PodActio
     return PodStep(pod, verb == "create", (act, Emit(Event(event.type, event.reason, f"{event.message} ({name})"))))
 
 
+def _is_serving(pod: PodView) -> bool:
+    return pod.labels.get(render.LABEL_COMPONENT) == render.COMPONENT_SERVING
+
+
 def _serving_pods(snap: Snapshot) -> dict[str, PodView]:
-    return {p.name: p for p in snap.pods if p.labels.get(render.LABEL_COMPONENT) == render.COMPONENT_SERVING}
+    """The serving pods this PDDeployment controls, by name: the only ones it keeps, rolls or deletes."""
+    return {p.name: p for p in snap.pods if _is_serving(p) and controlled_by(p.controller, snap.deployment.uid)}
+
+
+def _orphans(snap: Snapshot, desired: Sequence[Obj]) -> dict[str, PodView]:
+    """The orphan serving pods the adoption rule admits: no controller, this PDDeployment's labels, a replica's
+    name and the spec hash that replica gets now. What `pdctl render | kubectl apply` made, or what deleting an
+    earlier PDDeployment of this name with `--cascade=orphan` left; it serves as the operator's own would, so
+    adopting one deletes and restarts nothing."""
+    hashes = {o["metadata"]["name"]: o["metadata"]["annotations"][render.ANNOTATION_SPEC_HASH] for o in desired}
+    return {
+        p.name: p
+        for p in snap.pods
+        if p.controller is None
+        and p.uid
+        and not p.deleting
+        and _is_serving(p)
+        and _labelled(p.labels, snap.deployment)
+        and p.name in hashes
+        and p.annotations.get(render.ANNOTATION_SPEC_HASH) == hashes[p.name]
+    }
+
+
+def _adopt(snap: Snapshot, pod: PodView) -> Adopt:
+    return Adopt("Pod", pod.name, pod.uid or "", render.owner_reference(_owner(snap.deployment)))
+
+
+def _adopted(snap: Snapshot, desired: Sequence[Obj]) -> dict[str, PodView]:
+    """The orphans adopted this time: only once this PDDeployment, read again, is confirmed; one whose adoption
+    failed is not (the failure is ChildrenAdmitted's)."""
+    if not _owner_confirmed(snap):
+        return {}
+    return {n: p for n, p in _orphans(snap, desired).items() if _adopt(snap, p).key not in snap.failed}
+
+
+def _object(kind: str, view: PodView | JobView) -> ObjectView:
+    return ObjectView(kind, view.name, view.uid or "", (view.controller,) if view.controller else (), view.labels)
 
 
 @dataclass(frozen=True)
@@ -283,6 +344,8 @@ class ServingStep:
     replicas: tuple[ReplicaObservation, ...]
     surplus: int  # serving pods beyond spec.replicas, deleted (scale-down) or terminating
     actions: tuple[Action, ...]
+    conflicts: tuple[Refusal, ...] = ()  # pods of another owner that hold a replica's name
+    claimed: frozenset[str] = frozenset()  # the pods it controls, adopts or reports a name conflict with
 
 
 def _serving_step(
@@ -293,10 +356,13 @@ def _serving_step(
     previous: PDDeploymentStatus,
     blocked: str | None = None,
 ) -> ServingStep:
-    """Every replica's pod step, rolled per :func:`rollout`, and the deletion of pods beyond spec.replicas;
-    no pod is created while ``blocked`` says why not (a child it needs is held by another owner)."""
-    live = _serving_pods(snap)
+    """Every replica's pod step, rolled per :func:`rollout`, and the deletion of pods beyond spec.replicas,
+    over the pods it controls and the orphans it adopts now; no pod is created while ``blocked`` says why not
+    (a child it needs is held by another owner), nor while a pod of another owner has its name."""
+    adopted = _adopted(snap, desired)
+    live = {**_serving_pods(snap), **adopted}
     names = [d["metadata"]["name"] for d in desired]
+    held = {p.name: _object("Pod", p) for p in snap.pods if p.name in names and p.name not in live}
     verbs = [pod_action(live.get(n), d) for n, d in zip(names, desired, strict=True)]
     available = [
         observe.replica_facts(
@@ -307,13 +373,17 @@ def _serving_step(
     verbs = rollout(verbs, available, spec.rollout.max_unavailable)
     replicas: list[ReplicaObservation] = []
     actions: list[Action] = []
+    why = "it had no owner, and this PDDeployment's labels, name and spec hash"
+    for orphan in adopted.values():
+        adopting = Event("Normal", "AdoptedPod", f"adopted the serving pod {orphan.name}: {why}")
+        actions += [_adopt(snap, orphan), Emit(adopting)]
     for i, (name, obj, verb) in enumerate(zip(names, desired, verbs, strict=True)):
         pod = live.get(name)
         trouble = node_trouble(snap, pod)
         if pod is not None and trouble is not None and trouble.lost:
             step = _force_step(snap, pod, trouble)
         else:
-            step = _pod_step(snap, obj, pod, verb, blocked)
+            step = _pod_step(snap, obj, pod, verb, _holder(held[name]) if name in held else blocked)
         replicas.append(ReplicaObservation(i, step.pod, step.current, step.error, snap.proxies.get(name), trouble))
         actions += step.actions
     surplus = [p for n, p in sorted(live.items()) if n not in names]
@@ -326,7 +396,12 @@ def _serving_step(
         if not pod.deleting and delete.key not in snap.failed:
             message = f"spec.replicas is {spec.replicas}: deleting the serving pod {pod.name}"
             actions += [delete, Emit(Event("Normal", "ScalingDown", message))]
-    return ServingStep(tuple(replicas), len(surplus), tuple(actions))
+    consequence = (
+        "the serving pod of that name is not created while it exists (an orphan is adopted only with this "
+        "PDDeployment's labels and the current spec hash)"
+    )
+    conflicts = tuple(_conflict(view, consequence) for view in held.values())
+    return ServingStep(tuple(replicas), len(surplus), tuple(actions), conflicts, frozenset({*live, *held}))
 
 
 # ---- the goodput probe -----------------------------------------------------------------------------------
@@ -339,8 +414,14 @@ class ProbeStep:
     actions: tuple[Action, ...] = ()
 
 
-def _job_pods(snap: Snapshot, job: str) -> list[PodView]:
-    return [p for p in snap.pods if p.labels.get("job-name") == job]
+def _probe_jobs(snap: Snapshot) -> list[JobView]:
+    """The probe Jobs this PDDeployment controls: the only ones it reads a result from and deletes."""
+    return [j for j in snap.jobs if controlled_by(j.controller, snap.deployment.uid)]
+
+
+def _job_pods(snap: Snapshot, job: JobView) -> list[PodView]:
+    """The Job's own pods (their controller), never another's that carries its job-name label."""
+    return [p for p in snap.pods if controlled_by(p.controller, job.uid)]
 
 
 def _record(spec: PDDeploymentSpec, lay: Layout, job: JobView, pods: Sequence[PodView], step: ProbeStep) -> ProbeStep:
@@ -360,11 +441,11 @@ def _record(spec: PDDeploymentSpec, lay: Layout, job: JobView, pods: Sequence[Po
 def _collect(snap: Snapshot, spec: PDDeploymentSpec, lay: Layout, previous: ProbeState) -> tuple[ProbeStep, int]:
     """Record and delete finished probe Jobs; returns the step and how many Jobs still run."""
     step, running = ProbeStep(previous), 0
-    for job in snap.jobs:
+    for job in _probe_jobs(snap):
         if not job.finished and spec.goodput_probe.enabled:
             running += 1
             continue
-        pods = _job_pods(snap, job.name)
+        pods = _job_pods(snap, job)
         if job.name == step.probe.job_name:
             finished = step.probe.model_copy(update={"job_name": None, "last_finished_at": goodput.rfc3339(snap.now)})
             step = _record(spec, lay, job, pods, ProbeStep(finished, step.goodput, step.actions))
@@ -510,9 +591,14 @@ def claim_reads(snap: Snapshot) -> ClaimReads:
 
 
 def _unused_claim_templates(snap: Snapshot, current: str | None) -> list[Action]:
-    """Replaced claim templates that no pod refers to any more: delete them (their claims live on)."""
+    """Replaced claim templates of its own that no pod refers to any more: delete them, each with its uid as a
+    precondition (their claims live on)."""
     used = {t for pod in snap.pods for t in pod.claim_templates}
-    return [Delete("ResourceClaimTemplate", t) for t in snap.claim_templates if t != current and t not in used]
+    return [
+        Delete("ResourceClaimTemplate", t.name, uid=t.uid)
+        for t in snap.claim_templates
+        if t.name != current and t.name not in used and controlled_by(t.controller, snap.deployment.uid)
+    ]
 
 
 @dataclass(frozen=True)
@@ -590,10 +676,42 @@ def owned(view: ObjectView | None, d: Deployment) -> bool:
 
 def adoptable(view: ObjectView, d: Deployment) -> bool:
     """No owner at all, and labelled as this PDDeployment's by pd-operator: what ``pdctl render | kubectl
-    apply`` made (render without a uid writes no owner reference). The operator applies it as its own."""
-    labels = view.labels
-    managed = labels.get(render.LABEL_MANAGED_BY) == render.MANAGER
-    return not view.owners and managed and labels.get(render.LABEL_DEPLOYMENT) == d.name
+    apply`` made (render without a uid writes no owner reference). Once this PDDeployment, read again, is
+    confirmed (:func:`owner_read`), the operator applies it as its own."""
+    return not view.owners and _labelled(view.labels, d)
+
+
+def _labelled(labels: Mapping[str, str], d: Deployment) -> bool:
+    """Labelled as this PDDeployment's by pd-operator."""
+    return labels.get(render.LABEL_MANAGED_BY) == render.MANAGER and labels.get(render.LABEL_DEPLOYMENT) == d.name
+
+
+def controlled_by(ref: OwnerRef | None, uid: str | None) -> bool:
+    """Whether the object's controller reference names ``uid``. By uid, as Kubernetes' controllers own: a
+    PDDeployment created again under the same name controls nothing of the first one's, and labels alone make
+    nothing anyone's."""
+    return ref is not None and bool(uid) and ref.uid == uid
+
+
+def owner_read(snap: Snapshot) -> bool:
+    """Whether to read this PDDeployment again (a GET, served from etcd) before deciding: only when an orphan
+    is there that the adoption rule admits. Kubernetes' controllers re-check the owner so before adopting:
+    one being deleted (an orphaning delete removes its children's owner references first) or replaced by
+    another of the same name adopts nothing."""
+    spec, d = snap.deployment.valid_spec, snap.deployment
+    seen = {key: view for key, view in snap.seen.items() if view is not None and adoptable(view, d)}
+    orphans = any(p.controller is None and _is_serving(p) for p in snap.pods)
+    if spec is None or not (seen or orphans):
+        return False
+    children = render.children(_now(snap, spec).in_force.layout)
+    applied = {_key(o["kind"], o["metadata"]["name"]) for o in children.applied}
+    return bool(_orphans(snap, children.pods)) or bool(applied & seen.keys())
+
+
+def _owner_confirmed(snap: Snapshot) -> bool:
+    """This PDDeployment, read again before adopting, is the same one (its uid) and is not being deleted."""
+    again = snap.reread
+    return again is not None and again.uid == snap.deployment.uid and not again.deleting
 
 
 def _found_leftovers(snap: Snapshot, spec: PDDeploymentSpec, owner: layout.Owner) -> list[Leftover]:
@@ -647,10 +765,45 @@ _BLOCKS_THE_POD = {
 }
 
 
+def _holders(view: ObjectView) -> str:
+    return ", ".join(f"{ref} (uid {ref.uid})" for ref in view.owners) or "no owner reference"
+
+
+def _holder(view: ObjectView) -> str:
+    return f"{view.key} (uid {view.uid}) belongs to {_holders(view)}"
+
+
 def _conflict(view: ObjectView, consequence: str) -> Refusal:
-    holder = ", ".join(f"{ref} (uid {ref.uid})" for ref in view.owners) or "no owner reference"
-    fields = (f"{view.key} (uid {view.uid}) exists and belongs to {holder}", consequence)
-    return Refusal(view.key, NAME_CONFLICT, "a name conflict", fields, f"{view.key} held by {holder}")
+    fields = (f"{view.key} (uid {view.uid}) exists and belongs to {_holders(view)}", consequence)
+    return Refusal(view.key, NAME_CONFLICT, "a name conflict", fields, f"{view.key} held by {_holders(view)}")
+
+
+def _not_owned(view: ObjectView, consequence: str) -> Refusal:
+    fields = (f"{view.key} (uid {view.uid}) carries this PDDeployment's labels and belongs to {_holders(view)}",)
+    return Refusal(view.key, NOT_OWNED, "the ownership rule", (*fields, consequence), _holder(view))
+
+
+def _left_alone(snap: Snapshot, claimed: frozenset[str], template: str | None) -> tuple[Refusal, ...]:
+    """The pods, Jobs and claim templates with this PDDeployment's labels that another controller holds, or
+    none the adoption rule admits, and not already reported: left alone, and said so. A pod of its own probe
+    Job's is its own; one being deleted is going anyway."""
+    uid, jobs = snap.deployment.uid, _probe_jobs(snap)
+    pods = [
+        _not_owned(_object("Pod", p), "left alone: not a replica of it, never rolled or deleted by it")
+        for p in snap.pods
+        if p.name not in claimed and not p.deleting and not any(controlled_by(p.controller, j.uid) for j in jobs)
+    ]
+    others = [
+        _not_owned(_object("Job", j), "left alone: never read as a probe or deleted")
+        for j in snap.jobs
+        if not controlled_by(j.controller, uid)
+    ]
+    templates = [
+        _not_owned(t, "left alone: never deleted")
+        for t in snap.claim_templates
+        if t.name != template and not controlled_by(t.controller, uid)
+    ]
+    return (*pods, *others, *templates)
 
 
 @dataclass(frozen=True)
@@ -669,9 +822,10 @@ def _apply_children(snap: Snapshot, applied: Sequence[Obj]) -> ChildrenStep:
     that another owner holds is left alone, and the whole router with one of its objects."""
     d = snap.deployment
     held: dict[str, ObjectView] = {}
+    confirmed = _owner_confirmed(snap)
     for obj in applied:
         view = snap.seen.get(_key(obj["kind"], obj["metadata"]["name"]))
-        if view is not None and not owned(view, d) and not adoptable(view, d):
+        if view is not None and not owned(view, d) and not (confirmed and adoptable(view, d)):
             held[view.key] = view
     router_held = any(_is_router(obj) and _key(obj["kind"], obj["metadata"]["name"]) in held for obj in applied)
     applies: list[Action] = []
@@ -755,6 +909,7 @@ def decide(snap: Snapshot) -> Decision:
     repairs += _unused_claim_templates(snap, template)
     repairs += _leftover_deletes(snap, spec, lay.owner)
     serving = _serving_step(snap, spec, lay, children.pods, previous, written.blocked)
+    left_alone = _left_alone(snap, serving.claimed, template)
     obs = Observation(
         generation=d.generation,
         now=now,
@@ -764,7 +919,12 @@ def decide(snap: Snapshot) -> Decision:
         surplus=serving.surplus,
         previous=previous,
         goodput=collected.goodput,
-        refusals=(*written.conflicts, *(_refusal(key, failure) for key, failure in snap.failed.items())),
+        refusals=(
+            *written.conflicts,
+            *serving.conflicts,
+            *left_alone,
+            *(_refusal(key, failure) for key, failure in snap.failed.items()),
+        ),
         children_written=snap.repair_children and written.complete,
         autotune=tuning.state,
         claims=snap.claims,

@@ -26,7 +26,7 @@ import httpx
 import kopf
 
 from pd_operator import api, autoscale, autotune, decide, metrics, render
-from pd_operator.decide import Action, Apply, Create, Decision, Delete, Scale, Snapshot
+from pd_operator.decide import Action, Adopt, Apply, Create, Decision, Delete, Scale, Snapshot
 from pd_operator.kube import Kube, KubeError
 from pd_operator.observe import ProxyReport, RouterRead
 from pd_operator.refusals import ApiFailure
@@ -59,8 +59,8 @@ class KubeLike(Protocol):
         self, kind: str, namespace: str, name: str, grace_seconds: int | None = None, uid: str | None = None
     ) -> bool: ...
     async def get(self, kind: str, namespace: str, name: str) -> Obj | None: ...
-    async def names(self, kind: str, namespace: str, label_selector: str) -> list[str]: ...
     async def items(self, kind: str, namespace: str, label_selector: str = "") -> list[Obj]: ...
+    async def patch(self, kind: str, namespace: str, name: str, body: Obj) -> Obj: ...
     async def scale(self, kind: str, namespace: str, name: str, replicas: int) -> None: ...
 
 
@@ -120,6 +120,9 @@ async def _execute(kube: KubeLike, d: decide.Deployment, action: Action, known: 
     if isinstance(action, Scale):
         await kube.scale(action.kind, d.namespace, action.name, action.replicas)
         return True
+    if isinstance(action, Adopt):
+        await kube.patch(action.kind, d.namespace, action.name, action.patch)
+        return True
     assert isinstance(action, Delete)
     return await kube.delete(action.kind, d.namespace, action.name, action.grace_seconds, action.uid)
 
@@ -133,7 +136,7 @@ async def execute(
     for action in actions:
         if isinstance(action, decide.Emit):
             continue
-        kind = action.kind if isinstance(action, Delete | Scale) else action.obj["kind"]
+        kind = action.kind if isinstance(action, Adopt | Delete | Scale) else action.obj["kind"]
         try:
             wrote = await _execute(kube, d, action, known)
         except KubeError as exc:
@@ -166,12 +169,18 @@ async def read_claims(kube: KubeLike, snap: Snapshot) -> Snapshot:
     reads, d = decide.claim_reads(snap), snap.deployment
     if not reads.templates:  # not DRA: nothing to read
         return snap
-    selector, claim = f"{render.LABEL_DEPLOYMENT}={d.name}", "ResourceClaim"
-    listing = _read(d, claim, "ResourceClaimTemplates", kube.names("ResourceClaimTemplate", d.namespace, selector))
+    claim, kind = "ResourceClaim", "ResourceClaimTemplate"
+    listing = _read(d, claim, f"{kind}s", kube.items(kind, d.namespace, _selector(d.name)))
     gets = (_read(d, claim, f"{claim}/{n}", kube.get(claim, d.namespace, n)) for n in reads.claims)
     templates, found = await asyncio.gather(listing, asyncio.gather(*gets))
     claims = {n: claim_view(obj) for n, obj in zip(reads.claims, found, strict=True) if obj is not None}
-    return dataclasses.replace(snap, claim_templates=templates or [], claims=claims)
+    views = [object_view(kind, obj) for obj in templates or []]
+    return dataclasses.replace(snap, claim_templates=views, claims=claims)
+
+
+def _selector(name: str) -> str:
+    """The label selector of what carries the PDDeployment ``name``'s labels (the pod and Job indexes' too)."""
+    return f"{render.LABEL_MANAGED_BY}={render.MANAGER},{render.LABEL_DEPLOYMENT}={name}"
 
 
 async def read_router(kube: KubeLike, snap: Snapshot) -> Snapshot:
@@ -199,6 +208,16 @@ async def read_objects(kube: KubeLike, snap: Snapshot) -> Snapshot:
         unread = {key for key, obj in zip(keys, got, strict=True) if obj is None}
         snap = dataclasses.replace(snap, seen={**snap.seen, **seen}, unread=snap.unread | unread)
     return snap
+
+
+async def read_owner(kube: KubeLike, snap: Snapshot) -> Snapshot:
+    """The PDDeployment read again (a GET, from etcd, not kopf's cached body) when ``decide.owner_read`` asks:
+    an orphan is adopted only if this is still the same PDDeployment and it is not being deleted."""
+    d = snap.deployment
+    if not decide.owner_read(snap):
+        return snap
+    found = await _read(d, api.KIND, f"{api.KIND}/{d.name}", kube.get(api.KIND, d.namespace, d.name))
+    return dataclasses.replace(snap, reread=object_view(api.KIND, found) if found is not None else None)
 
 
 @dataclass(frozen=True)
@@ -251,8 +270,9 @@ async def predict(snap: Snapshot) -> Snapshot:
 
 async def reconcile(snap: Snapshot, deps: Deps, known: dict[str, str] | None = None) -> Decision:
     """Read what the core asks for (the proxies, the DRA claims, the router Deployment, the children and
-    leftovers not known to be ours: each kind at once), plan (once, in a worker thread), decide, act; decide
-    again if an action failed. ``known`` (the children applied as ours, by Kind/name) is kept current."""
+    leftovers not known to be ours: each kind at once; the PDDeployment again before adopting), plan (once, in
+    a worker thread), decide, act; decide again if an action failed. ``known`` (the children applied as ours,
+    by Kind/name) is kept current."""
     known = {} if known is None else known
     urls = decide.proxy_urls(snap)
     if urls:
@@ -263,7 +283,7 @@ async def reconcile(snap: Snapshot, deps: Deps, known: dict[str, str] | None = N
         snap = dataclasses.replace(snap, proxies=dict(zip(urls, reports, strict=True)))
     snap = await plan(await read_hpas(deps.kube, await read_router(deps.kube, await read_claims(deps.kube, snap))))
     snap = await predict(snap)
-    snap = await read_objects(deps.kube, snap)
+    snap = await read_owner(deps.kube, await read_objects(deps.kube, snap))
     decision = decide.decide(snap)
     failed = await execute(deps.kube, snap, decision.actions, known)
     if failed:

@@ -1,6 +1,6 @@
 """The few Kubernetes API calls the handlers make, as plain JSON over the official client's transport.
 
-One generic path per verb (get, create, server-side apply, delete) keyed by kind, so every child object
+One generic path per verb (get, list, create, server-side apply, patch, delete) keyed by kind, so every child object
 goes through the same code; the client library supplies authentication (in-cluster service account or
 kubeconfig). Calls run in a worker thread so they never block kopf's event loop. Children are kept in
 place by server-side apply under one field manager: one request creates a missing object, repairs the
@@ -51,6 +51,7 @@ KINDS: dict[str, Kind] = {
     "HorizontalPodAutoscaler": Kind("autoscaling/v2", "horizontalpodautoscalers"),
 }
 MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
 
 class KubeError(RuntimeError):
@@ -146,16 +147,20 @@ class Kube:
         listing: Obj = await self.call("GET", collection_path(kind, namespace), query=query)
         return list(listing.get("items") or [])
 
-    async def names(self, kind: str, namespace: str, label_selector: str) -> list[str]:
-        """Names of the objects of ``kind`` with the labels (one LIST, no watch)."""
-        return sorted(str(item["metadata"]["name"]) for item in await self.items(kind, namespace, label_selector))
-
     async def scale(self, kind: str, namespace: str, name: str, replicas: int) -> None:
         """Set replicas through the scale subresource, as `kubectl scale` and HorizontalPodAutoscalers do."""
         body = {"spec": {"replicas": replicas}}
         await self.call(
             "PATCH", f"{collection_path(kind, namespace)}/{name}/scale", body=body, content_type=MERGE_PATCH
         )
+
+    async def patch(self, kind: str, namespace: str, name: str, body: Obj) -> Obj:
+        """A strategic merge patch (lists such as ownerReferences merge by key); a ``metadata.uid`` in ``body``
+        makes it a precondition: another object of that name fails with 422, as ``apply``."""
+        patched: Obj = await self.call(
+            "PATCH", f"{collection_path(kind, namespace)}/{name}", body=body, content_type=STRATEGIC_MERGE_PATCH
+        )
+        return patched
 
     async def create(self, obj: Obj) -> Obj | None:
         """Create; an object that already exists is not an error (a watch may lag behind our writes)."""

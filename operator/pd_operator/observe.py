@@ -39,6 +39,7 @@ from pd_operator.conditions import (
     NAME_CONFLICT,
     NODE_LOST,
     NODE_NOT_READY,
+    NOT_OWNED,
     PREFLIGHT_FAILED,
     PROXY_READY,
     PROXY_UNREACHABLE,
@@ -70,7 +71,7 @@ CRASH_REASONS = frozenset(
         "RunContainerError",
     }
 )
-CHILD_REFUSED = "ChildRefused"  # the Event of a refused child (ChildrenAdmitted False, not a NameConflict)
+CHILD_REFUSED = "ChildRefused"  # the Event of a refused child (ChildrenAdmitted False, not NameConflict or NotOwned)
 # `pdctl engine` exits with this code (EX_CONFIG) when its preflight refuses to start the engine; its
 # reason is the container's termination message (pd_runtime.launcher.EXIT_PREFLIGHT_FAILED).
 PREFLIGHT_EXIT_CODE = 78
@@ -723,9 +724,8 @@ def events(old: PDDeploymentStatus, new: PDDeploymentStatus) -> list[Event]:
             if cond.reason == reason and reasons_before.get(kind) != reason:
                 found.append(Event("Warning", reason, cond.message))
         if kind == CHILDREN_ADMITTED.type and value == "False" and messages_before.get(kind) != cond.message:
-            found.append(
-                Event("Warning", NAME_CONFLICT if cond.reason == NAME_CONFLICT else CHILD_REFUSED, cond.message)
-            )
+            left_alone = cond.reason in (NAME_CONFLICT, NOT_OWNED)
+            found.append(Event("Warning", cond.reason if left_alone else CHILD_REFUSED, cond.message))
         if (
             kind == SCALING_ACTIVE.type
             and value == "False"

@@ -91,16 +91,25 @@ def summary(attainment: float = 0.73, rate: float = 8.0) -> dict[str, Any]:
 
 
 def finished_job(job: dict[str, Any], message: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the Job with a Complete condition, its pod whose bench container ended with `message`)."""
+    """(the Job with a Complete condition, its pod whose bench container ended with `message`), with the uids
+    the API server gives them and the pod's controller reference to its Job, as the Job controller sets it."""
     name = job["metadata"]["name"]
     done = json.loads(json.dumps(job))
+    done["metadata"]["uid"] = f"uid-{name}"
     done["status"] = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}
     terminated: dict[str, Any] = {"exitCode": 0}
     if message is not None:
         terminated["message"] = message
     labels = {**job["spec"]["template"]["metadata"]["labels"], "job-name": name}
+    controller = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": f"uid-{name}", "controller": True}
     pod = {
-        "metadata": {"name": f"{name}-abcde", "labels": labels, "creationTimestamp": "2026-11-29T08:00:00Z"},
+        "metadata": {
+            "name": f"{name}-abcde",
+            "uid": f"uid-{name}-abcde",
+            "labels": labels,
+            "ownerReferences": [controller],
+            "creationTimestamp": "2026-11-29T08:00:00Z",
+        },
         "status": {"containerStatuses": [{"name": render.BENCH_CONTAINER, "state": {"terminated": terminated}}]},
     }
     return done, pod

@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pd_operator import decide, layout, render
+from pd_operator import api, decide, layout, render
 from pd_operator.decide import Delete, Deployment, Snapshot
 from pd_operator.validation import validate_spec
-from pd_operator.views import claim_view, pod_view
+from pd_operator.views import ObjectView, OwnerRef, claim_view, pod_view
 from tests.operator.conftest import DRA
 from tests.operator.podfacts import running_pod
-from tests.operator.test_decide import NAME, NS, OWNER, T0, UID
+from tests.operator.test_decide import NAME, NS, OWNER, T0, UID, cond, stored
 
 SPEC: dict[str, Any] = {"model": "m", "engine": "simulated", "simulation": {"reserveGpus": True}, "gpuAllocation": DRA}
 CLAIM = "demo-gpus-x7k2p"
@@ -42,18 +42,41 @@ def test_only_a_dra_deployment_reads_its_templates_and_claims() -> None:
     assert decide.claim_reads(plugin) == decide.ClaimReads()
 
 
+def _listed(name: str, owner_uid: str = UID) -> ObjectView:
+    """A ResourceClaimTemplate as the shell lists it, its controller the PDDeployment of ``owner_uid``."""
+    return ObjectView("ResourceClaimTemplate", name, f"uid-{name}", (OwnerRef(api.KIND, NAME, owner_uid, True),))
+
+
 def test_a_replaced_template_is_deleted_once_no_pod_refers_to_it() -> None:
     old = _template()
     moved = {**SPEC, "prefill": {"gpus": "4-7"}, "decode": {"gpus": "0-3"}}
     new = _template(moved)
     assert new != old
-    still_used = _snap([_pod()], claim_templates=[old, new], repair_children=False)
+    listed = [_listed(old), _listed(new)]
+    still_used = _snap([_pod()], claim_templates=listed, repair_children=False)
     deployment = Deployment(NAME, NS, UID, 2, moved, {})
     deletes = [a for a in decide.decide(_with(still_used, deployment)).actions if isinstance(a, Delete)]
-    assert Delete("ResourceClaimTemplate", old) not in deletes  # the running pod still refers to it
-    unused = _with(_snap([_pod(moved)], claim_templates=[old, new], repair_children=False), deployment)
+    assert [d for d in deletes if d.name == old] == []  # the running pod still refers to it
+    unused = _with(_snap([_pod(moved)], claim_templates=listed, repair_children=False), deployment)
     deletes = [a for a in decide.decide(unused).actions if isinstance(a, Delete)]
-    assert deletes == [Delete("ResourceClaimTemplate", old)]
+    assert deletes == [Delete("ResourceClaimTemplate", old, uid=f"uid-{old}")]
+
+
+def test_a_template_of_another_controller_is_never_deleted_and_said_so() -> None:
+    """Labelled as this PDDeployment's and unused, but controlled by another owner (or by an earlier
+    PDDeployment of the same name): left alone, ChildrenAdmitted False with reason NotOwned, and an Event."""
+    moved = {**SPEC, "prefill": {"gpus": "4-7"}, "decode": {"gpus": "0-3"}}
+    theirs = [_listed(_template(), "uid-earlier"), _listed("demo-gpus-theirs", "uid-earlier")]
+    snap = _snap([_pod(moved)], claim_templates=theirs, repair_children=False)
+    decision = decide.decide(_with(snap, Deployment(NAME, NS, UID, 2, moved, {})))
+    assert [a for a in decision.actions if isinstance(a, Delete)] == []
+    admitted = cond(stored({}, decision), "ChildrenAdmitted")
+    assert (admitted["status"], admitted["reason"]) == ("False", "NotOwned")
+    assert (
+        f"ResourceClaimTemplate/demo-gpus-theirs (uid uid-demo-gpus-theirs) carries this PDDeployment's labels "
+        f"and belongs to PDDeployment/{NAME} (uid uid-earlier)" in admitted["message"]
+    )
+    assert [e.type for e in decision.events if e.reason == "NotOwned"] == ["Warning"]
 
 
 def _with(snap: Snapshot, deployment: Deployment) -> Snapshot:

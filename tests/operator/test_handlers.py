@@ -29,7 +29,7 @@ from pd_operator import api, autotune, decide, handlers, layout, render
 from pd_operator.api import AutotuneTrial, PDDeploymentSpec
 from pd_operator.decide import Deployment, Snapshot
 from pd_operator.handlers import Deps, reconcile
-from pd_operator.kube import APPLY_PATCH, Kube, KubeError
+from pd_operator.kube import APPLY_PATCH, STRATEGIC_MERGE_PATCH, Kube, KubeError
 from pd_operator.observe import ProxyReport
 from pd_operator.refusals import ApiFailure
 from pd_operator.settings import Settings
@@ -151,8 +151,8 @@ class ClaimServer:
             raise KubeError(ApiFailure(403, "Forbidden", "resourceclaims is forbidden"))
         return {"metadata": {"name": name}, "status": {}}
 
-    async def names(self, kind: str, namespace: str, label_selector: str) -> list[str]:
-        return ["demo-gpus-a"]
+    async def items(self, kind: str, namespace: str, label_selector: str = "") -> list[dict[str, Any]]:
+        return [{"metadata": {"name": "demo-gpus-a", "uid": "u"}}]
 
 
 async def test_dra_claims_are_read_at_once_and_a_refused_one_leaves_only_itself_out() -> None:
@@ -164,7 +164,7 @@ async def test_dra_claims_are_read_at_once_and_a_refused_one_leaves_only_itself_
         pods.append(pod)
     server = ClaimServer(claims=3, refused="claim-1")
     snap = await handlers.read_claims(server, test_dra._snap(pods))  # type: ignore[arg-type]
-    assert sorted(snap.claims) == ["claim-0", "claim-2"] and list(snap.claim_templates) == ["demo-gpus-a"]
+    assert sorted(snap.claims) == ["claim-0", "claim-2"] and [t.name for t in snap.claim_templates] == ["demo-gpus-a"]
 
 
 async def test_proxy_poll_failure_is_a_report(unused_tcp_port: int) -> None:
@@ -235,3 +235,26 @@ def test_the_registry_logs_in_and_has_one_timer_at_the_configured_interval() -> 
     assert [t.interval for t in timers] == [7.5]
     activities = {h.id: h.activity.value for h in reg._activities.get_all_handlers()}
     assert activities == {"login_via_client": "authentication", "configure": "startup"}
+
+
+async def test_an_orphan_is_adopted_by_a_patch_naming_its_uid_after_the_pddeployment_is_read_again(
+    world: Any, kube: Kube, kmock: Any
+) -> None:
+    deps, _ = world
+    pod = running_pod(render.pod(layout.build(layout.Owner(NAME, NS, UID, 1), validate_spec(SPEC))))
+    pod["metadata"]["ownerReferences"] = []
+    await kube.create(pod)
+    meta = {"name": NAME, "namespace": NS, "uid": UID}  # kmock gives no uids: the API server's would be this
+    await kube.create({"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": meta})
+    deployment = Deployment(NAME, NS, UID, 1, SPEC)
+    decision = await reconcile(Snapshot(deployment, T0, pods=[pod_view(pod)], repair_children=False), deps)
+    reads_then_adopts = list(kmock)[2:4]  # after the two creates above
+    assert [(r.method, r.url.path) for r in reads_then_adopts] == [
+        ("GET", f"/apis/{api.API_VERSION}/namespaces/{NS}/pddeployments/{NAME}"),
+        ("PATCH", f"/api/v1/namespaces/{NS}/pods/{NAME}"),
+    ]
+    patch = reads_then_adopts[1]
+    assert patch.headers["Content-Type"] == STRATEGIC_MERGE_PATCH and patch.data["metadata"]["uid"] == "pod-uid-1"
+    adopted = await kube.get("Pod", NS, NAME)
+    assert adopted is not None and adopted["metadata"]["ownerReferences"][0]["uid"] == deployment.uid
+    assert "AdoptedPod" in {e.reason for e in decision.events}

@@ -1,20 +1,33 @@
 """Own what you touch: a child of a rendered name that another owner holds is never applied (taken over),
-the status and an Event say so, and serving goes on where it can. Pure decisions over what the shell read."""
+the status and an Event say so, and serving goes on where it can; pods, Jobs and claim templates are acted on
+only when their controller reference is this PDDeployment's uid, and an orphan only once adopted. Pure
+decisions over what the shell read."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from datetime import timedelta
 from typing import Any
 
-from pd_operator import decide, render
-from pd_operator.decide import Apply, Create, Decision, Snapshot
+from pd_operator import api, decide, render
+from pd_operator.decide import Adopt, Apply, Create, Decision, Delete, Snapshot
 from pd_operator.refusals import ApiFailure, refusal
 from pd_operator.views import ObjectView, OwnerRef
-from tests.operator.test_decide import NAME, OWNER, SPEC, UID, cond, snapshot, stored
+from tests.operator.podfacts import finished_job, proxy_status, summary
+from tests.operator.test_decide import NAME, OWNER, SPEC, T0, UID, cond, one_proxy, serving, snapshot, stored
 
 FOREIGN = (OwnerRef("Deployment", "team-a", "uid-team-a"),)
 OURS = (OwnerRef("PDDeployment", NAME, UID),)
 ROUTED: dict[str, Any] = {**SPEC, "router": {"enabled": True}}
+
+
+THIS = ObjectView(api.KIND, NAME, UID)  # the PDDeployment as read again before adopting
+
+
+def confirmed(snap: Snapshot) -> Snapshot:
+    """The snapshot with the PDDeployment read again, as the shell adds it when ``owner_read`` asks."""
+    return dataclasses.replace(snap, reread=THIS) if decide.owner_read(snap) else snap
 
 
 def seeing(spec: dict[str, Any] = SPEC, **views: ObjectView | None) -> Snapshot:
@@ -81,13 +94,17 @@ def test_children_of_ours_and_known_ones_are_applied_with_their_uid_as_precondit
     assert cond(stored({}, decide.decide(snap)), "ChildrenAdmitted")["status"] == "True"
 
 
-def test_what_pdctl_render_made_for_this_deployment_is_adopted() -> None:
+def test_what_pdctl_render_made_for_this_deployment_is_adopted_once_the_owner_is_read_again() -> None:
     """No owner reference and labelled as this PDDeployment's by pd-operator: `pdctl render | kubectl apply`."""
     key = f"Service/{NAME}"
-    decision = decide.decide(seeing(**{key: view(key, owners=(), labels=render.labels(OWNER, "serving"))}))
-    assert applied(decision)[key]["metadata"]["uid"] == f"uid-of-{NAME}"
+    snap = seeing(**{key: view(key, owners=(), labels=render.labels(OWNER, "serving"))})
+    assert decide.owner_read(snap) and key not in applied(decide.decide(snap))  # not before the read
+    assert applied(decide.decide(confirmed(snap)))[key]["metadata"]["uid"] == f"uid-of-{NAME}"
+    for again in (dataclasses.replace(THIS, deleting=True), dataclasses.replace(THIS, uid="uid-of-a-new-one")):
+        assert key not in applied(decide.decide(dataclasses.replace(snap, reread=again)))
     other = render.labels(dataclasses.replace(OWNER, name="other"), "serving")
-    assert key not in applied(decide.decide(seeing(**{key: view(key, owners=(), labels=other)})))
+    snap = seeing(**{key: view(key, owners=(), labels=other)})
+    assert not decide.owner_read(snap) and key not in applied(decide.decide(confirmed(snap)))
 
 
 def test_a_child_whose_read_failed_is_not_applied_and_the_condition_is_kept() -> None:
@@ -130,3 +147,121 @@ def test_an_apply_whose_uid_names_no_object_says_the_child_was_deleted() -> None
     message = "uid mismatch: the provided object specified uid u, and no existing object was found"
     found = refusal(f"Service/{NAME}", ApiFailure(409, "Conflict", message))
     assert found.reason == "ChildDeleted" and "created again on the next repair" in found.describe()
+
+
+# ---- pods, Jobs and claim templates: acted on only by their controller's uid -------------------------------
+
+CONFIGMAP = {"apiVersion": "v1", "kind": "ConfigMap", "name": "team-a", "uid": "uid-team-a", "controller": True}
+
+
+def pod_of(owner: dict[str, Any] | None, name: str = NAME, spec: dict[str, Any] = SPEC) -> dict[str, Any]:
+    """The serving pod this PDDeployment renders, under ``name``, with ``owner`` as its controller (None: none)."""
+    pod = serving(spec, uid=f"uid-of-{name}")
+    pod["metadata"]["name"] = name
+    pod["metadata"]["ownerReferences"] = [owner] if owner else []
+    return pod
+
+
+def pod_actions(decision: Decision) -> list[str]:
+    """The pod writes, as their action keys."""
+    return [a.key for a in decision.actions if isinstance(a, Adopt | Create | Delete) and "Pod/" in a.key]
+
+
+def test_a_labelled_pod_of_another_owner_and_name_is_not_deleted_and_said_so() -> None:
+    """Once deleted as a surplus replica; now left alone, with ChildrenAdmitted False and an Event."""
+    decision = decide.decide(snapshot(pods=[serving(), pod_of(CONFIGMAP, f"{NAME}-7")]))
+    assert pod_actions(decision) == []
+    found = cond(stored({}, decision), "ChildrenAdmitted")
+    assert (found["status"], found["reason"]) == ("False", "NotOwned")
+    assert (
+        f"Pod/{NAME}-7 (uid uid-of-{NAME}-7) carries this PDDeployment's labels and belongs to ConfigMap/team-a "
+        "(uid uid-team-a)" in found["message"]
+    )
+    assert "never rolled or deleted by it" in found["message"]
+    (event,) = [e for e in decision.events if e.reason == "NotOwned"]
+    assert event.type == "Warning" and f"Pod/{NAME}-7" in event.message
+    assert decision.status.replicas == 1 and decision.status.phase == "Ready"  # not counted: serving goes on
+
+
+def test_a_pod_of_another_owner_with_the_replicas_name_is_not_served_nor_created_again_and_again() -> None:
+    """Not kept as the serving pod (nor rolled: its spec hash differs), no pod created under its name (a
+    create would only meet 409, tick after tick), a NameConflict once, and the replica waits."""
+    theirs = pod_of(CONFIGMAP, spec={**SPEC, "image": "team-a/app"})
+    decision = decide.decide(snapshot(pods=[theirs]))
+    assert pod_actions(decision) == [] and decide.proxy_urls(snapshot(pods=[theirs])) == {}
+    status = stored({}, decision)
+    found = cond(status, "ChildrenAdmitted")
+    assert (found["status"], found["reason"]) == ("False", "NameConflict")
+    assert f"Pod/{NAME} (uid uid-of-{NAME}) exists and belongs to ConfigMap/team-a" in found["message"]
+    assert status["phase"] == "Pending" and "the serving pod is not created: Pod/demo" in status["message"]
+    assert "podName" not in status and status["replicas"] == 0
+    assert [e.type for e in decision.events if e.reason == "NameConflict"] == ["Warning"]
+    again = decide.decide(snapshot(status=status, pods=[theirs], now=T0 + timedelta(seconds=5)))
+    assert pod_actions(again) == [] and "NameConflict" not in {e.reason for e in again.events}
+
+
+def test_a_pod_of_an_earlier_pddeployment_of_the_same_name_is_not_its_own() -> None:
+    earlier = {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": NAME, "uid": "uid-earlier", "controller": True}
+    decision = decide.decide(snapshot(pods=[pod_of(earlier)]))
+    assert pod_actions(decision) == []
+    assert "belongs to PDDeployment/demo (uid uid-earlier)" in cond(stored({}, decision), "ChildrenAdmitted")["message"]
+
+
+def test_a_job_of_another_owner_is_neither_read_as_a_probe_nor_deleted() -> None:
+    """Nor the pod that carries our Job's job-name label but is not that Job's: a forged summary is never read."""
+    started = decide.decide(snapshot(pods=[serving()], proxies=one_proxy(status=proxy_status())))
+    job = next(a.obj for a in started.actions if isinstance(a, Create) and a.obj["kind"] == "Job")
+    ours, forged = finished_job(job, json.dumps(summary(0.99)))
+    forged["metadata"]["ownerReferences"] = [CONFIGMAP]
+    theirs, their_pod = finished_job({**job, "metadata": {**job["metadata"], "name": "team-a-probe"}}, None)
+    theirs["metadata"]["ownerReferences"] = [CONFIGMAP]
+    status, later = stored({}, started), T0 + timedelta(seconds=30)
+    pods = [serving(), forged, their_pod]
+    decision = decide.decide(snapshot(status=status, pods=pods, jobs=[ours, theirs], now=later))
+    deletes = [(a.kind, a.name) for a in decision.actions if isinstance(a, Delete)]
+    assert deletes == [("Job", job["metadata"]["name"])]  # ours, and none of the pods: its own has none left
+    assert "GoodputMeasured" not in {e.reason for e in decision.events}  # its own pod's summary is missing
+    message = cond(stored(status, decision), "ChildrenAdmitted")["message"]
+    assert "Job/team-a-probe (uid uid-team-a-probe) carries this PDDeployment's labels" in message
+    assert "never read as a probe or deleted" in message
+    assert f"Pod/{forged['metadata']['name']}" in message
+
+
+def test_an_orphan_with_the_replicas_name_labels_and_spec_hash_is_adopted_and_kept() -> None:
+    """After `kubectl delete pdd --cascade=orphan` and the same PDDeployment again: its pod serves on,
+    adopted (a patch naming its uid) once the PDDeployment is read again, not restarted."""
+    snap = snapshot(pods=[pod_of(None)])
+    assert decide.owner_read(snap)
+    decision = decide.decide(confirmed(snap))
+    (adopt,) = [a for a in decision.actions if isinstance(a, Adopt)]
+    assert pod_actions(decision) == [f"adopt Pod/{NAME}"]
+    assert adopt.patch == {"metadata": {"uid": f"uid-of-{NAME}", "ownerReferences": [render.owner_reference(OWNER)]}}
+    assert decision.status.phase == "Ready" and decision.status.pod_name == NAME
+    assert "AdoptedPod" in {e.reason for e in decision.events}
+    assert cond(stored({}, decision), "ChildrenAdmitted")["status"] == "True"
+
+
+def test_an_orphan_is_not_adopted_unless_the_owner_is_confirmed_nor_when_the_adoption_fails() -> None:
+    snap = snapshot(pods=[pod_of(None)])
+    gone = dataclasses.replace(THIS, deleting=True)
+    refused = ApiFailure(422, "Invalid", "...", (("metadata.uid", "field is immutable"),))
+    for tick in (snap, dataclasses.replace(snap, reread=gone), confirmed(snap)):
+        failed = {f"adopt Pod/{NAME}": refused} if tick.reread is THIS else {}
+        decision = decide.decide(dataclasses.replace(tick, failed=failed))
+        assert pod_actions(decision) == [] and decision.status.phase == "Pending"
+        assert cond(stored({}, decision), "ChildrenAdmitted")["reason"] == "NameConflict"
+
+
+def test_an_orphan_of_another_spec_hash_or_name_is_left_alone() -> None:
+    """Adopting it would mean deleting it (to roll it) or keeping what no replica is: neither is the operator's
+    to decide about a pod it did not create."""
+    stale = pod_of(None, spec={**SPEC, "image": "ghcr.io/pd-serving/pd-runtime:0.0.1"})
+    other = pod_of(None, f"{NAME}-3")
+    snap = snapshot(pods=[stale, other])
+    assert not decide.owner_read(snap)
+    decision = decide.decide(dataclasses.replace(snap, reread=THIS))
+    assert pod_actions(decision) == []
+    message = cond(stored({}, decision), "ChildrenAdmitted")["message"]
+    assert f"Pod/{NAME} (uid uid-of-{NAME}) exists and belongs to no owner reference" in message
+    assert "an orphan is adopted only with this PDDeployment's labels and the current spec hash" in message
+    assert f"Pod/{NAME}-3 (uid uid-of-{NAME}-3) carries this PDDeployment's labels" in message
