@@ -33,7 +33,7 @@ async def _canary_runs(pair: Pair, faults: Faults) -> tuple[CanaryState, CanaryS
     for inst in pair.status()["instances"]:
         keys = ("http_address", "zmq_address", "dp_size", "tp_size", "transfer_mode")
         registry.observe(registration_from_map({"type": inst["role"], **{k: inst[k] for k in keys}}), now)
-        registry.record_health(inst["http_address"], True)
+        registry.record_health(inst["http_address"], True, now)
     core = ProxyCore(config, registry, Router(config.policy), ProxyMetrics(registry))
     await core.start()
     try:

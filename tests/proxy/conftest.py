@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,5 +107,5 @@ async def second_instance(setup: PdSetup, role: str, mode: str = "READ", **knobs
     setup.extra.append(engine)
     await setup.registrar.send(engine.g2_registration(mode))
     await wait_for(lambda: engine.http_address in setup.proxy.registry.instances, what="second instance")
-    setup.proxy.registry.record_health(engine.http_address, True)  # as its first /health probe would
+    setup.proxy.registry.record_health(engine.http_address, True, time.monotonic())  # as its first /health probe would
     return engine

@@ -136,12 +136,12 @@ def test_health_failures_need_two_in_a_row_and_one_success_heals() -> None:
     registry = Registry("disaggregated", "auto", 5.0, [])
     registry.observe(_reg(), now=0.0)
     assert registry.live("P", 0.0) == []  # not routable before its first successful probe
-    registry.record_health("10.0.0.1:20005", ok=True)
-    registry.record_health("10.0.0.1:20005", ok=False)
+    registry.record_health("10.0.0.1:20005", ok=True, now=0.0)
+    registry.record_health("10.0.0.1:20005", ok=False, now=0.0)
     assert len(registry.live("P", 0.0)) == 1
-    registry.record_health("10.0.0.1:20005", ok=False)
+    registry.record_health("10.0.0.1:20005", ok=False, now=0.0)
     assert registry.live("P", 0.0) == []
-    registry.record_health("10.0.0.1:20005", ok=True)
+    registry.record_health("10.0.0.1:20005", ok=True, now=0.0)
     assert len(registry.live("P", 0.0)) == 1
 
 

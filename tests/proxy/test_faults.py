@@ -262,6 +262,21 @@ async def test_heartbeats_stop_then_evicted_within_the_ttl(pd_setup: SetupFactor
         assert resp.status == 503
 
 
+async def test_rendered_engines_outlive_their_heartbeats_while_health_answers(pd_setup: SetupFactory) -> None:
+    """Told its engines, the proxy keeps one whose beats stop (a flood delays them) while its /health
+    answers; one whose /health fails too is evicted after the TTL, as before."""
+    ttl = 1.0
+    setup = await pd_setup(mode="WRITE", heartbeat_ttl_s=ttl, expect=True)
+    prefill = setup.proxy.registry.instances[setup.prefill.http_address]
+    await wait_for(lambda: (prefill.heartbeat_age(time.monotonic()) or 0) > 3 * ttl, what="the beats long stale")
+    assert setup.proxy.not_ready_reason() == "" and setup.proxy.metrics.evictions.labels("P")._value.get() == 0
+    status, _body = await setup.post("/v1/completions", BODY)
+    assert status == 200
+    await setup.decode.stop()
+    await wait_for(lambda: setup.decode.http_address not in setup.proxy.registry.instances, what="decode evicted")
+    assert list(setup.proxy.registry.instances) == [setup.prefill.http_address]
+
+
 async def test_failed_health_checks_take_an_instance_out_of_rotation(pd_setup: SetupFactory) -> None:
     setup = await pd_setup(mode="WRITE", heartbeat_ttl_s=60)
     await setup.decode.stop()  # registered, heartbeat fresh, but dead

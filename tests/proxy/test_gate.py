@@ -108,6 +108,29 @@ def test_a_rogue_frame_changes_nothing_when_the_proxy_knows_its_engines() -> Non
     assert registry.instances[PREFILL.http_address].last_heartbeat == 2.0
 
 
+def test_an_expected_engine_whose_health_answers_outlives_its_heartbeat_ttl() -> None:
+    """A flood can delay an expected engine's heartbeats; its /health is the second liveness signal."""
+    registry = Registry("disaggregated", "auto", 30.0, [], expected=[PREFILL, DECODE])
+    for engine in (PREFILL, DECODE):
+        assert registry.observe(engine, now=0.0).outcome == "added"
+        registry.record_health(engine.http_address, ok=True, now=25.0)
+    assert [inst.key for inst in registry.live("P", 50.0)] == [PREFILL.http_address]
+    assert registry.sweep(now=50.0) == []
+    registry.record_health(DECODE.http_address, ok=False, now=52.0)
+    registry.record_health(DECODE.http_address, ok=False, now=54.0)
+    registry.record_health(PREFILL.http_address, ok=True, now=54.0)
+    assert registry.live("D", 54.0) == []  # /health failing: out of rotation at once, as before
+    assert [inst.key for inst in registry.sweep(now=55.1)] == [DECODE.http_address]  # and stale: evicted
+    assert list(registry.instances) == [PREFILL.http_address]
+
+
+def test_a_discovered_instance_is_evicted_by_its_heartbeat_ttl_whatever_its_health() -> None:
+    registry = Registry("disaggregated", "auto", 30.0, [])
+    registry.observe(DECODE, now=0.0)
+    registry.record_health(DECODE.http_address, ok=True, now=29.0)
+    assert registry.live("D", 30.1) == [] and len(registry.sweep(now=30.1)) == 1
+
+
 def test_static_engines_make_every_frame_unknown() -> None:
     from pd_runtime.proxy.registry import static_engine
 

@@ -178,7 +178,8 @@ class ProxyConfig:
     heartbeat_ttl_s: float | None = field(
         default=None,
         metadata=flag(
-            "evict an instance this long after its last heartbeat (default: 10 heartbeat intervals, 30 s G2, 50 s G1)",
+            "evict an instance this long after its last heartbeat, a rendered engine after its last heartbeat or good "
+            "/health (default: 10 heartbeat intervals, 30 s G2, 50 s G1)",
             parse=positive_float,
             metavar="SECONDS",
         ),

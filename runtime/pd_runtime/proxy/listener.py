@@ -181,7 +181,8 @@ class Housekeeping:
         evicted = self.registry.sweep(self.clock())
         for inst in evicted:
             self.metrics.evictions.labels(inst.role).inc()
-            log.warning("instance evicted (no heartbeat within the TTL) role=%s http=%s", inst.role, inst.key)
+            signals = "heartbeat nor good /health" if self.registry.is_expected(inst) else "heartbeat"
+            log.warning("instance evicted (no %s within the TTL) role=%s http=%s", signals, inst.role, inst.key)
         return evicted
 
     async def _health_loop(self) -> None:
@@ -197,7 +198,7 @@ class Housekeeping:
 
     def _record(self, inst: Instance, ok: bool) -> None:
         was_healthy = inst.healthy
-        updated = self.registry.record_health(inst.key, ok)
+        updated = self.registry.record_health(inst.key, ok, self.clock())
         self.metrics.health_checks.labels("ok" if ok else "failed").inc()
         if updated is not None and updated.healthy != was_healthy:
             log.log(

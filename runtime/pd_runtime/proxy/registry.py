@@ -45,7 +45,9 @@ LOAD_STALE_INTERVALS = 3
 # MoRIIOConnectorWorker._ping), which shares the GIL with the model runner and misses beats during long
 # steps; 0.32 moved it to a subprocess. A long TTL costs little: an engine that stops answering leaves
 # the rotation through its failed /health probes (HEALTH_FAILURE_THRESHOLD), so the TTL only decides
-# when a silent instance is forgotten.
+# when a silent instance is forgotten. An engine the operator rendered (``--expected-engine``) has a
+# second liveness signal: a successful /health probe within the TTL keeps it, so strangers' frames that
+# delay its heartbeats (a registration flood) cannot evict it.
 DEFAULT_TTL_BEATS = 10
 
 
@@ -57,6 +59,7 @@ class Instance:
     transfer_mode: TransferMode | None
     last_heartbeat: float | None  # monotonic; None for static engines, which never expire
     health_failures: int = HEALTH_FAILURE_THRESHOLD
+    last_health_ok: float | None = None  # monotonic time of its last successful /health probe
     load: dict[int, EngineLoad] = field(default_factory=dict)  # DP rank -> its last /metrics report
     load_at: float | None = None  # monotonic time of that report
     breaker: Breaker = field(default_factory=Breaker)  # open: out of rotation after failed or timed-out legs
@@ -177,7 +180,7 @@ class Registry:
             reg, reg.role, reg.generation, reg.transfer_mode, last_heartbeat=now, dial_host=self.engine_host
         )
         if known is not None:
-            fresh.health_failures = known.health_failures
+            fresh.health_failures, fresh.last_health_ok = known.health_failures, known.last_health_ok
             fresh.load, fresh.load_at, fresh.breaker = known.load, known.load_at, known.breaker
         self.instances[reg.http_address] = fresh
         return Observation("added")
@@ -203,13 +206,23 @@ class Registry:
             return ""
         return f"{reg.http_address} registered transfer_mode {reg.transfer_mode}, the proxy uses {expected}"
 
+    def is_expected(self, inst: Instance) -> bool:
+        """One of the engines the operator rendered (``--expected-engine``)."""
+        return self.expected is not None and inst.key in self.expected
+
+    def signal_age(self, inst: Instance, now: float) -> float | None:
+        """Seconds since its last liveness signal (None: static, never expires): the heartbeat, and for an
+        expected engine also a successful /health probe, whichever came last."""
+        if inst.last_heartbeat is None:
+            return None
+        last = inst.last_heartbeat
+        if inst.last_health_ok is not None and self.is_expected(inst):
+            last = max(last, inst.last_health_ok)
+        return max(0.0, now - last)
+
     def sweep(self, now: float) -> list[Instance]:
-        """Remove instances whose last heartbeat is older than their TTL; returns the evicted ones."""
-        evicted = [
-            inst
-            for inst in self.instances.values()
-            if inst.last_heartbeat is not None and now - inst.last_heartbeat > self.ttl(inst)
-        ]
+        """Remove instances whose last liveness signal is older than their TTL; returns the evicted ones."""
+        evicted = [inst for inst in self.instances.values() if (self.signal_age(inst, now) or 0.0) > self.ttl(inst)]
         for inst in evicted:
             del self.instances[inst.key]
         if evicted and not any(inst.last_heartbeat is not None for inst in self.instances.values()):
@@ -217,11 +230,13 @@ class Registry:
         self._log_refusals(now)  # the sweep runs every second at most: a summary is never held back long
         return evicted
 
-    def record_health(self, key: str, ok: bool) -> Instance | None:
+    def record_health(self, key: str, ok: bool, now: float) -> Instance | None:
         """A /health result; good ones also move an open circuit breaker to half-open (``breaker``)."""
         inst = self.instances.get(key)
         if inst is not None:
             inst.health_failures = 0 if ok else inst.health_failures + 1
+            if ok:
+                inst.last_health_ok = now
             if inst.breaker.probed(ok, inst.last_heartbeat):
                 log.info("circuit half-open, one trial request next role=%s http=%s", inst.role, inst.key)
         return inst
@@ -238,7 +253,7 @@ class Registry:
         return inst.load
 
     def is_live(self, inst: Instance, now: float) -> bool:
-        age = inst.heartbeat_age(now)
+        age = self.signal_age(inst, now)
         return inst.healthy and inst.breaker.admits and (age is None or age <= self.ttl(inst))
 
     def live(self, role: InstanceRole | None, now: float) -> list[Instance]:
