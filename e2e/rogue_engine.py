@@ -62,12 +62,15 @@ def main() -> None:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     frames = [msgpack.packb(json.loads(text)) for text in args.frame]
     context = zmq.Context()
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(args.registration)
+    # One DEALER per frame, as vLLM opens one per engine: the proxy shuts down a connection whose frame
+    # it refuses, and the DEALER reconnects for the next beat.
+    sockets = [context.socket(zmq.DEALER) for _ in frames]
+    for sock in sockets:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(args.registration)
     log.info("serving on :%d, %d frames to %s every %g s", args.port, len(frames), args.registration, args.interval)
     while True:  # until the test ends the process group
-        for frame in frames:
+        for sock, frame in zip(sockets, frames, strict=True):
             sock.send(frame)
         time.sleep(args.interval)
 

@@ -254,22 +254,32 @@ class FakeEngine:
 
 
 class Registrar:
-    """A real ZMQ DEALER, as an engine's heartbeat thread uses (docs/protocol.md#registration-socket)."""
+    """Real ZMQ DEALERs, one per engine as vLLM opens them (docs/protocol.md#registration-socket): the proxy
+    shuts down a connection whose frame it refuses, which then takes only that engine's beats with it."""
 
     def __init__(self, address: str) -> None:
+        self.address = address
         self._context = zmq.asyncio.Context()
-        self._socket = self._context.socket(zmq.DEALER)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.connect(address)
+        self._sockets: dict[str, zmq.asyncio.Socket] = {}
+
+    def _socket(self, engine: str) -> zmq.asyncio.Socket:
+        if engine not in self._sockets:
+            sock = self._context.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self.address)
+            self._sockets[engine] = sock
+        return self._sockets[engine]
 
     async def send(self, payload: Any) -> None:
-        await self._socket.send(msgpack.packb(payload))
+        engine = payload.get("http_address") or payload.get("request_address") if isinstance(payload, dict) else None
+        await self._socket(str(engine)).send(msgpack.packb(payload))
 
     async def send_raw(self, frames: list[bytes]) -> None:
-        await self._socket.send_multipart(frames)
+        await self._socket("raw").send_multipart(frames)
 
     def close(self) -> None:
-        self._socket.close(0)
+        for sock in self._sockets.values():
+            sock.close(0)
         self._context.term()
 
 

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import aiohttp
+import msgpack
 import pytest
 
 from tests.proxy.conftest import PdSetup, SetupFactory
@@ -113,5 +114,6 @@ async def test_five_thousand_distinct_frames_leave_status_answering_and_fds_boun
 
 
 async def _flood(registrar: Registrar, template: dict[str, Any], count: int) -> None:
+    """Every frame from one connection, as one process announcing thousands of engines would send them."""
     for i in range(count):
-        await registrar.send({**template, "http_address": f"127.0.0.1:{10_000 + i}"})
+        await registrar.send_raw([msgpack.packb({**template, "http_address": f"127.0.0.1:{10_000 + i}"})])
