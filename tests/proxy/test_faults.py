@@ -6,13 +6,14 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Callable
 
 import aiohttp
 import msgpack
 import pytest
 
 from tests.proxy.conftest import SetupFactory, register_pair
-from tests.proxy.proxy_fakes import wait_for
+from tests.proxy.proxy_fakes import Registrar, wait_for
 
 BODY = {"model": "m", "prompt": "Hello", "max_tokens": 8}
 
@@ -286,25 +287,27 @@ async def test_failed_health_checks_take_an_instance_out_of_rotation(pd_setup: S
 
 
 async def test_a_thousand_garbage_frames_are_counted_and_never_fatal(pd_setup: SetupFactory) -> None:
+    """Five kinds of garbage, each from a connection of its own: each connection is dropped at its first
+    frame (its DEALER reconnects and sends more), the listener lives, valid registrations then get in."""
     setup = await pd_setup(register=False)
-    garbage: list[list[bytes]] = []
-    for i in range(1000):
-        kind = i % 5
-        if kind == 0:
-            garbage.append([os.urandom(1 + i % 64)])
-        elif kind == 1:
-            garbage.append([msgpack.packb([1, 2, i])])
-        elif kind == 2:
-            garbage.append([msgpack.packb({"type": "P", "http_address": i})])
-        elif kind == 3:
-            garbage.append([msgpack.packb({"type": "register", "role": "X", "request_address": "ftp://x"})])
-        else:
-            garbage.append([b"a", b"b"])  # a multi-part message: not one frame
-    for frames in garbage:
-        await setup.registrar.send_raw(frames)
-    frames_metric = setup.proxy.metrics.registration_frames
-    await wait_for(lambda: frames_metric.labels("malformed")._value.get() >= 1000, what="all frames seen")
-    assert frames_metric.labels("malformed")._value.get() == 1000
+    kinds: list[Callable[[int], list[bytes]]] = [
+        lambda i: [os.urandom(1 + i % 64)],
+        lambda i: [msgpack.packb([1, 2, i])],
+        lambda i: [msgpack.packb({"type": "P", "http_address": i})],
+        lambda i: [msgpack.packb({"type": "register", "role": "X", "request_address": "ftp://x"})],
+        lambda i: [b"a", b"b"],  # a multi-part message: not one frame
+    ]
+    senders = [Registrar(setup.proxy.config.registration_address) for _ in kinds]
+    try:
+        for i in range(1000):
+            await senders[i % 5].send_raw(kinds[i % 5](i))
+        metrics = setup.proxy.metrics
+        dropped = metrics.registration_peers_dropped.labels("refused_frame")
+        await wait_for(lambda: dropped._value.get() >= 5, what="every garbage connection dropped")
+    finally:
+        for sender in senders:
+            sender.close()
+    assert metrics.registration_frames.labels("malformed")._value.get() >= 5
     assert setup.proxy.listener._task is not None and not setup.proxy.listener._task.done()
     await setup.registrar.send(setup.prefill.g2_registration())
     await setup.registrar.send(setup.decode.g1_registration())
@@ -319,7 +322,7 @@ async def test_conflicting_transfer_mode_is_refused_without_poisoning_others(pd_
     await setup.registrar.send(setup.prefill.g2_registration("READ"))
     await setup.registrar.send(setup.prefill.g2_registration("READ"))
     frames = setup.proxy.metrics.registration_frames
-    await wait_for(lambda: frames.labels("refused_mismatch")._value.get() == 2, what="refusals")
+    await wait_for(lambda: frames.labels("refused_mismatch")._value.get() >= 1, what="refusals")
     assert list(setup.proxy.registry.instances) == [setup.decode.http_address]
     assert setup.proxy.registry.transfer_mode == "WRITE"
     await setup.registrar.send(setup.prefill.g2_registration("WRITE"))

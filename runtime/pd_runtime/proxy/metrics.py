@@ -118,6 +118,15 @@ class ProxyMetrics:
         self.registration_frames = Counter(
             "pd_proxy_registration_frames", "Registration frames by result", ["result"], registry=r
         )
+        self.registration_peers = Gauge(
+            "pd_proxy_registration_peers", "Open connections to the registration socket", registry=r
+        )
+        self.registration_peers_dropped = Counter(
+            "pd_proxy_registration_peers_dropped",
+            "Registration connections shut down, by reason: over_bound, refused_frame",
+            ["reason"],
+            registry=r,
+        )
         self.evictions = Counter("pd_proxy_evictions", "Instances evicted (heartbeat TTL)", ["role"], registry=r)
         self.failovers = Counter(
             "pd_proxy_failovers", "Requests served again on another instance after a leg failed", ["leg"], registry=r
