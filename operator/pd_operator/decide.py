@@ -84,6 +84,7 @@ class Snapshot:
     nodes: Mapping[str, NodeView] = field(default_factory=dict)  # the serving pods' nodes, by name (kopf index)
     node_lost_grace_s: float = Settings.node_lost_grace_seconds
     probe_image: str | None = None  # the goodput probe Job's image (the operator's); None: the runtime image
+    operator_namespace: str = render.OPERATOR_NAMESPACE  # the serving NetworkPolicy admits the operator from it
     claim_templates: Sequence[ObjectView] = ()  # the ResourceClaimTemplates with its labels, from claim_reads()
     claims: Mapping[str, ClaimView] = field(default_factory=dict)  # ResourceClaim name -> view, from claim_reads()
     seen: Mapping[str, ObjectView | None] = field(
@@ -703,7 +704,7 @@ def owner_read(snap: Snapshot) -> bool:
     orphans = any(p.controller is None and _is_serving(p) for p in snap.pods)
     if spec is None or not (seen or orphans):
         return False
-    children = render.children(_now(snap, spec).in_force.layout)
+    children = render.children(_now(snap, spec).in_force.layout, snap.operator_namespace)
     applied = {_key(o["kind"], o["metadata"]["name"]) for o in children.applied}
     return bool(_orphans(snap, children.pods)) or bool(applied & seen.keys())
 
@@ -739,7 +740,10 @@ def applied_children(snap: Snapshot) -> list[Target]:
     spec = snap.deployment.valid_spec
     if not snap.repair_children or spec is None:
         return []
-    return [(o["kind"], o["metadata"]["name"]) for o in render.children(_now(snap, spec).in_force.layout).applied]
+    return [
+        (o["kind"], o["metadata"]["name"])
+        for o in render.children(_now(snap, spec).in_force.layout, snap.operator_namespace).applied
+    ]
 
 
 def object_reads(snap: Snapshot, children: Sequence[Target]) -> list[Target]:
@@ -902,7 +906,7 @@ def decide(snap: Snapshot) -> Decision:
     step = _now(snap, spec)
     tuning, collected, running, in_force = step.tuning, step.collected, step.running, step.in_force
     spec, lay = in_force.spec, in_force.layout
-    children = render.children(lay)
+    children = render.children(lay, snap.operator_namespace)
     written = _apply_children(snap, children.applied) if snap.repair_children else ChildrenStep()
     repairs = list(written.applies)
     template = render.claim_template_name(lay) if lay.dra_device_class is not None else None

@@ -385,6 +385,7 @@ def _snapshot(body: kopf.Body, indexes: Indexes, now: datetime, repair: bool, se
         nodes=nodes,
         node_lost_grace_s=settings.node_lost_grace_seconds,
         probe_image=settings.probe_image,
+        operator_namespace=settings.operator_namespace,
     )
 
 

@@ -41,6 +41,10 @@ COMPONENT_SERVING = "serving"
 COMPONENT_PROBE = "goodput-probe"
 COMPONENT_ROUTER = "router"
 OPERATOR_POD_LABELS = {f"{api.GROUP}/operator": "true"}  # set by the chart on the operator's pods
+# The operator's namespace when rendering offline (pdctl render): the README's install namespace. The
+# operator itself renders its own (pdctl operator --operator-namespace, the chart's downward API).
+OPERATOR_NAMESPACE = "pd-system"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
 DRA_CLAIM = "gpus"
 PROXY_CONTAINER = "proxy"
 BENCH_CONTAINER = "bench"
@@ -383,16 +387,20 @@ def proxy_settings(lay: Layout) -> Obj:
     }
 
 
-def network_policy(lay: Layout) -> Obj:
+def network_policy(lay: Layout, operator_namespace: str = OPERATOR_NAMESPACE) -> Obj:
     """The API port from anywhere, the admin port from the operator, metrics to the configured scrapers,
     anything from the pod itself.
 
     vLLM's handshake and notify listeners bind all addresses and trust what they receive; the engines
     and the proxy reach each other over the pod IP, hence the self rule. Scrapers get the metrics ports
-    only (spec.networkPolicy.metricsFrom), not the side channels.
+    only (spec.networkPolicy.metricsFrom), not the side channels. The operator is its label in its own
+    namespace only: a tenant can label a pod of theirs as the operator, not move it there.
     """
     owner, proxy = lay.owner, lay.proxy
-    operator_peer = {"namespaceSelector": {}, "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}
+    operator_peer = {
+        "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: operator_namespace}},
+        "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)},
+    }
     scrapers = [{"from": [dict(p) for p in lay.metrics_from], "ports": _metrics_ports(lay)}] if lay.metrics_from else []
     return {
         "apiVersion": "networking.k8s.io/v1",
@@ -709,8 +717,15 @@ class Children:
         return [*self.applied, *self.pods]
 
 
-def children(lay: Layout) -> Children:
-    applied = [service(lay), network_policy(lay), disruption_budget(lay), proxy_settings(lay), *router(lay)]
+def children(lay: Layout, operator_namespace: str = OPERATOR_NAMESPACE) -> Children:
+    """``operator_namespace``: where the operator runs, the one namespace its admin-port peer may be in."""
+    applied = [
+        service(lay),
+        network_policy(lay, operator_namespace),
+        disruption_budget(lay),
+        proxy_settings(lay),
+        *router(lay),
+    ]
     if lay.dra_device_class is not None:
         applied.insert(0, claim_template(lay))
     if (pool := inference_pool(lay)) is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pd_operator.policy import DEFAULT_POLICY, TenancyPolicy
+from pd_operator.render import OPERATOR_NAMESPACE
 
 FIELD_MANAGER = "pd-operator"
 
@@ -22,4 +23,6 @@ class Settings:
     node_lost_grace_seconds: float = 300.0
     field_manager: str = FIELD_MANAGER  # server-side apply owner of the children's fields
     probe_image: str | None = None  # image of the goodput probe Jobs (the operator's); None: the runtime image
+    # where the operator runs (--operator-namespace, POD_NAMESPACE): the serving pods admit it from there only
+    operator_namespace: str = OPERATOR_NAMESPACE
     policy: TenancyPolicy = DEFAULT_POLICY  # what a PDDeployment may ask for (--policy FILE, the chart's ConfigMap)

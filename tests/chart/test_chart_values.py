@@ -55,6 +55,9 @@ def test_operator_pods_carry_the_label_pddeployment_network_policies_admit(helm:
     (deployment,) = find(documents(render(helm, sets=sets)), "Deployment")
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert render_module.OPERATOR_POD_LABELS.items() <= labels.items()
+    # and tell the operator its namespace, the one the peer pins (pdctl operator --operator-namespace)
+    env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
 
 
 def test_peering_names_the_rendered_peering_object(helm: Path) -> None:

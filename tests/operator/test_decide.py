@@ -268,3 +268,11 @@ def test_probe_jobs_run_the_operator_image_the_shell_names() -> None:
     snap = snapshot(pods=[serving()], proxies=one_proxy(status=proxy_status()), probe_image=image)
     job = next(a.obj for a in decide.decide(snap).actions if isinstance(a, Create))
     assert job["spec"]["template"]["spec"]["containers"][0]["image"] == image
+
+
+def test_the_network_policy_admits_the_operator_from_the_namespace_the_shell_names() -> None:
+    applied = decide.decide(snapshot(operator_namespace="ops")).actions
+    policy = next(a.obj for a in applied if isinstance(a, Apply) and a.obj["kind"] == "NetworkPolicy")
+    peers = [peer for rule in policy["spec"]["ingress"] for peer in rule.get("from", [])]
+    [operator] = [p for p in peers if p["podSelector"]["matchLabels"] == render.OPERATOR_POD_LABELS]
+    assert operator["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}

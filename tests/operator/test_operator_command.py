@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pd_operator.commands.operator import build_parser, main
+from pd_operator.commands.operator import NAMESPACE_ENV, build_parser, main
+from pd_operator.settings import Settings
 
 
 def test_namespaces_repeat_and_defaults() -> None:
@@ -41,3 +42,12 @@ def test_a_policy_file_that_does_not_parse_stops_the_operator_before_it_starts(t
     bad.write_text("allowPrivileged: maybe\n")
     assert main(["-A", "--policy", str(bad)]) == 2  # before kopf: nothing reconciled under a wrong policy
     assert build_parser().parse_args(["-A"]).policy is None  # the default policy
+
+
+def test_the_operator_namespace_is_the_pods_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chart sets POD_NAMESPACE from the downward API; the flag overrides it; offline, the README's."""
+    monkeypatch.setenv(NAMESPACE_ENV, "ops")
+    assert build_parser().parse_args(["-A"]).operator_namespace == "ops"
+    assert build_parser().parse_args(["-A", "--operator-namespace", "x"]).operator_namespace == "x"
+    monkeypatch.delenv(NAMESPACE_ENV)
+    assert build_parser().parse_args(["-A"]).operator_namespace == Settings.operator_namespace == "pd-system"

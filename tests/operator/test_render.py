@@ -494,11 +494,17 @@ def test_service_exposes_only_the_proxy_api_port() -> None:
 
 
 def test_network_policy_admits_api_from_anywhere_and_admin_from_the_operator() -> None:
-    policy = render.network_policy(lay(spec_of("qwen3-235b-write.yaml")))
+    policy = render.network_policy(lay(spec_of("qwen3-235b-write.yaml")), "ops")
     api_rule, admin_rule, metrics_rule, self_rule = policy["spec"]["ingress"]
     assert api_rule == {"ports": [{"port": 8000, "protocol": "TCP"}]}
     assert admin_rule["ports"] == [{"port": 8001, "protocol": "TCP"}]
-    assert admin_rule["from"][0]["podSelector"] == {"matchLabels": {"pd.serving.dev/operator": "true"}}
+    # The operator's label in the operator's namespace only: a tenant's pod may carry the label, not move there.
+    assert admin_rule["from"] == [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}},
+            "podSelector": {"matchLabels": {"pd.serving.dev/operator": "true"}},
+        }
+    ]
     assert self_rule["from"][0]["podSelector"]["matchLabels"] == policy["spec"]["podSelector"]["matchLabels"]
     # Prometheus in namespace monitoring by default: the engines' vLLM /metrics (HTTP ports) and the proxy's
     assert metrics_rule["from"] == [api.DEFAULT_METRICS_PEER]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import random
 import sys
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from pd_operator.settings import Settings
 
 DEFAULT_LIVENESS_PORT = 8080
 DEFAULT_METRICS_PORT = 9090
+NAMESPACE_ENV = "POD_NAMESPACE"  # the chart sets it from the downward API
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the tenancy policy (YAML, the chart's ConfigMap; docs/security.md): a PDDeployment outside it is not "
         "reconciled (SpecValid False). Default: the restrictive default policy",
     )
+    parser.add_argument(
+        "--operator-namespace",
+        default=os.environ.get(NAMESPACE_ENV) or Settings.operator_namespace,
+        metavar="NS",
+        help="the operator's own namespace: the serving pods' NetworkPolicy admits the operator's pods to the admin "
+        f"port from it only (default: ${NAMESPACE_ENV}, which the chart sets; else {Settings.operator_namespace})",
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     return parser
 
@@ -106,6 +115,7 @@ def main(argv: Sequence[str]) -> int:
         node_lost_grace_seconds=args.node_lost_grace_seconds,
         probe_image=args.probe_image,
         policy=tenancy,
+        operator_namespace=args.operator_namespace,
     )
     import kopf  # imported late: `pdctl crd` and `pdctl render` never pay for it
     from prometheus_client import start_http_server
@@ -115,10 +125,11 @@ def main(argv: Sequence[str]) -> int:
     if args.metrics_port:
         start_http_server(args.metrics_port)
     log.info(
-        "pd-operator starting (%s; handlers from %s; tenancy policy %s)",
+        "pd-operator starting (%s; handlers from %s; tenancy policy %s; in namespace %s)",
         "all namespaces" if args.all_namespaces else "namespaces " + ", ".join(args.namespace),
         handlers.__name__,
         args.policy or "default",
+        args.operator_namespace,
     )
     kopf.run(
         registry=handlers.registry(settings),

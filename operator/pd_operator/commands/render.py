@@ -25,7 +25,10 @@ EXIT_INVALID = 2
 
 
 def objects_for(
-    doc: Any, namespace: str | None, tenancy: policy.TenancyPolicy = policy.DEFAULT_POLICY
+    doc: Any,
+    namespace: str | None,
+    tenancy: policy.TenancyPolicy = policy.DEFAULT_POLICY,
+    operator_namespace: str = render.OPERATOR_NAMESPACE,
 ) -> list[dict[str, Any]]:
     """The children (and the probe Job, when probes are enabled) of one PDDeployment document."""
     if not isinstance(doc, dict) or doc.get("apiVersion") != api.API_VERSION or doc.get("kind") != api.KIND:
@@ -44,7 +47,7 @@ def objects_for(
     policy.enforce(spec, tenancy)
     owner = layout.Owner(name=name, namespace=namespace or meta.get("namespace") or "default")
     lay = layout.build(owner, spec)
-    objs = render.children(lay).all
+    objs = render.children(lay, operator_namespace).all
     if spec.goodput_probe.enabled:
         objs.append(render.probe_job(lay, f"{name[: goodput.JOB_PREFIX_LENGTH]}-goodput-probe"))
     return objs
@@ -66,6 +69,13 @@ def main(argv: Sequence[str]) -> int:
         metavar="FILE",
         help="tenancy policy YAML (the chart's policy: values; default: the chart's defaults)",
     )
+    parser.add_argument(
+        "--operator-namespace",
+        default=render.OPERATOR_NAMESPACE,
+        metavar="NS",
+        help="the operator's namespace, from which the NetworkPolicy admits it to the admin port "
+        f"(default {render.OPERATOR_NAMESPACE})",
+    )
     args = parser.parse_args(list(argv))
     try:
         docs = _load(args.file)
@@ -79,7 +89,7 @@ def main(argv: Sequence[str]) -> int:
     objs: list[dict[str, Any]] = []
     for doc in docs:
         try:
-            objs += objects_for(doc, args.namespace, tenancy)
+            objs += objects_for(doc, args.namespace, tenancy, args.operator_namespace)
         except SpecError as exc:
             name = (doc.get("metadata") or {}).get("name", "?") if isinstance(doc, dict) else "?"
             lines = "".join(f"  {p}\n" for p in exc.problems)
