@@ -214,7 +214,13 @@ class Stack:
     def start_operator(self, name: str = "operator") -> ProcRef:
         """Run the operator as the chart's ServiceAccount, so its RBAC is exactly what is exercised."""
         kubeconfig = self.operator_kubeconfig()
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_ID": f"{name}-{os.getpid()}"}
+        # POD_ID and POD_NAMESPACE as the chart's Deployment sets them from the downward API.
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig),
+            "POD_ID": f"{name}-{os.getpid()}",
+            "POD_NAMESPACE": OPERATOR_NAMESPACE,
+        }
         ref, _ = spawn(name, self.operator_argv(), self.cp.workdir / "logs" / f"{name}.log", env, self.detach)
         self.cp.register(ref)
         log.info("operator running with the token of the chart ServiceAccount (pid %d)", ref.pid)

@@ -22,7 +22,7 @@ import yaml
 from e2e.cluster import REPO_ROOT, ControlPlane
 from e2e.stack import SUITE_POLICY, Stack
 from e2e.tests.kube import condition, create_namespace, get, pdd, pdd_events, wait_for
-from pd_operator.policy import DEFAULT_POLICY, RULES, TenancyPolicy, violations
+from pd_operator.policy import DEFAULT_POLICY, NETWORKS_ANNOTATION, RULES, TenancyPolicy, violations
 from pd_operator.validation import validate_spec
 
 Obj = dict[str, Any]
@@ -30,6 +30,14 @@ NO_NODE = {"pd.serving.dev/e2e": "no-such-node"}  # admitted specs stay Pending:
 CONTROL_PLANE = {"node-role.kubernetes.io/control-plane": ""}
 PKI = {"name": "pki", "hostPath": {"path": "/etc/kubernetes/pki"}}
 TOKEN = {"name": "token", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}
+APPARMOR = "container.apparmor.security.beta.kubernetes.io/engine-0"
+NETWORKS = NETWORKS_ANNOTATION
+ANNOTATIONS = "spec.podTemplate.metadata.annotations[*]"
+
+
+def annotated(key: str, value: str) -> Obj:
+    return {"podTemplate": {"metadata": {"annotations": {key: value}}}}
+
 
 # escalation -> (the spec's change, the rule, the field the refusal names)
 ESCALATIONS: dict[str, tuple[Obj, str, str]] = {
@@ -70,6 +78,14 @@ ESCALATIONS: dict[str, tuple[Obj, str, str]] = {
         "ServiceTypeNotAllowed",
         "spec.proxy.serviceType",
     ),
+    "runtimeClassName": (
+        {"podTemplate": {"runtimeClassName": "nvidia-privileged"}},
+        "RuntimeClassNotAllowed",
+        "spec.podTemplate.runtimeClassName",
+    ),
+    "AppArmor unconfined": (annotated(APPARMOR, "unconfined"), "PodAnnotationNotAllowed", ANNOTATIONS),
+    "Istio injection off": (annotated("sidecar.istio.io/inject", "false"), "PodAnnotationNotAllowed", ANNOTATIONS),
+    "a Multus network": (annotated(NETWORKS, "rdma-net"), "PodAnnotationNotAllowed", ANNOTATIONS),
 }
 # The administrator's opt-ins for all of them (chart values policy:, over the chart's defaults).
 WIDENED: Obj = {
@@ -81,6 +97,9 @@ WIDENED: Obj = {
     "priorityClassNames": ["system-cluster-critical"],
     "allowPrivileged": True,
     "serviceTypes": ["ClusterIP", "LoadBalancer"],
+    "runtimeClassNames": ["nvidia-privileged"],
+    "podAnnotationKeys": ["container.apparmor.security.beta.kubernetes.io/*", "sidecar.istio.io/inject", NETWORKS],
+    "networkNamespaces": ["shared"],
 }
 TENANT_ROLE: Obj = {
     "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -176,7 +195,8 @@ def test_each_escalation_is_refused_at_apply_and_admitted_after_the_opt_in(opera
         assert "ValidatingAdmissionPolicy" in proc.stderr and "tenancy" in proc.stderr, proc.stderr
         assert message_of(rule, field) in proc.stderr, proc.stderr
         # The operator's Python check refuses the same spec for the same rule (pdctl render, SpecValid).
-        assert [v.rule for v in violations(validate_spec(objs[name]["spec"]), DEFAULT_POLICY)] == [rule]
+        spec = validate_spec(objs[name]["spec"])
+        assert [v.rule for v in violations(spec, DEFAULT_POLICY, namespace=tenant.namespace)] == [rule]
         assert pdd(tenant.cp, tenant.namespace, objs[name]["metadata"]["name"]) is None
     for path in sorted((REPO_ROOT / "examples").glob("*.yaml")):  # the defaults admit every example
         proc = tenant.create(yaml.safe_load(path.read_text()), dry_run=True)
@@ -186,8 +206,28 @@ def test_each_escalation_is_refused_at_apply_and_admitted_after_the_opt_in(opera
     for name, obj in objs.items():
         proc = tenant.create(obj)
         assert proc.returncode == 0, f"{name}: refused after the opt-in: {proc.stderr}"
-        assert violations(validate_spec(obj["spec"]), widened) == []
+        assert violations(validate_spec(obj["spec"]), widened, namespace=tenant.namespace) == []
         assert pdd(tenant.cp, tenant.namespace, obj["metadata"]["name"]) is not None
+    check_networks(tenant, widened)
+
+
+def check_networks(tenant: Tenant, widened: TenancyPolicy) -> None:
+    """With the Multus annotation allowed: networks of the tenant's own namespace (request.namespace) and of
+    policy.networkNamespaces are admitted, others and the JSON form refused, as the Python rule says."""
+    values = {
+        f"{tenant.namespace}/rdma-net, plain@net1": True,
+        "shared/rdma-net": True,
+        "kube-system/host-net": False,
+        '[{"name": "rdma-net"}]': False,
+    }
+    field = f'spec.podTemplate.metadata.annotations["{NETWORKS}"]'
+    for i, (value, allowed) in enumerate(values.items()):
+        obj = manifest(f"net-{i}", annotated(NETWORKS, value))
+        proc = tenant.create(obj, dry_run=True)
+        assert (proc.returncode == 0) is allowed, f"{value}: {proc.stderr}"
+        assert allowed or message_of("PodNetworkNotAllowed", field) in proc.stderr, proc.stderr
+        found = violations(validate_spec(obj["spec"]), widened, namespace=tenant.namespace)
+        assert [v.rule for v in found] == ([] if allowed else ["PodNetworkNotAllowed"])
 
 
 def test_the_operator_refuses_what_its_policy_does_not_allow_without_admission(

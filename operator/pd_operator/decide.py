@@ -59,7 +59,7 @@ class Deployment:
         """The spec validated and inside the tenancy policy, once per snapshot: every step of one reconcile
         reads this, so a spec outside the policy creates and changes nothing."""
         try:
-            return policy.enforce(validate_spec(self.spec), self.tenancy)
+            return policy.enforce(validate_spec(self.spec), self.tenancy, namespace=self.namespace)
         except SpecError as exc:
             return exc
 

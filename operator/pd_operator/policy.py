@@ -13,6 +13,7 @@ lists bound as the VAP's variables. docs/security.md states the trust model.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -42,7 +43,16 @@ DEFAULT_VOLUME_TYPES = (
 DEFAULT_TOLERATION_KEYS = ("amd.com/gpu", "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 _MOUNT_ROLES = ("prefill", "decode", "engine", "proxy")
+# Multus: the pod's extra networks, "[namespace/]name[@interface]" comma-separated, or JSON when the value
+# holds any of _JSON_FORM (Multus' own test); a network named without a namespace is of the pod's.
+NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
+_JSON_FORM = ("[", "{", '"')
+# What Go's strings.TrimSpace trims (unicode.IsSpace), as Multus does a namespace and CEL's trim() does.
+GO_SPACE = "\t\n\v\f\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000" + "".join(map(chr, range(0x2000, 0x200B)))
+ANY = "*"  # in networkNamespaces: every namespace, and the JSON form
 Entry = Annotated[str, StringConstraints(min_length=1, max_length=253)]
+# An annotation key (prefix/name: 253 + 1 + 63) exactly, or ending in * for every key that begins so.
+AnnotationPattern = Annotated[str, StringConstraints(min_length=1, max_length=317, pattern=r"^[^*]*\*?$")]
 AbsolutePath = Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=r"^/")]
 
 
@@ -89,6 +99,23 @@ class TenancyPolicy(_PolicyModel):
         True, description="kvTransfer.rdma.hostNetwork (the RDMA examples need it; docs/security.md)."
     )
     service_types: tuple[str, ...] = Field(("ClusterIP",), description="proxy.serviceType.")
+    runtime_class_names: tuple[Entry, ...] = Field(
+        (), description="RuntimeClasses podTemplate.runtimeClassName may name (none: the node's default runtime)."
+    )
+    pod_annotation_keys: tuple[AnnotationPattern, ...] = Field(
+        (),
+        description="Keys podTemplate.metadata.annotations may set: exact keys, or patterns ending in * (every key "
+        "that begins so, e.g. prometheus.io/*).",
+    )
+    network_namespaces: tuple[Entry, ...] = Field(
+        (),
+        description=f"Namespaces besides the PDDeployment's own whose networks the {NETWORKS_ANNOTATION} "
+        f"annotation may name; {ANY} admits every namespace and Multus' JSON form.",
+    )
+
+    def in_namespace(self, namespace: str) -> TenancyPolicy:
+        """The policy as it applies to a PDDeployment of ``namespace``: the networks of its own namespace too."""
+        return self.model_copy(update={"network_namespaces": (namespace, *self.network_namespaces)})
 
 
 DEFAULT_POLICY = TenancyPolicy()
@@ -146,6 +173,25 @@ def _volume_host_path(volume: dict[str, Any]) -> str | None:
         return None
     source = volume["hostPath"]
     return str(source.get("path", "")) if isinstance(source, dict) else ""
+
+
+def annotation_allowed(key: str, patterns: tuple[str, ...]) -> bool:
+    """``key`` is a pattern, or begins with what precedes the * of one."""
+    return any(key == p or (p.endswith("*") and key.startswith(p[:-1])) for p in patterns)
+
+
+def networks_allowed(value: str, namespaces: tuple[str, ...]) -> bool:
+    """Multus' text form naming networks of ``namespaces`` only (an item without / is of the pod's own);
+    the JSON form, whose namespace keys Go's decoder matches with any case or escape, only with ``*``."""
+    if ANY in namespaces:
+        return True
+    if any(c in value for c in _JSON_FORM):
+        return False
+    return all("/" not in item or item.split("/")[0].strip(GO_SPACE) in namespaces for item in value.split(","))
+
+
+def _annotation_path(key: str) -> str:
+    return f"podTemplate.metadata.annotations[{json.dumps(key)}]"
 
 
 def _mounted_writable(spec: PDDeploymentSpec, name: str) -> bool:
@@ -311,7 +357,26 @@ def _service_type(spec: PDDeploymentSpec, policy: TenancyPolicy) -> list[str]:
     return [] if spec.proxy.service_type in policy.service_types else ["proxy.serviceType"]
 
 
+def _runtime_class(spec: PDDeploymentSpec, policy: TenancyPolicy) -> list[str]:
+    name = spec.pod_template.runtime_class_name
+    return [] if name is None or name in policy.runtime_class_names else ["podTemplate.runtimeClassName"]
+
+
+def _annotations(spec: PDDeploymentSpec, policy: TenancyPolicy) -> list[str]:
+    annotations = spec.pod_template.metadata.annotations
+    return [_annotation_path(k) for k in annotations if not annotation_allowed(k, policy.pod_annotation_keys)]
+
+
+def _networks(spec: PDDeploymentSpec, policy: TenancyPolicy) -> list[str]:
+    value = spec.pod_template.metadata.annotations.get(NETWORKS_ANNOTATION)
+    allowed = value is None or networks_allowed(value, policy.network_namespaces)
+    return [] if allowed else [_annotation_path(NETWORKS_ANNOTATION)]
+
+
 _IMAGE = f"(has({S}.image) ? {S}.image : '{DEFAULT_IMAGE}')"
+_ANNOTATIONS = f"{S}.podTemplate.metadata.annotations"
+_NETWORKS = f"{_ANNOTATIONS}['{NETWORKS_ANNOTATION}']"
+_NETWORK_NAMESPACE = "i.split('/')[0].trim()"  # of one item of Multus' text form
 
 
 def _storage_rules(
@@ -464,21 +529,56 @@ RULES: tuple[PolicyRule, ...] = (
         f"(({_has('proxy.serviceType')}) ? {S}.proxy.serviceType : 'ClusterIP') in {V}.serviceTypes",
         _service_type,
     ),
+    PolicyRule(
+        "RuntimeClassNotAllowed",
+        "runtimeClassNames",
+        "spec.podTemplate.runtimeClassName",
+        "the RuntimeClass is not in the allowed names",
+        f"!({_has('podTemplate.runtimeClassName')}) || {S}.podTemplate.runtimeClassName in {V}.runtimeClassNames",
+        _runtime_class,
+    ),
+    PolicyRule(
+        "PodAnnotationNotAllowed",
+        "podAnnotationKeys",
+        "spec.podTemplate.metadata.annotations[*]",
+        "the pod annotation's key is not in the allowed keys: AppArmor, seccomp, service mesh and network "
+        "annotations change the pod's confinement and network",
+        f"!({_has('podTemplate.metadata.annotations')}) || {_ANNOTATIONS}.all(k, {V}.podAnnotationKeys.exists(p, "
+        "p == k || (p.endsWith('*') && k.startsWith(p.substring(0, size(p) - 1)))))",
+        _annotations,
+    ),
+    PolicyRule(
+        "PodNetworkNotAllowed",
+        "networkNamespaces",
+        f"spec.{_annotation_path(NETWORKS_ANNOTATION)}",
+        "the pod may join networks of the PDDeployment's own namespace only, named as "
+        "[namespace/]name[@interface], comma-separated (Multus' JSON form is refused)",
+        f"'{ANY}' in {V}.networkNamespaces || !({_has('podTemplate.metadata.annotations')}) || "
+        f"!('{NETWORKS_ANNOTATION}' in {_ANNOTATIONS}) || ("
+        + " && ".join(f"!{_NETWORKS}.contains('{c}')" for c in _JSON_FORM)
+        + f" && {_NETWORKS}.split(',').all(i, !i.contains('/') || {_NETWORK_NAMESPACE} == request.namespace || "
+        f"{_NETWORK_NAMESPACE} in {V}.networkNamespaces))",
+        _networks,
+    ),
 )
 
 
-def violations(spec: PDDeploymentSpec, policy: TenancyPolicy = DEFAULT_POLICY) -> list[PolicyViolation]:
-    """Every way ``spec`` is outside ``policy``, in rule order; empty when it is inside."""
+def violations(
+    spec: PDDeploymentSpec, policy: TenancyPolicy = DEFAULT_POLICY, *, namespace: str
+) -> list[PolicyViolation]:
+    """Every way ``spec`` of a PDDeployment in ``namespace`` is outside ``policy``, in rule order; empty when
+    it is inside."""
+    scoped = policy.in_namespace(namespace)
     return [
         PolicyViolation(f"spec.{path}", rule.rule, rule.full_message())
         for rule in RULES
-        for path in rule.check(spec, policy)
+        for path in rule.check(spec, scoped)
     ]
 
 
-def enforce(spec: PDDeploymentSpec, policy: TenancyPolicy) -> PDDeploymentSpec:
+def enforce(spec: PDDeploymentSpec, policy: TenancyPolicy, *, namespace: str) -> PDDeploymentSpec:
     """``spec`` when inside ``policy``; else a :class:`SpecError` whose reason is the first rule broken."""
-    found = violations(spec, policy)
+    found = violations(spec, policy, namespace=namespace)
     if found:
         raise SpecError([v.line for v in found], reason=found[0].rule)
     return spec

@@ -11,7 +11,7 @@ import yaml
 
 from pd_operator import policy
 from pd_operator.policy import DEFAULT_POLICY, RULES, TenancyPolicy
-from tests.chart.chart_helpers import CHART, REPO, documents, find, render
+from tests.chart.chart_helpers import CHART, REPO, documents, find, render, run_helm, template_args
 
 
 def test_the_chart_defaults_are_the_default_policy() -> None:
@@ -43,6 +43,7 @@ def test_helm_renders_the_lists_as_cel_literals_and_the_operators_file(helm: Pat
         "policy.hostPaths[1].pathPrefix=/cache",
         "policy.hostPaths[1].readOnly=false",
         "policy.serviceTypes={ClusterIP,LoadBalancer}",
+        "policy.podAnnotationKeys={prometheus.io/*,k8s.v1.cni.cncf.io/networks}",
     ]
     docs = documents(render(helm, sets=sets))
     (vap,) = find(docs, "ValidatingAdmissionPolicy")
@@ -50,11 +51,14 @@ def test_helm_renders_the_lists_as_cel_literals_and_the_operators_file(helm: Pat
     assert json.loads(variables["hostPaths"]) == ["/models", "/cache"]  # CEL lists of one type: strings
     assert json.loads(variables["writableHostPaths"]) == ["/cache"]
     assert json.loads(variables["serviceTypes"]) == ["ClusterIP", "LoadBalancer"]
+    assert json.loads(variables["podAnnotationKeys"]) == ["prometheus.io/*", "k8s.v1.cni.cncf.io/networks"]
+    assert json.loads(variables["runtimeClassNames"]) == json.loads(variables["networkNamespaces"]) == []
     (binding,) = find(docs, "ValidatingAdmissionPolicyBinding")
     assert binding["spec"]["policyName"] == vap["metadata"]["name"]
     config = next(d for d in find(docs, "ConfigMap") if d["metadata"]["name"].endswith("-policy"))
     loaded = TenancyPolicy.model_validate(yaml.safe_load(config["data"]["policy.yaml"]))
     assert loaded.service_types == ("ClusterIP", "LoadBalancer")
+    assert loaded.pod_annotation_keys == ("prometheus.io/*", "k8s.v1.cni.cncf.io/networks")
     assert [(h.path_prefix, h.read_only) for h in loaded.host_paths] == [("/models", True), ("/cache", False)]
     (deployment,) = find(docs, "Deployment")
     assert (
@@ -67,3 +71,8 @@ def test_admission_off_leaves_the_operators_check(helm: Path) -> None:
     docs = documents(render(helm, sets=["policy.admission=false"]))
     assert not find(docs, "ValidatingAdmissionPolicy") and not find(docs, "ValidatingAdmissionPolicyBinding")
     assert any(d["metadata"]["name"].endswith("-policy") for d in find(docs, "ConfigMap"))
+
+
+def test_an_annotation_pattern_with_a_star_inside_is_refused_by_the_values_schema(helm: Path) -> None:
+    result = run_helm(helm, template_args(sets=["policy.podAnnotationKeys={a*b}"]))
+    assert result.returncode != 0 and "podAnnotationKeys" in result.stderr

@@ -20,7 +20,19 @@ from tests.operator.conftest import EXAMPLES
 from tests.operator.test_decide import T0
 
 BASE: dict[str, Any] = {"model": "m", "engine": "simulated"}
+NS = "team-a"  # the PDDeployment's namespace
 WRITABLE_MODELS = HostPathPrefix(path_prefix="/models", read_only=False)
+NETWORKS = policy.NETWORKS_ANNOTATION
+APPARMOR = "container.apparmor.security.beta.kubernetes.io/engine-0"
+
+
+def annotated(key: str, value: str) -> dict[str, Any]:
+    return {"podTemplate": {"metadata": {"annotations": {key: value}}}}
+
+
+def annotation_field(key: str) -> str:
+    return f'spec.podTemplate.metadata.annotations["{key}"]'
+
 
 # rule -> (the escalation, the opt-in that admits it, the field named); one case per rule and place.
 CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any], str]] = {
@@ -135,6 +147,54 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any], str]] = {
         {"serviceTypes": ["ClusterIP", "LoadBalancer"]},
         "spec.proxy.serviceType",
     ),
+    "runtimeClassName": (
+        "RuntimeClassNotAllowed",
+        {"podTemplate": {"runtimeClassName": "nvidia-privileged"}},
+        {"runtimeClassNames": ["nvidia-privileged"]},
+        "spec.podTemplate.runtimeClassName",
+    ),
+    "AppArmor unconfined": (
+        "PodAnnotationNotAllowed",
+        annotated(APPARMOR, "unconfined"),
+        {"podAnnotationKeys": ["container.apparmor.security.beta.kubernetes.io/*"]},
+        annotation_field(APPARMOR),
+    ),
+    "seccomp unconfined": (
+        "PodAnnotationNotAllowed",
+        annotated("seccomp.security.alpha.kubernetes.io/pod", "unconfined"),
+        {"podAnnotationKeys": ["seccomp.security.alpha.kubernetes.io/pod"]},
+        annotation_field("seccomp.security.alpha.kubernetes.io/pod"),
+    ),
+    "Istio injection off": (
+        "PodAnnotationNotAllowed",
+        annotated("sidecar.istio.io/inject", "false"),
+        {"podAnnotationKeys": ["sidecar.istio.io/inject"]},
+        annotation_field("sidecar.istio.io/inject"),
+    ),
+    "Linkerd injection disabled": (
+        "PodAnnotationNotAllowed",
+        annotated("linkerd.io/inject", "disabled"),
+        {"podAnnotationKeys": ["*"]},
+        annotation_field("linkerd.io/inject"),
+    ),
+    "a Multus network": (
+        "PodAnnotationNotAllowed",
+        annotated(NETWORKS, "rdma-net"),
+        {"podAnnotationKeys": [NETWORKS]},
+        annotation_field(NETWORKS),
+    ),
+    "a Multus network of another namespace": (
+        "PodNetworkNotAllowed",
+        annotated(NETWORKS, "rdma-net, kube-system/host-net@eth1"),
+        {"networkNamespaces": ["kube-system"]},
+        annotation_field(NETWORKS),
+    ),
+    "Multus' JSON form": (
+        "PodNetworkNotAllowed",
+        annotated(NETWORKS, '[{"name": "host-net", "NameSpace": "kube-system"}]'),
+        {"networkNamespaces": ["*"]},
+        annotation_field(NETWORKS),
+    ),
 }
 # The policy a case starts from, where not the default: the default admits host networking (the RDMA
 # examples need it); the read-only cases start with the directory allowed read-only.
@@ -143,6 +203,8 @@ STARTS = {
     "model hostPath writable": {"hostPaths": [{"pathPrefix": "/models"}]},
     "cache hostPath under a read-only prefix": {"hostPaths": [{"pathPrefix": "/cache"}]},
     "hostPath volume mounted writable": {"hostPaths": [{"pathPrefix": "/data"}]},
+    "a Multus network of another namespace": {"podAnnotationKeys": [NETWORKS]},
+    "Multus' JSON form": {"podAnnotationKeys": [NETWORKS]},
 }
 
 
@@ -157,7 +219,7 @@ def base_policy(name: str) -> dict[str, Any]:
 @pytest.mark.parametrize("name", CASES)
 def test_the_escalation_is_refused_naming_field_and_rule(name: str) -> None:
     rule, change, _, field = CASES[name]
-    found = violations(spec_of(change), TenancyPolicy.model_validate(base_policy(name)))
+    found = violations(spec_of(change), TenancyPolicy.model_validate(base_policy(name)), namespace=NS)
     assert [(v.field_path, v.rule) for v in found] == [(field, rule)]
     assert found[0].line.startswith(f"{field}: ") and "policy." in found[0].message
 
@@ -165,7 +227,8 @@ def test_the_escalation_is_refused_naming_field_and_rule(name: str) -> None:
 @pytest.mark.parametrize("name", CASES)
 def test_the_administrators_opt_in_admits_it(name: str) -> None:
     _, change, opt_in, _ = CASES[name]
-    assert violations(spec_of(change), TenancyPolicy.model_validate({**base_policy(name), **opt_in})) == []
+    widened = TenancyPolicy.model_validate({**base_policy(name), **opt_in})
+    assert violations(spec_of(change), widened, namespace=NS) == []
 
 
 def test_every_rule_has_a_case() -> None:
@@ -174,7 +237,7 @@ def test_every_rule_has_a_case() -> None:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_every_example_is_inside_the_default_policy(path: Path) -> None:
-    assert violations(validate_spec(yaml.safe_load(path.read_text())["spec"])) == []
+    assert violations(validate_spec(yaml.safe_load(path.read_text())["spec"]), namespace=NS) == []
 
 
 @pytest.mark.parametrize(
@@ -201,19 +264,58 @@ def test_every_example_is_inside_the_default_policy(path: Path) -> None:
 )
 def test_what_the_policy_admits(allowed: dict[str, Any]) -> None:
     models = TenancyPolicy(host_paths=(HostPathPrefix(path_prefix="/models"),))
-    assert violations(spec_of(allowed), models) == []
+    assert violations(spec_of(allowed), models, namespace=NS) == []
 
 
 @pytest.mark.parametrize("path", ["/modelsx", "/models/./x", "/models/..", "/models/../etc", "/"])
 def test_a_host_path_is_under_a_prefix_by_whole_segments(path: str) -> None:
     models = TenancyPolicy(host_paths=(HostPathPrefix(path_prefix="/models"),))
-    found = violations(spec_of({"modelStorage": {"hostPath": path, "readOnly": True}}), models)
+    found = violations(spec_of({"modelStorage": {"hostPath": path, "readOnly": True}}), models, namespace=NS)
     assert [v.rule for v in found] == ["HostPathNotAllowed"]
+
+
+@pytest.mark.parametrize(
+    ("key", "patterns", "allowed"),
+    [
+        ("prometheus.io/scrape", ("prometheus.io/*",), True),
+        ("prometheus.io.evil/x", ("prometheus.io/*",), False),
+        ("prometheus.io", ("prometheus.io/*",), False),
+        ("sidecar.istio.io/inject", ("sidecar.istio.io/status",), False),
+        ("anything", ("*",), True),
+        ("anything", (), False),
+    ],
+)
+def test_an_annotation_key_is_a_key_or_under_a_pattern(key: str, patterns: tuple[str, ...], allowed: bool) -> None:
+    assert policy.annotation_allowed(key, patterns) is allowed
+
+
+@pytest.mark.parametrize(
+    ("value", "allowed"),
+    [
+        ("rdma-net", True),
+        (f"{NS}/rdma-net@net1,other", True),  # no namespace: the pod's own
+        ("shared/rdma-net", True),
+        ("kube-system/host-net", False),
+        ("rdma-net, kube-system/host-net", False),
+        (" team-a /rdma-net,\u3000shared/x", True),  # the namespace trimmed as Multus (Go) trims it
+        ("\x1cteam-a/rdma-net", False),  # not space to Go: the namespace "\x1cteam-a"
+        ('[{"name": "rdma-net"}]', False),  # the JSON form: namespace keys of any case or escape
+        ('{"name": "rdma-net"}', False),
+    ],
+)
+def test_multus_networks_are_of_the_own_namespace_or_a_listed_one(value: str, allowed: bool) -> None:
+    shared = TenancyPolicy(pod_annotation_keys=(NETWORKS,), network_namespaces=("shared",))
+    assert (violations(spec_of(annotated(NETWORKS, value)), shared, namespace=NS) == []) is allowed
+
+
+def test_an_annotation_pattern_has_its_star_last() -> None:
+    with pytest.raises(ValueError, match="pattern"):
+        TenancyPolicy.model_validate({"podAnnotationKeys": ["a*b"]})
 
 
 def test_enforce_names_the_first_rule_as_reason() -> None:
     with pytest.raises(SpecError) as caught:
-        policy.enforce(spec_of({"image": "x:1", "proxy": {"serviceType": "NodePort"}}), DEFAULT_POLICY)
+        policy.enforce(spec_of({"image": "x:1", "proxy": {"serviceType": "NodePort"}}), DEFAULT_POLICY, namespace=NS)
     assert caught.value.reason == "ImageNotAllowed"
     assert [p.split(":")[0] for p in caught.value.problems] == ["spec.image", "spec.proxy.serviceType"]
 
@@ -267,6 +369,32 @@ def test_render_refuses_a_spec_outside_the_default_policy(tmp_path: Path, capsys
     err = capsys.readouterr().err
     assert "spec.proxy.serviceType: the Service type is not in the allowed types" in err
     assert "policy.serviceTypes" in err
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_render_refuses_each_escalation_naming_the_field(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, change, _, field = CASES[name]
+    path = write(tmp_path, {**BASE, **change})
+    start = tmp_path / "policy.yaml"
+    start.write_text(json.dumps(base_policy(name)))
+    assert render_command.main([str(path), "-n", NS, "--policy", str(start)]) == 2
+    [refusal] = violations(spec_of(change), TenancyPolicy.model_validate(base_policy(name)), namespace=NS)
+    assert refusal.field_path == field and f"  {refusal.line}\n" in capsys.readouterr().err
+
+
+def test_the_operator_admits_networks_of_the_deployments_own_namespace_only() -> None:
+    tenancy = TenancyPolicy(pod_annotation_keys=(NETWORKS,))
+
+    def spec_valid(namespace: str) -> tuple[str, str]:
+        spec = {**BASE, **annotated(NETWORKS, "team-a/rdma-net")}
+        decision = decide.decide(Snapshot(Deployment("demo", namespace, "uid", 1, spec, tenancy=tenancy), T0))
+        cond = next(c for c in decision.status.conditions if c.type == "SpecValid")
+        return cond.status, cond.reason
+
+    assert spec_valid("team-a")[0] == "True"
+    assert spec_valid("team-b") == ("False", "PodNetworkNotAllowed")
 
 
 def test_render_applies_another_policy_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -44,8 +44,8 @@ def objects_for(
         raise SpecError([*problems, *exc.problems]) from exc
     if problems:
         raise SpecError(problems)
-    policy.enforce(spec, tenancy)
     owner = layout.Owner(name=name, namespace=namespace or meta.get("namespace") or "default")
+    policy.enforce(spec, tenancy, namespace=owner.namespace)
     lay = layout.build(owner, spec)
     objs = render.children(lay, operator_namespace).all
     if spec.goodput_probe.enabled:
