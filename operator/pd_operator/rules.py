@@ -1,7 +1,8 @@
 """Validation rules written once, evaluated twice: as CEL by the API server and in Python by pydantic.
 
 Each :class:`Rule` pairs a CEL expression (placed in the CRD's ``x-kubernetes-validations`` of the
-model that declares it) with a Python predicate over the same model, and one message. Keeping both
+model that declares it) with a Python predicate over the same model, and one message (a
+:class:`ValueRule` does the same for one item of a list, in its item schema). Keeping both
 spellings side by side is what makes ``kubectl apply`` and ``pdctl render`` reject the same specs
 with the same words. The helpers below build the CEL text for the GPU-range arithmetic the rules
 share, so that every rule parses ranges the same way.
@@ -48,6 +49,30 @@ class Violation:
 
 def violations(rules: Iterable[Rule], obj: Any) -> list[Violation]:
     return [Violation(rule.field_path, rule.message) for rule in rules if not rule.check(obj)]
+
+
+@dataclass(frozen=True)
+class ValueRule:
+    """A rule on one value, placed in a list's item schema, so the API server and pydantic both name the item
+    that breaks it (``spec.prefill.extraArgs[3]``); the message starts with the part of the value the rule
+    found (``subject``), e.g. ``--host is managed by the operator``, so both also say which word."""
+
+    cel: str
+    check: Callable[[Any], bool]
+    subject_cel: str
+    subject: Callable[[Any], str]
+    message: str  # after the subject
+    summary: str  # without a subject: the API server's message should the subject fail to evaluate
+
+    def crd_entry(self) -> dict[str, str]:
+        return {
+            "rule": self.cel,
+            "message": self.summary,
+            "messageExpression": f"{self.subject_cel} + {cel_string(' ' + self.message)}",
+        }
+
+    def message_for(self, value: Any) -> str:
+        return f"{self.subject(value)} {self.message}"
 
 
 # ---- GPU ranges: Python side ------------------------------------------------------------------
@@ -105,6 +130,11 @@ def cel_ranges_disjoint(pairs: str) -> str:
     so the rule works on every API server version that has CEL validation.
     """
     return f"{pairs}.all(r, {pairs}.exists_one(q, q[0] <= r[1] && r[0] <= q[1]))"
+
+
+def cel_string(text: str) -> str:
+    """CEL: a string literal of ``text``."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def cel_list(values: Sequence[str]) -> str:

@@ -39,6 +39,11 @@ def flag_key(word: str) -> str:
     return word.split("=", 1)[0].split(".", 1)[0].replace("_", "-")
 
 
+def cel_flag_key(word: str) -> str:
+    """CEL of :func:`flag_key` for the string at ``word``."""
+    return f"{word}.split('=')[0].split('.')[0].replace('_', '-')"
+
+
 def names_flag(word: str, spellings: Sequence[str]) -> bool:
     """Whether vLLM's parser could read ``word`` as one of ``spellings`` (canonical, dashed option names)."""
     key = flag_key(word)
@@ -50,7 +55,7 @@ def cel_names_flag(word: str, spellings: Sequence[str]) -> str:
 
     The key is computed once, in a one-element list literal (CEL has no let on every API server version).
     """
-    key = f"{word}.split('=')[0].split('.')[0].replace('_', '-')"
+    key = cel_flag_key(word)
     return f"[{key}].exists(k, k.size() >= 2 && k != '--' && {cel_list(spellings)}.exists(s, s.startsWith(k)))"
 
 

@@ -124,7 +124,7 @@ def test_extra_args_setting_a_managed_flag_are_refused_in_every_spelling_vllm_re
     with pytest.raises(SpecError) as err:
         validate_spec(_with_prefill_args(words))
     assert any(
-        line.startswith("spec.prefill.extraArgs:") and "must not set flags the operator renders" in line
+        line.startswith("spec.prefill.extraArgs[0]: ") and "is managed by the operator" in line
         for line in err.value.problems
     ), err.value.problems
 

@@ -9,9 +9,18 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
 
-from pd_operator.api.shared import MAX_ROLE_INSTANCES, ApiModel, Arg, EnvVar, Port, Quantity, Resources
-from pd_operator.rules import GPU_RANGE_MAX_LENGTH, Rule, cel_count, cel_list, cel_range_ok, gpu_count, parse_gpu_range
-from pd_operator.vllm_flags import MANAGED_FLAGS, cel_names_flag, names_flag
+from pd_operator.api.shared import MAX_ROLE_INSTANCES, ApiModel, Arg, Checked, EnvVar, Port, Quantity, Resources
+from pd_operator.rules import (
+    GPU_RANGE_MAX_LENGTH,
+    Rule,
+    ValueRule,
+    cel_count,
+    cel_list,
+    cel_range_ok,
+    gpu_count,
+    parse_gpu_range,
+)
+from pd_operator.vllm_flags import MANAGED_FLAGS, cel_flag_key, cel_names_flag, flag_key, names_flag
 from pd_runtime import protocol
 
 GpuRange = Annotated[str, StringConstraints(min_length=1, max_length=GPU_RANGE_MAX_LENGTH)]
@@ -47,15 +56,19 @@ _GPUS_MATCH_PARALLELISM = Rule(
     check=_role_count_check,
     field_path=".gpus",
 )
-_ARGS_AND_ENV_RULES = (
-    Rule(
-        cel=f"!has(self.extraArgs) || !self.extraArgs.exists(a, {cel_names_flag('a', MANAGED_FLAGS)})",
-        message="extraArgs must not set flags the operator renders (--port, -tp, --data-parallel-size, "
-        "--kv-transfer-config, --served-model-name), in any spelling vLLM reads as them (underscores, "
-        "a prefix, --flag.key=value): use their fields",
-        check=lambda s: not any(names_flag(a, MANAGED_FLAGS) for a in s.extra_args),
-        field_path=".extraArgs",
-    ),
+# One word of extraArgs; the rule names the word's item (spec.prefill.extraArgs[3]) and the flag vLLM reads in it.
+_NOT_MANAGED = ValueRule(
+    cel=f"!{cel_names_flag('self', MANAGED_FLAGS)}",
+    check=lambda word: not names_flag(word, MANAGED_FLAGS),
+    subject_cel=cel_flag_key("self"),
+    subject=flag_key,
+    message="is managed by the operator: vLLM reads it as a flag the operator renders or counts on "
+    "(docs/security.md lists them)",
+    summary="extraArgs must not set a flag the operator renders or counts on, in any spelling vLLM reads as it "
+    "(underscores, a prefix, --flag.key=value; docs/security.md lists them)",
+)
+EngineArg = Annotated[Arg, Checked(_NOT_MANAGED)]
+_ENV_RULES = (
     Rule(
         cel=f"!has(self.env) || self.env.all(e, !(e.name in {cel_list(MANAGED_ENV)}))",
         message="env must not set variables the operator manages (CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, "
@@ -103,7 +116,7 @@ class EngineSettings(ApiModel):
             "needed as of 2026-04; true renders --enable-prefix-caching."
         ),
     )
-    extra_args: list[Arg] = Field(
+    extra_args: list[EngineArg] = Field(
         default_factory=list,
         max_length=64,
         description=(
@@ -129,7 +142,7 @@ class EngineSettings(ApiModel):
         "32Gi", description="Size of the memory-backed /dev/shm emptyDir (tensor-parallel workers share memory)."
     )
 
-    _rules: ClassVar[tuple[Rule, ...]] = (_GPUS_WELL_FORMED, _GPUS_MATCH_PARALLELISM, *_ARGS_AND_ENV_RULES)
+    _rules: ClassVar[tuple[Rule, ...]] = (_GPUS_WELL_FORMED, _GPUS_MATCH_PARALLELISM, *_ENV_RULES)
 
     @property
     def rank_port_span(self) -> int:
@@ -237,7 +250,7 @@ class DisaggregatedRoleSpec(EngineSettings):
             check=_instances_match_parallelism,
             field_path=".instances",
         ),
-        *_ARGS_AND_ENV_RULES,
+        *_ENV_RULES,
     )
 
     def engine_instances(self) -> list[tuple[str, RolePorts]]:

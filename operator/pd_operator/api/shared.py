@@ -7,13 +7,23 @@ pydantic, one message) checked.
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    StringConstraints,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
-from pydantic_core import PydanticCustomError
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import PydanticCustomError, core_schema
 
-from pd_operator.rules import Rule, violations
+from pd_operator.rules import Rule, ValueRule, violations
 
 GROUP = "pd.serving.dev"
 VERSION = "v1alpha1"
@@ -65,6 +75,28 @@ class ApiModel(BaseModel):
                 {"summary": "; ".join(v.message for v in failed), "violations": failed},
             )
         return self
+
+
+@dataclass(frozen=True)
+class Checked:
+    """``Annotated`` metadata: ``rule`` checked by pydantic and placed in the value's CRD schema."""
+
+    rule: ValueRule
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self._check, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        json_schema = handler(schema)
+        json_schema["x-kubernetes-validations"] = [self.rule.crd_entry()]
+        return json_schema
+
+    def _check(self, value: Any) -> Any:
+        if not self.rule.check(value):
+            raise PydanticCustomError("value_rule", "{message}", {"message": self.rule.message_for(value)})
+        return value
 
 
 class EnvVar(ApiModel):
