@@ -9,6 +9,7 @@ operator rendered it. Values differ from what the operator renders, so an overri
 from __future__ import annotations
 
 KV = '{"kv_connector":"MoRIIOConnector","kv_role":"kv_producer"}'
+EVENTS = '{"enable_kv_cache_events": true}'
 
 # words -> the canonical words vLLM reads them as (None: vLLM refuses them as an ambiguous prefix)
 REFUSED: dict[tuple[str, ...], tuple[str, ...] | None] = {
@@ -34,7 +35,55 @@ REFUSED: dict[tuple[str, ...], tuple[str, ...] | None] = {
     ),
     ("--served_model_name=other",): ("--served-model-name", "other"),
     ("--served-model", "other"): ("--served-model-name", "other"),
-    ("--data-parallel-s", "2"): None,  # also --data-parallel-size-local
+    ("--distributed-executor-backend", "ray"): ("--distributed-executor-backend", "ray"),
+    ("--distributed_exec=ray",): ("--distributed-executor-backend", "ray"),
+    # where an engine listens, and with what key
+    ("--host", "0.0.0.0"): ("--host", "0.0.0.0"),
+    ("--host=0.0.0.0",): ("--host", "0.0.0.0"),
+    ("--ho", "0.0.0.0"): ("--host", "0.0.0.0"),
+    ("--uds", "/tmp/engine.sock"): ("--uds", "/tmp/engine.sock"),
+    ("--ud=/tmp/engine.sock",): ("--uds", "/tmp/engine.sock"),
+    ("--api_key=k",): ("--api-key", "k"),
+    ("--api-k", "k"): ("--api-key", "k"),
+    ("-dpa", "0.0.0.0"): ("--data-parallel-address", "0.0.0.0"),
+    ("--data_parallel_addr=0.0.0.0",): ("--data-parallel-address", "0.0.0.0"),
+    ("-dpp=29999",): ("--data-parallel-rpc-port", "29999"),
+    ("--data-parallel-sup=9999",): ("--data-parallel-supervisor-port", "9999"),
+    ("--kv_events", EVENTS): ("--kv-events-config", EVENTS),
+    ("--kv-events-config.enable_kv_cache_events=true",): ("--kv-events-config", EVENTS),
+    # the process layout
+    ("--headless",): ("--headless",),
+    ("--headl",): ("--headless",),
+    ("-asc=2",): ("--api-server-count", "2"),
+    ("--api-server=2",): ("--api-server-count", "2"),
+    ("--data-parallel-size-local", "2"): ("--data-parallel-size-local", "2"),
+    ("-dpl", "2"): ("--data-parallel-size-local", "2"),
+    ("--data_parallel_size_local=2",): ("--data-parallel-size-local", "2"),
+    ("-dpr", "1"): ("--data-parallel-start-rank", "1"),
+    ("-dpn", "1"): ("--data-parallel-rank", "1"),
+    ("-dph",): ("--data-parallel-hybrid-lb",),
+    ("--data-parallel-external-lb",): ("--data-parallel-external-lb",),
+    ("--data-parallel-multi",): ("--data-parallel-multi-port-external-lb",),
+    ("-dpb", "ray"): ("--data-parallel-backend", "ray"),
+    ("--nno", "2"): ("--nnodes", "2"),
+    ("-n2",): ("--nnodes", "2"),
+    ("-n=2",): ("--nnodes", "2"),
+    ("--node_rank=1",): ("--node-rank", "1"),
+    ("-r1",): ("--node-rank", "1"),
+    # the GPU arithmetic
+    ("-pp", "2"): ("--pipeline-parallel-size", "2"),
+    ("--pipeline_parallel_size=2",): ("--pipeline-parallel-size", "2"),
+    ("--pipeline", "2"): ("--pipeline-parallel-size", "2"),
+    ("-pcp", "2"): ("--prefill-context-parallel-size", "2"),
+    ("--device_ids=0,1",): ("--device-ids", "0,1"),
+    # a config file: vLLM reads only the exact --config (conformance/test_extra_args_guard.py)
+    ("--config", "serve.yaml"): ("--config", "serve.yaml"),
+    ("--config=serve.yaml",): ("--config", "serve.yaml"),
+    ("--conf", "serve.yaml"): None,  # also --config-format
+    # ambiguous prefixes
+    ("--data-parallel-s", "2"): None,  # --data-parallel-size and --data-parallel-size-local
+    ("--api", "k"): None,
+    ("--dis", "ray"): None,
     ("-d", "2"): None,
     ("--p", "9000"): None,
 }
@@ -45,9 +94,9 @@ ACCEPTED: tuple[tuple[str, ...], ...] = (
     ("--max-num-seq=8",),
     ("--enforce-eager",),
     ("--kv-cache-dtype=auto",),
-    ("--data-parallel-size-local", "1"),
-    ("--pipeline_parallel_size=1",),
-    ("-pp", "1"),
+    ("-dcp", "1"),
+    ("--master-port", "29600"),
+    ("--root-path", "/engine"),
     ("--compilation-config.cudagraph_mode=PIECEWISE",),
     ("--seed", "-1"),
 )

@@ -121,8 +121,9 @@ class EngineSettings(ApiModel):
         max_length=64,
         description=(
             "More `vllm serve` arguments, appended verbatim. Flags the operator renders itself (--port, -tp, "
-            "--kv-transfer-config, ...) are refused in every spelling vLLM reads as them (--tensor_parallel-size, "
-            "--tensor-par, --kv-transfer-config.kv_role=...)."
+            "--kv-transfer-config, ...) or counts on (--host, --uds, --headless, --api-server-count, "
+            "--data-parallel-size-local, -pp, --config, ...: docs/security.md lists them) are refused in every "
+            "spelling vLLM reads as them (--tensor_parallel-size, --tensor-par, --kv-transfer-config.kv_role=..., -n2)."
         ),
     )
     env: list[EnvVar] = Field(
