@@ -9,6 +9,7 @@ import msgpack
 import pytest
 
 from pd_operator import layout
+from pd_operator.api.serving import PROXY_MANAGED_FLAGS
 from pd_operator.command_lines import bench_command, engine_command, engine_containers, proxy_command, vllm_serve_args
 from pd_operator.validation import validate_spec
 from pd_runtime import protocol
@@ -41,6 +42,23 @@ def test_proxy_and_bench_commands_parse(example: str) -> None:
     assert args.mode == spec.mode and args.idle_timeout == 60
     bench = bench_cli.build_parser().parse_args(bench_command(spec, layout.service_url(OWNER, spec.proxy.port))[2:])
     assert bench.result_file == "/dev/termination-log" and bench.search and bench.seed == 7
+
+
+def test_the_managed_proxy_flags_are_every_spelling_of_the_settings_they_set() -> None:
+    parser = importlib.import_module("pd_runtime.proxy.cli").build_parser()
+    dests = {option: action.dest for option, action in parser._option_string_actions.items()}
+    managed = {dests[flag] for flag in PROXY_MANAGED_FLAGS}
+    assert {option for option, dest in dests.items() if dest in managed} == set(PROXY_MANAGED_FLAGS)
+
+
+def test_pdctl_proxy_reads_a_flag_only_as_itself_or_with_its_value_after_an_equals_sign() -> None:
+    """What the guard on the proxy's extraArgs relies on: the word before any "=" is the whole flag."""
+    parser = importlib.import_module("pd_runtime.proxy.cli").build_parser()
+    parsed = parser.parse_args(["--registration-address=tcp://10.0.0.9:5555"])
+    assert parsed.registration_address == "tcp://10.0.0.9:5555"
+    for words in (["--registration-addr", "tcp://10.0.0.9:5555"], ["--expected", "{}"], ["--admin_port", "9"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(words)
 
 
 @pytest.mark.parametrize("example", ["qwen3-235b-write.yaml", "qwen3-235b-colocated.yaml", "simulated-write.yaml"])

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from pd_operator.api import API_VERSION, KIND, PDDeploymentSpec
+from pd_operator.api.serving import PROXY_MANAGED_FLAGS
 from pd_operator.commands.render import objects_for
 from pd_operator.validation import SpecError, validate_spec
 from pd_operator.vllm_flags import sets_compilation_config
@@ -127,6 +128,22 @@ def test_extra_args_setting_a_managed_flag_are_refused_in_every_spelling_vllm_re
         line.startswith("spec.prefill.extraArgs[0]: ") and "is managed by the operator" in line
         for line in err.value.problems
     ), err.value.problems
+
+
+@pytest.mark.parametrize("word", [w for flag in PROXY_MANAGED_FLAGS for w in (flag, f"{flag}=x")])
+def test_proxy_extra_args_setting_a_managed_flag_are_refused(word: str) -> None:
+    with pytest.raises(SpecError) as err:
+        validate_spec({**load_table()["base"], "proxy": {"extraArgs": ["--log-level", "DEBUG", word]}})
+    flag = word.split("=")[0]
+    assert err.value.problems == [
+        f"spec.proxy.extraArgs[2]: {flag} is managed by the operator: a pdctl proxy flag of the addresses, engines "
+        "or keys it renders (docs/security.md lists them)"
+    ]
+
+
+def test_proxy_extra_args_of_other_flags_are_taken() -> None:
+    words = ["--log-level=DEBUG", "--max-body-bytes", "1048576", "--policy", "least_load"]
+    validate_spec({**load_table()["base"], "proxy": {"extraArgs": words}})
 
 
 @pytest.mark.parametrize("words", ACCEPTED, ids=" ".join)

@@ -14,12 +14,42 @@ from pd_operator.api.shared import (
     MAX_REPLICAS,
     ApiModel,
     Arg,
+    Checked,
     Port,
     Resources,
     SecretKeyRef,
 )
-from pd_operator.rules import Rule
+from pd_operator.rules import Rule, ValueRule, cel_list
 from pd_runtime import protocol
+
+# `pdctl proxy` flags the operator renders for the pod's isolation; the proxy's extraArgs come last and would win.
+# pdctl proxy spells each flag one way (no prefixes: allow_abbrev=False), and as --flag=value.
+PROXY_MANAGED_FLAGS = (
+    "--host",  # where clients reach it: the Service and the probes
+    "--port",
+    "--registration-address",  # the engines' registrations, on loopback
+    "--expected-engine",  # the only registrations it counts: the engines the operator rendered
+    "--max-instances",
+    "--engine",  # where prompts go
+    "--engine-host",
+    "--admin-host",  # status and drain, for the operator and the router
+    "--admin-port",
+    "--api-key-env",  # where the clients' and the engines' keys come from
+    "--engine-api-key-env",
+    "--config-file",  # the operator's settings file (routing, timeouts, limits), reloaded while it runs
+    "--router",  # another program: the router in front of replicas
+)
+_NOT_MANAGED_BY_PROXY = ValueRule(
+    cel=f"!(self.split('=')[0] in {cel_list(PROXY_MANAGED_FLAGS)})",
+    check=lambda word: word.split("=", 1)[0] not in PROXY_MANAGED_FLAGS,
+    subject_cel="self.split('=')[0]",
+    subject=lambda word: word.split("=", 1)[0],
+    message="is managed by the operator: a pdctl proxy flag of the addresses, engines or keys it renders "
+    "(docs/security.md lists them)",
+    summary="extraArgs must not set a pdctl proxy flag of the addresses, engines or keys the operator renders "
+    "(docs/security.md lists them)",
+)
+ProxyArg = Annotated[Arg, Checked(_NOT_MANAGED_BY_PROXY)]
 
 # Who may scrape the serving pods' metrics by default: Prometheus pods (kube-prometheus-stack labels them so)
 # in the namespace named monitoring (every namespace carries its kubernetes.io/metadata.name label).
@@ -297,8 +327,15 @@ class ProxySpec(ApiModel):
         "ClusterIP", description="Type of the Service in front of the proxy."
     )
     resources: Resources = Field(default_factory=Resources, description="CPU and memory of the proxy.")
-    extra_args: list[Arg] = Field(
-        default_factory=list, max_length=32, description="More `pdctl proxy` arguments, appended verbatim."
+    extra_args: list[ProxyArg] = Field(
+        default_factory=list,
+        max_length=32,
+        description=(
+            "More `pdctl proxy` arguments, appended verbatim. Flags of the addresses, engines and keys the "
+            "operator renders (--registration-address, --expected-engine, --engine, --admin-port, --api-key-env, "
+            "...: docs/security.md lists them) are refused, as --flag and --flag=value (pdctl proxy takes no "
+            "prefixes)."
+        ),
     )
 
     _rules = (

@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pdctl proxy",
         description="MoRI-IO prefill/decode proxy: OpenAI API in, prefill and decode legs out (docs/proxy.md).",
+        # Every flag has one spelling (and --flag=value), so the operator's guard on a PDDeployment's proxy
+        # extraArgs (api/serving.py) needs no list of prefixes to see the flags it manages.
+        allow_abbrev=False,
     )
     _add_fields(p, ProxyConfig, ProxyConfig(), "")
     _add_fields(p, Timeouts, Timeouts(), TIMEOUT_SUFFIX)
