@@ -53,6 +53,7 @@ SUITE_POLICY: dict[str, Any] = {
         MISCONFIGURED_TAINT,
     ],
     "allowPrivileged": True,
+    "allowHostNetwork": True,  # test_seed_examples: the write example's RoCE GIDs
 }
 
 

@@ -70,7 +70,7 @@ class HostPathPrefix(_PolicyModel):
 
 
 class TenancyPolicy(_PolicyModel):
-    """What a PDDeployment may ask for. The defaults admit every file in examples/."""
+    """What a PDDeployment may ask for. The defaults admit every file in examples/ but the host-network ones."""
 
     images: tuple[Entry, ...] = Field(
         (RUNTIME_REPOSITORY,),
@@ -96,7 +96,9 @@ class TenancyPolicy(_PolicyModel):
         False, description="gpuAllocation.strategy hostDevices with engine vllm (privileged engine containers)."
     )
     allow_host_network: bool = Field(
-        True, description="kvTransfer.rdma.hostNetwork (the RDMA examples need it; docs/security.md)."
+        False,
+        description="kvTransfer.rdma.hostNetwork: the node's network namespace, shared with every process of the "
+        "node (the RDMA examples under MLNX_OFED need it; docs/security.md).",
     )
     service_types: tuple[str, ...] = Field(("ClusterIP",), description="proxy.serviceType.")
     runtime_class_names: tuple[Entry, ...] = Field(

@@ -21,6 +21,20 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 
+# The RDMA examples that share the node's network namespace: the default tenancy policy refuses them, the
+# administrator's opt-in (policy.allowHostNetwork) admits them.
+HOST_NETWORK_EXAMPLES = frozenset({"qwen3-235b-write", "qwen3-235b-2p1d"})
+
+
+def render_argv(example: Path, tmp_path: Path) -> list[str]:
+    """``pdctl render`` of an example as its administrator would run it: with the opt-in it documents."""
+    if example.stem not in HOST_NETWORK_EXAMPLES:
+        return [str(example)]
+    opt_in = tmp_path / "policy.yaml"
+    opt_in.write_text("allowHostNetwork: true\n")
+    return [str(example), "--policy", str(opt_in)]
+
+
 def load_example(name: str) -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load((REPO / "examples" / name).read_text())
     return doc
@@ -44,6 +58,7 @@ WIDE_POLICY = TenancyPolicy(
     service_account_names=("serving",),
     allow_privileged=True,
     allow_service_account_tokens=True,
+    allow_host_network=True,
     service_types=SERVICE_TYPES,
 )
 

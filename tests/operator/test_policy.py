@@ -16,7 +16,7 @@ from pd_operator.commands import render as render_command
 from pd_operator.decide import Deployment, Emit, Snapshot
 from pd_operator.policy import DEFAULT_POLICY, RULES, HostPathPrefix, TenancyPolicy, violations
 from pd_operator.validation import SpecError, validate_spec
-from tests.operator.conftest import EXAMPLES
+from tests.operator.conftest import EXAMPLES, HOST_NETWORK_EXAMPLES
 from tests.operator.test_decide import T0
 
 BASE: dict[str, Any] = {"model": "m", "engine": "simulated"}
@@ -196,10 +196,9 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any], str]] = {
         annotation_field(NETWORKS),
     ),
 }
-# The policy a case starts from, where not the default: the default admits host networking (the RDMA
-# examples need it); the read-only cases start with the directory allowed read-only.
+# The policy a case starts from, where not the default: the read-only cases start with the directory
+# allowed read-only.
 STARTS = {
-    "hostNetwork": {"allowHostNetwork": False},
     "model hostPath writable": {"hostPaths": [{"pathPrefix": "/models"}]},
     "cache hostPath under a read-only prefix": {"hostPaths": [{"pathPrefix": "/cache"}]},
     "hostPath volume mounted writable": {"hostPaths": [{"pathPrefix": "/data"}]},
@@ -236,8 +235,14 @@ def test_every_rule_has_a_case() -> None:
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
-def test_every_example_is_inside_the_default_policy(path: Path) -> None:
-    assert violations(validate_spec(yaml.safe_load(path.read_text())["spec"]), namespace=NS) == []
+def test_every_example_is_inside_the_default_policy_or_names_its_opt_in(path: Path) -> None:
+    spec = validate_spec(yaml.safe_load(path.read_text())["spec"])
+    if path.stem not in HOST_NETWORK_EXAMPLES:
+        assert violations(spec, namespace=NS) == []
+        return
+    assert [v.rule for v in violations(spec, namespace=NS)] == ["HostNetworkNotAllowed"]
+    assert violations(spec, TenancyPolicy(allow_host_network=True), namespace=NS) == []
+    assert "allowHostNetwork: true" in path.read_text(), "the example documents the opt-in"
 
 
 @pytest.mark.parametrize(

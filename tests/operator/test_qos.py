@@ -11,12 +11,12 @@ import yaml
 from pd_operator import layout, qos, quantity, render
 from pd_operator.commands import render as render_command
 from pd_operator.validation import SpecError, validate_spec
-from tests.operator.conftest import EXAMPLES, load_example
+from tests.operator.conftest import EXAMPLES, load_example, render_argv
 
 
-def rendered_pod(example: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+def rendered_pod(example: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> dict[str, Any]:
     """The pod exactly as `pdctl render` prints it."""
-    assert render_command.main([str(example)]) == 0
+    assert render_command.main(render_argv(example, tmp_path)) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     pod: dict[str, Any] = next(d for d in docs if d["kind"] == "Pod")
     return pod
@@ -24,9 +24,9 @@ def rendered_pod(example: Path, capsys: pytest.CaptureFixture[str]) -> dict[str,
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 def test_every_example_renders_a_burstable_pod_with_memory_covering_shm(
-    example: Path, capsys: pytest.CaptureFixture[str]
+    example: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    pod = rendered_pod(example, capsys)
+    pod = rendered_pod(example, capsys, tmp_path)
     shm = {v["name"]: v["emptyDir"]["sizeLimit"] for v in pod["spec"]["volumes"] if v["name"].startswith("dshm-")}
     for container in pod["spec"]["containers"]:
         requests = container["resources"]["requests"]

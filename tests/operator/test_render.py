@@ -15,7 +15,7 @@ from pd_operator import api, layout, render
 from pd_operator.command_lines import engine_command, engine_containers
 from pd_operator.commands import render as render_command
 from pd_operator.validation import validate_spec
-from tests.operator.conftest import DRA, EXAMPLES, load_example
+from tests.operator.conftest import DRA, EXAMPLES, load_example, render_argv
 
 GOLDEN = Path(__file__).with_name("golden") / "seed_appendix.sh"
 ALLOWED_EXTRA_CONFIG = {"host_ip", "backend", "transfer_timeout", "defer_timeout", "read_mode"}
@@ -540,8 +540,8 @@ def test_probe_job_runs_bench_against_the_service() -> None:
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_pdctl_render_prints_every_object(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert render_command.main([str(path)]) == 0
+def test_pdctl_render_prints_every_object(path: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert render_command.main(render_argv(path, tmp_path)) == 0
     kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
     kinds_applied = ["Service", "NetworkPolicy", "PodDisruptionBudget", "ConfigMap"]
     assert kinds[:5] == [*kinds_applied, "Pod"] and kinds[-1] == "Job"

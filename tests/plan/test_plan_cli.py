@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from pd_operator.commands.render import objects_for
+from pd_operator.policy import TenancyPolicy
 from pd_runtime.plan.cli import main
 from tests.plan.conftest import plan
 
@@ -44,7 +45,8 @@ def test_emitted_yaml_is_the_best_layout_the_api_runs_and_renders(seed_plan: tup
         assert "more colocated engines" in emitted["note"]
     assert emitted["layout"] == ranked[0] or ranked[0] == "4xTP2"  # xPyD layouts are expressible
     manifest = yaml.safe_load((tmp / "best.yaml").read_text())
-    assert any(o["kind"] == "Pod" for o in objects_for(manifest, None))
+    opt_in = TenancyPolicy(allow_host_network=True)  # an RDMA layout shares the node's network (docs/security.md)
+    assert any(o["kind"] == "Pod" for o in objects_for(manifest, None, opt_in))
 
 
 def test_light_load_with_short_prompts_stays_colocated(tmp_path: Path) -> None:

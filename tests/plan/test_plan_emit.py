@@ -22,7 +22,8 @@ EXPRESSIBLE = [
 def test_expressible_layouts_render(layout: NodeLayout) -> None:
     doc = yaml.safe_load(to_yaml(manifest(layout, MODEL, DEMAND)))
     assert doc == manifest(layout, MODEL, DEMAND)  # the YAML writer round-trips
-    tenancy = TenancyPolicy(allow_privileged=layout.backend == "xgmi")  # hostDevices (docs/security.md)
+    # hostDevices for XGMI, the host network for RDMA (docs/security.md)
+    tenancy = TenancyPolicy(allow_privileged=layout.backend == "xgmi", allow_host_network=layout.backend == "rdma")
     pod = next(o for o in objects_for(doc, None, tenancy) if o["kind"] == "Pod")
     engines = [c["command"] for c in pod["spec"]["containers"] if "serve" in c["command"]]
     tps = sorted(int(args[args.index("-tp") + 1]) for args in engines)

@@ -57,7 +57,8 @@ def manifest(layout: NodeLayout, model: str, demand: Demand, name: str | None = 
         spec["decode"] = _role(decode_first, layout.decode_tp, layout.decodes, DECODE_PORTS)
         spec["kvTransfer"] = {"transferMode": "write", "backend": layout.backend}
         if layout.backend == "rdma":
-            # the seed's single-node setup: RoCE through the NIC, GIDs in the host network namespace
+            # the seed's single-node setup: RoCE through the NIC, GIDs in the host network namespace, which
+            # the chart's tenancy policy admits only with policy.allowHostNetwork
             spec["kvTransfer"]["rdma"] = {"resourceName": RDMA_RESOURCE, "resourceCount": 1, "hostNetwork": True}
         else:
             # XGMI between the two engines needs both to see every GPU of the node (docs/gpu-allocation.md):
