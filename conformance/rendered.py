@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,17 +91,21 @@ def pod_of(spec: Any) -> dict[str, Any]:
 
 
 def example_cases() -> list[EngineCase]:
-    """Each example through the real CLI, ``pdctl render FILE``."""
+    """Each example through the real CLI, ``pdctl render --policy FILE FILE``: the policy admits the host
+    network, the opt-in the RDMA examples document (docs/security.md)."""
     cases: list[EngineCase] = []
-    for path in EXAMPLES:
-        out = subprocess.run(
-            [sys.executable, "-m", "pd_runtime.cli", "render", str(path)],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-        objects = [doc for doc in yaml.safe_load_all(out) if doc]
-        cases += engine_cases_of(objects, path.stem)
+    with tempfile.TemporaryDirectory() as scratch:
+        opt_in = Path(scratch) / "policy.yaml"
+        opt_in.write_text("allowHostNetwork: true\n")
+        for path in EXAMPLES:
+            out = subprocess.run(
+                [sys.executable, "-m", "pd_runtime.cli", "render", "--policy", str(opt_in), str(path)],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            objects = [doc for doc in yaml.safe_load_all(out) if doc]
+            cases += engine_cases_of(objects, path.stem)
     return cases
 
 

@@ -129,6 +129,15 @@ class Create(_ObjectAction):
 
 
 @dataclass(frozen=True)
+class CreateSecret(_ObjectAction):
+    """Create a Secret unless one of its name exists, each of ``keys`` a random value the shell draws
+    then. Never applied: a resync never changes what the running containers hold."""
+
+    keys: tuple[str, ...] = ()
+    verb = "create"
+
+
+@dataclass(frozen=True)
 class Delete:
     """Delete an object; with ``uid``, only that object (a precondition: never one that replaced it)."""
 
@@ -184,7 +193,7 @@ class Adopt:
         return {"metadata": {"uid": self.uid, "ownerReferences": [self.owner]}}
 
 
-Action = Adopt | Apply | Create | Delete | Emit | Scale
+Action = Adopt | Apply | Create | CreateSecret | Delete | Emit | Scale
 
 
 @dataclass(frozen=True)
@@ -908,7 +917,8 @@ def decide(snap: Snapshot) -> Decision:
     spec, lay = in_force.spec, in_force.layout
     children = render.children(lay, snap.operator_namespace)
     written = _apply_children(snap, children.applied) if snap.repair_children else ChildrenStep()
-    repairs = list(written.applies)
+    secret = CreateSecret(children.credentials, render.CREDENTIAL_KEYS)
+    repairs = [secret, *written.applies] if snap.repair_children else []
     template = render.claim_template_name(lay) if lay.dra_device_class is not None else None
     repairs += _unused_claim_templates(snap, template)
     repairs += _leftover_deletes(snap, spec, lay.owner)

@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import logging
 import math
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ import httpx
 import kopf
 
 from pd_operator import api, autoscale, autotune, decide, metrics, render
-from pd_operator.decide import Action, Adopt, Apply, Create, Decision, Delete, Scale, Snapshot
+from pd_operator.decide import Action, Adopt, Apply, Create, CreateSecret, Decision, Delete, Scale, Snapshot
 from pd_operator.kube import Kube, KubeError
 from pd_operator.observe import ProxyReport, RouterRead
 from pd_operator.refusals import ApiFailure
@@ -106,6 +107,11 @@ class ObjectState:
 # ---- reconcile ---------------------------------------------------------------------------------------------
 
 
+def with_drawn_keys(action: CreateSecret) -> Obj:
+    """The Secret with a fresh random value for each of its keys."""
+    return {**action.obj, "stringData": {key: secrets.token_urlsafe(render.KEY_BYTES) for key in action.keys}}
+
+
 async def _execute(kube: KubeLike, d: decide.Deployment, action: Action, known: dict[str, str]) -> bool:
     """Whether it wrote: an apply that changed nothing and a delete of what was gone are no writes. An
     applied child the answer shows to be ours is remembered in ``known`` (its uid)."""
@@ -117,6 +123,8 @@ async def _execute(kube: KubeLike, d: decide.Deployment, action: Action, known: 
     if isinstance(action, Create):
         await kube.create(action.obj)
         return True
+    if isinstance(action, CreateSecret):  # 409 (it exists): left as it is
+        return await kube.create(with_drawn_keys(action)) is not None
     if isinstance(action, Scale):
         await kube.scale(action.kind, d.namespace, action.name, action.replicas)
         return True

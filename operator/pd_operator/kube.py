@@ -37,6 +37,7 @@ KINDS: dict[str, Kind] = {
     "Pod": Kind("v1", "pods"),
     "Service": Kind("v1", "services"),
     "ConfigMap": Kind("v1", "configmaps"),
+    "Secret": Kind("v1", "secrets"),
     "NetworkPolicy": Kind("networking.k8s.io/v1", "networkpolicies"),
     "Job": Kind("batch/v1", "jobs"),
     "PodDisruptionBudget": Kind("policy/v1", "poddisruptionbudgets"),

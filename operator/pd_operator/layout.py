@@ -48,6 +48,11 @@ class Owner:
     generation: int = 0
 
 
+def credentials_name(owner: Owner) -> str:
+    """The Secret of the pod's keys (the engines' key), which the operator creates once with random values."""
+    return f"{owner.name}-credentials"
+
+
 def service_url(owner: Owner, port: int) -> str:
     """The proxy's API behind the Service (the Service is named after the deployment)."""
     return f"http://{owner.name}.{owner.namespace}.svc:{port}"
@@ -129,6 +134,7 @@ class Layout:
     affinity: Mapping[str, Any] | None
     priority_class_name: str | None
     host_network: bool
+    credentials: str  # the Secret of the pod's keys (credentials_name), created once by the operator
     replicas: int
     max_unavailable: int
     pod_template: PodTemplateSpec  # what the user adds to the serving pod (labels, volumes, ...)
@@ -181,7 +187,7 @@ def _device_selector(spec: PDDeploymentSpec, eng: EngineContainer) -> str | None
     )
 
 
-def _engine(spec: PDDeploymentSpec, eng: EngineContainer, gpu_count: int | None) -> EngineInstance:
+def _engine(spec: PDDeploymentSpec, owner: Owner, eng: EngineContainer, gpu_count: int | None) -> EngineInstance:
     settings = eng.settings
     selector = _device_selector(spec, eng)
     requests, limits = qos.engine(spec, settings, len(eng.gpus))
@@ -201,7 +207,7 @@ def _engine(spec: PDDeploymentSpec, eng: EngineContainer, gpu_count: int | None)
         ports=tuple((f"{prefix}-{n}", p) for n, p in eng.named_ports),  # every rank's listener
         argv=tuple(engine_command(spec, eng)),
         pre_stop=tuple(engine_pre_stop_command(spec)),
-        env=tuple(engine_env(spec, eng)),
+        env=tuple(engine_env(spec, eng, credentials_name(owner))),
         requests=requests,
         limits=limits,
         shm_size=settings.shm_size,
@@ -243,10 +249,10 @@ def build(owner: Owner, spec: PDDeploymentSpec) -> Layout:
         owner=owner,
         image=spec.image,
         image_pull_policy=spec.image_pull_policy,
-        engines=tuple(_engine(spec, e, c) for e, c in zip(containers, counts, strict=True)),
+        engines=tuple(_engine(spec, owner, e, c) for e, c in zip(containers, counts, strict=True)),
         proxy=ProxyInstance(
             argv=tuple(proxy_command(spec)),
-            env=tuple(proxy_env(spec)),
+            env=tuple(proxy_env(spec, credentials_name(owner))),
             settings=proxy_settings(spec),
             port=p.port,
             admin_port=p.admin_port,
@@ -273,6 +279,7 @@ def build(owner: Owner, spec: PDDeploymentSpec) -> Layout:
         affinity=dict(spec.node.affinity) if spec.node.affinity else None,
         priority_class_name=spec.node.priority_class_name,
         host_network=spec.host_network,
+        credentials=credentials_name(owner),
         replicas=spec.replicas,
         max_unavailable=spec.rollout.max_unavailable,
         pod_template=spec.pod_template,

@@ -26,7 +26,7 @@ from typing import Any
 
 from pd_operator import api
 from pd_operator.api import PROXY_SETTINGS_DIR
-from pd_operator.command_lines import LOOPBACK, PROXY_SETTINGS_KEY, TERMINATION_LOG
+from pd_operator.command_lines import ENGINE_KEY, LOOPBACK, PROXY_SETTINGS_KEY, TERMINATION_LOG
 from pd_operator.layout import EngineInstance, Layout, Owner
 
 Obj = dict[str, Any]
@@ -387,6 +387,23 @@ def proxy_settings(lay: Layout) -> Obj:
     }
 
 
+# The keys of the credentials Secret, each a random value drawn when the Secret is created (256 bits).
+CREDENTIAL_KEYS = (ENGINE_KEY,)
+KEY_BYTES = 32
+
+
+def credentials(lay: Layout) -> Obj:
+    """The pod's keys, without their values: the operator creates this Secret once, when absent, each of
+    ``CREDENTIAL_KEYS`` a random value it draws then, and never applies it, so no resync changes a key the
+    running containers hold (they read it from their environment when they start)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(lay.owner, lay.credentials, COMPONENT_SERVING),
+        "type": "Opaque",
+    }
+
+
 def network_policy(lay: Layout, operator_namespace: str = OPERATOR_NAMESPACE) -> Obj:
     """The API port from anywhere, the admin port from the operator, metrics to the configured scrapers,
     anything from the pod itself.
@@ -700,9 +717,10 @@ class Children:
 
     ``applied`` objects are kept by server-side apply (drift repair); the pods (one per replica) are
     created and, when their spec hash changes, deleted and created again, because most of a pod's spec
-    cannot change in place.
+    cannot change in place. The ``credentials`` Secret is created when absent and otherwise left alone.
     """
 
+    credentials: Obj
     applied: tuple[Obj, ...]
     pods: tuple[Obj, ...]
 
@@ -713,8 +731,9 @@ class Children:
 
     @property
     def all(self) -> list[Obj]:
-        """In creation order: the claim template before the pods that refer to it, the pods last."""
-        return [*self.applied, *self.pods]
+        """In creation order: the Secret and the claim template before the pods that refer to them, the
+        pods last."""
+        return [self.credentials, *self.applied, *self.pods]
 
 
 def children(lay: Layout, operator_namespace: str = OPERATOR_NAMESPACE) -> Children:
@@ -730,4 +749,5 @@ def children(lay: Layout, operator_namespace: str = OPERATOR_NAMESPACE) -> Child
         applied.insert(0, claim_template(lay))
     if (pool := inference_pool(lay)) is not None:
         applied.append(pool)
-    return Children(applied=tuple(applied), pods=tuple(pod(lay, i) for i in range(lay.replicas)))
+    pods = tuple(pod(lay, i) for i in range(lay.replicas))
+    return Children(credentials=credentials(lay), applied=tuple(applied), pods=pods)

@@ -86,6 +86,13 @@ def test_children_are_applied_only_when_asked() -> None:
     assert kinds(decide.decide(snapshot(repair_children=False)), Apply) == []
 
 
+def test_the_credentials_secret_is_created_before_anything_else_and_never_applied() -> None:
+    first = decide.decide(snapshot()).actions[0]
+    assert isinstance(first, decide.CreateSecret) and first.keys == ("engine-key",)
+    assert "stringData" not in first.obj and "data" not in first.obj, "the shell draws the values"
+    assert kinds(decide.decide(snapshot(repair_children=False)), decide.CreateSecret) == []
+
+
 def test_invalid_spec_is_failed_with_no_actions_but_events() -> None:
     decision = decide.decide(snapshot({"model": "m", "prefill": {"gpus": "9-0"}}))
     assert decision.status.phase == "Failed"

@@ -74,6 +74,26 @@ async def test_first_pass_applies_children_and_creates_the_pod(world: Any, kube:
     assert decision.status.phase == "Pending"
 
 
+async def test_the_credentials_secret_is_created_once_with_random_keys_and_never_replaced(
+    world: Any, kube: Kube, kmock: Any
+) -> None:
+    deps, _ = world
+    await reconcile(snapshot(), deps)
+    secret = await kube.get("Secret", NS, f"{NAME}-credentials")
+    assert secret is not None and secret["metadata"]["ownerReferences"][0]["uid"] == UID
+    keys = secret["stringData"]
+    assert set(keys) == set(render.CREDENTIAL_KEYS) and all(len(v) >= 43 for v in keys.values())
+    await reconcile(snapshot(), deps)  # a drift repair: the create finds it (409) and changes nothing
+    assert await kube.get("Secret", NS, f"{NAME}-credentials") == secret
+    assert not [r for r in kmock if r.method == "PATCH" and "/secrets/" in str(r.url)], "never applied"
+
+
+def test_every_secret_gets_keys_of_its_own() -> None:
+    action = decide.CreateSecret({"kind": "Secret", "metadata": {"name": "x"}}, ("a", "b"))
+    drawn = [handlers.with_drawn_keys(action)["stringData"] for _ in range(2)]
+    assert len({*drawn[0].values(), *drawn[1].values()}) == 4
+
+
 async def test_ready_pod_is_polled_and_gets_a_probe_job(world: Any, kube: Kube) -> None:
     deps, polled = world
     pod = running_pod(render.pod(layout.build(layout.Owner(NAME, NS, UID, 1), validate_spec(SPEC))))

@@ -457,8 +457,8 @@ def test_host_devices_pin_ranges_and_reserve_the_whole_node() -> None:
 
 def test_dra_renders_a_claim_template_selecting_by_pci_address() -> None:
     spec = spec_of("qwen3-235b-write.yaml", gpuAllocation=DRA)
-    objs = render.children(lay(spec)).all
-    template = objs[0]
+    children = render.children(lay(spec))
+    template = children.applied[0]
     name = template["metadata"]["name"]
     assert template["kind"] == "ResourceClaimTemplate" and re.fullmatch(r"qwen-gpus-[0-9a-f]{10}", name)
     requests = template["spec"]["spec"]["devices"]["requests"]
@@ -469,7 +469,7 @@ def test_dra_renders_a_claim_template_selecting_by_pci_address() -> None:
         f'device.attributes["resource.kubernetes.io"].pciBusID in {listed}) || '
         f'("pciAddr" in device.attributes["gpu.amd.com"] && device.attributes["gpu.amd.com"].pciAddr in {listed})'
     )
-    pod = objs[-1]
+    pod = children.pod
     assert pod["spec"]["resourceClaims"] == [{"name": "gpus", "resourceClaimTemplateName": name}]
     assert pod["spec"]["containers"][0]["resources"]["claims"] == [{"name": "gpus", "request": "prefill"}]
 
@@ -544,7 +544,7 @@ def test_pdctl_render_prints_every_object(path: Path, capsys: pytest.CaptureFixt
     assert render_command.main(render_argv(path, tmp_path)) == 0
     kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
     kinds_applied = ["Service", "NetworkPolicy", "PodDisruptionBudget", "ConfigMap"]
-    assert kinds[:5] == [*kinds_applied, "Pod"] and kinds[-1] == "Job"
+    assert kinds[:6] == ["Secret", *kinds_applied, "Pod"] and kinds[-1] == "Job"
 
 
 def test_pdctl_render_refuses_an_invalid_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -576,3 +576,31 @@ def test_pdctl_render_reports_unreadable_files(tmp_path: Path) -> None:
     assert render_command.main([str(tmp_path / "junk.yaml")]) == 2
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
     assert render_command.main([str(tmp_path / "list.yaml")]) == 2
+
+
+# ---- the pod's credentials ----------------------------------------------------------------------------------
+
+
+def _secret_refs(container: dict[str, Any]) -> dict[str, dict[str, str]]:
+    return {
+        e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "secretKeyRef" in e.get("valueFrom", {})
+    }
+
+
+@pytest.mark.parametrize("example", ["simulated-write.yaml", "simulated-colocated.yaml", "qwen3-235b-2p1d.yaml"])
+def test_every_engine_and_the_proxy_read_the_engine_key_from_the_deployments_secret(example: str) -> None:
+    children = render.children(lay(spec_of(example)))
+    secret = children.credentials
+    assert secret["kind"] == "Secret" and secret["metadata"]["name"] == f"{OWNER.name}-credentials"
+    assert "data" not in secret and "stringData" not in secret, "the shell draws the values when creating it"
+    [ref] = secret["metadata"]["ownerReferences"]
+    assert (ref["uid"], ref["controller"]) == (OWNER.uid, True)
+    key_ref = {"name": secret["metadata"]["name"], "key": "engine-key"}
+    for container in children.pod["spec"]["containers"]:
+        assert _secret_refs(container)["VLLM_API_KEY"] == key_ref, container["name"]
+    assert secret not in children.applied, "never applied: a resync must not replace the keys"
+
+
+def test_the_engine_key_is_not_in_the_command_lines() -> None:
+    pod = render.pod(lay(spec_of("simulated-write.yaml")))
+    assert all("--api-key" not in c["command"] for c in pod["spec"]["containers"])

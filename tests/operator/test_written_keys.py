@@ -76,6 +76,7 @@ MODELS = {
     "Pod": client.V1Pod,
     "Service": client.V1Service,
     "ConfigMap": client.V1ConfigMap,
+    "Secret": client.V1Secret,
     "NetworkPolicy": client.V1NetworkPolicy,
     "Job": client.V1Job,
     "ResourceClaimTemplate": client.V1ResourceClaimTemplate,

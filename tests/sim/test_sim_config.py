@@ -159,3 +159,9 @@ def test_bad_command_lines_are_clear_errors(argv: list[str], message: str) -> No
 def test_bad_environment_knob_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match="PD_SIM_CRASH_AFTER"):
         parse_args(["m"], env={"PD_SIM_CRASH_AFTER": "many"})
+
+
+def test_the_api_key_comes_from_the_flag_else_from_vllms_variable() -> None:
+    assert parse_args(["m"], env={}).api_keys == ()
+    assert parse_args(["m"], env={"VLLM_API_KEY": "e"}).api_keys == ("e",)
+    assert parse_args(["m", "--api-key", "a", "b"], env={"VLLM_API_KEY": "e"}).api_keys == ("a", "b")

@@ -245,3 +245,16 @@ async def test_greedy_token_ids_follow_from_the_prompt(
     async with http.post(eng.url + "/v1/completions", json={**body, "stream": True}) as resp:
         events = sse_events(await resp.text())
     assert [i for e in events for i in e["choices"][0]["token_ids"]] == ids
+
+
+async def test_with_a_key_v1_needs_the_bearer_token_as_vllm_asks_and_health_stays_open(
+    start_engine: EngineFactory, http: aiohttp.ClientSession
+) -> None:
+    eng = await start_engine(["m", "--port", str(TEST_PORTS.port()), "--api-key", "k1"])
+    body = {"model": "m", "prompt": "hi", "max_tokens": 1}
+    assert (await call(http, eng.url, body))[0] == 401
+    assert (await call(http, eng.url, body, headers={"Authorization": "Bearer k2"}))[0] == 401
+    assert (await call(http, eng.url, body, headers={"Authorization": "Bearer k1"}))[0] == 200
+    for path in ("/health", "/metrics"):
+        async with http.get(eng.url + path) as resp:
+            assert resp.status == 200, path

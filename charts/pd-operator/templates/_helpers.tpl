@@ -83,6 +83,11 @@ taken over (ChildrenAdmitted NameConflict); a leftover is deleted only when it i
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, create, patch]
+{{- /* The pod's credentials Secret (<name>-credentials): created once, with keys the operator draws, and
+never applied, listed or deleted (its owner reference takes it along). */}}
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [create]
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]

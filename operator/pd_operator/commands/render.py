@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,7 +48,10 @@ def objects_for(
     owner = layout.Owner(name=name, namespace=namespace or meta.get("namespace") or "default")
     policy.enforce(spec, tenancy, namespace=owner.namespace)
     lay = layout.build(owner, spec)
-    objs = render.children(lay, operator_namespace).all
+    children = render.children(lay, operator_namespace)
+    # The operator would draw the keys once; applying this output again draws new ones (docs/security.md).
+    keys = {key: secrets.token_urlsafe(render.KEY_BYTES) for key in render.CREDENTIAL_KEYS}
+    objs = [{**children.credentials, "stringData": keys}, *children.applied, *children.pods]
     if spec.goodput_probe.enabled:
         objs.append(render.probe_job(lay, f"{name[: goodput.JOB_PREFIX_LENGTH]}-goodput-probe"))
     return objs

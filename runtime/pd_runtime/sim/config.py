@@ -28,6 +28,7 @@ DEFAULT_NOTIFY_PORT = 61005
 
 ENV_PREFIX = "PD_SIM_"
 READ_MODE_ENV = "VLLM_MORIIO_CONNECTOR_READ_MODE"
+API_KEY_ENV = "VLLM_API_KEY"  # vLLM's --api-key when the flag is not given
 
 
 class ConfigError(ValueError):
@@ -108,6 +109,8 @@ class EngineConfig:
     prefix_cache_blocks: int = 0
     """Prompt blocks each DP rank's prefix cache keeps (--sim-prefix-cache-blocks); 0: no prefix caching."""
     ignored_flags: tuple[str, ...] = field(default=())
+    api_keys: tuple[str, ...] = ()
+    """Keys one of which /v1 requires as a bearer token (vLLM's --api-key, else VLLM_API_KEY); none: open."""
 
 
 def normalise_argv(argv: Sequence[str]) -> list[str]:
@@ -143,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     vllm.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     vllm.add_argument("--kv-transfer-config")
     vllm.add_argument("--num-gpu-blocks-override", type=int, default=None)
+    vllm.add_argument("--api-key", nargs="+", default=None)
     sim = parser.add_argument_group("simulator")
     sim.add_argument("--profile", default="instant", help="timing profile: instant, qwen3-235b-mi300x")
     sim.add_argument("--time-scale", type=float, default=1.0, help="run modelled durations X times faster")
@@ -256,6 +260,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Eng
         kv_blocks=ns.num_gpu_blocks_override,
         prefix_cache_blocks=ns.sim_prefix_cache_blocks,
         ignored_flags=tuple(unknown),
+        api_keys=tuple(key for key in (ns.api_key or [env.get(API_KEY_ENV, "")]) if key),
     )
 
 

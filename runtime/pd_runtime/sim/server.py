@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
 import time
@@ -18,6 +20,8 @@ log = logging.getLogger(__name__)
 
 ENGINE_KEY = web.AppKey("engine", SimEngine)
 DP_RANK_HEADER = "X-data-parallel-rank"
+# What vLLM's AuthenticationMiddleware guards when it has a key; /health and /metrics stay open.
+GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
 
 
 def _dumps(payload: Any) -> str:
@@ -37,6 +41,8 @@ async def _errors(
     if engine.config.faults.unresponsive:
         await engine.stopping.wait()  # fault knob: registered, but never answers (until shutdown)
         return error_response(503, "engine is shutting down", "ServiceUnavailableError")
+    if request.path.startswith(GUARDED_PREFIXES) and not _authorized(request, engine.config.api_keys):
+        return web.json_response({"error": "Unauthorized"}, status=401)
     try:
         return await handler(request)
     except openai.RequestError as exc:
@@ -46,6 +52,16 @@ async def _errors(
     except Exception as exc:
         log.exception("request %s %s failed", request.method, request.path)
         return error_response(500, f"internal error: {type(exc).__name__}", "InternalServerError")
+
+
+def _authorized(request: web.Request, keys: tuple[str, ...]) -> bool:
+    """vLLM's check: no keys, or ``Authorization: Bearer <one of them>`` (compared as digests)."""
+    if not keys:
+        return True
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    supplied = hashlib.sha256(token.encode()).digest()
+    matches = [hmac.compare_digest(supplied, hashlib.sha256(key.encode()).digest()) for key in keys]
+    return scheme.lower() == "bearer" and any(matches)
 
 
 def _dp_rank(request: web.Request) -> int | None:
