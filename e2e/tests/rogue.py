@@ -20,16 +20,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.cluster import REPO_ROOT
 from e2e.stack import Stack
-from e2e.tests.kube import Obj, container_pids, stream_completion, wait_for
+from e2e.tests.kube import Obj, container_pids, proxy_status, stream_completion, wait_for
 
 ROGUE = REPO_ROOT / "e2e" / "rogue_engine.py"
 ROGUE_PORT = 45555
 REQUESTS = 12
-
-
-def _status(pod_ip: str) -> dict[str, Any]:
-    doc: dict[str, Any] = httpx.get(f"http://{pod_ip}:8001/status", timeout=10, trust_env=False).json()
-    return doc
 
 
 def _frames(pod_ip: str) -> dict[str, float]:
@@ -54,7 +49,7 @@ def _rogue(pid: int, hits: Path, frames: list[dict[str, Any]]) -> subprocess.Pop
 def check_rogue_gets_nothing(stack: Stack, serving: Obj, tmp_path: Path, api_port: int = 8000) -> None:
     """Run the rogue in the network namespace of ``serving``'s proxy, then serve REQUESTS completions."""
     pod_ip = serving["status"]["podIP"]
-    before = {i["role"]: i for i in _status(pod_ip)["instances"]}
+    before = {i["role"]: i for i in proxy_status(stack.cp, serving)["instances"]}
     prefill = before["P"]
     assert prefill["zmq_address"].startswith(f"host:{pod_ip},")
     frames = [
@@ -92,7 +87,7 @@ def check_rogue_gets_nothing(stack: Stack, serving: Obj, tmp_path: Path, api_por
         os.killpg(rogue.pid, signal.SIGTERM)  # the process group this test started
         rogue.wait(10)
     assert not hits.exists(), hits.read_text()
-    after = {i["http_address"]: i for i in _status(pod_ip)["instances"]}
+    after = {i["http_address"]: i for i in proxy_status(stack.cp, serving)["instances"]}
     assert set(after) == {prefill["http_address"], before["D"]["http_address"]}
     assert after[prefill["http_address"]]["zmq_address"] == prefill["zmq_address"]
     decode = after[before["D"]["http_address"]]

@@ -19,6 +19,7 @@ from e2e.stack import Stack
 from e2e.tests.kube import (
     container_pids,
     container_status,
+    proxy_status,
     serving_pod,
     simulated_deployment,
     stream_completion,
@@ -44,9 +45,8 @@ def _pids(stack: Stack, serving: dict[str, Any]) -> dict[str, int]:
     return container_pids(stack.agent_dir(), serving, (*ENGINES, "proxy"))
 
 
-def _proxy_config(serving: dict[str, Any]) -> dict[str, Any]:
-    url = f"http://{serving['status']['podIP']}:8001/status"
-    doc: dict[str, Any] = httpx.get(url, timeout=5, trust_env=False).json()["config"]
+def _proxy_config(cp: ControlPlane, serving: dict[str, Any]) -> dict[str, Any]:
+    doc: dict[str, Any] = proxy_status(cp, serving)["config"]
     return doc
 
 
@@ -55,7 +55,7 @@ def test_a_policy_change_reaches_the_proxy_without_restarting_the_engines(
 ) -> None:
     before = _serving(cp, deployed)
     pids = _pids(stack, before)
-    assert _proxy_config(before)["settings"]["policy"] == "round_robin"
+    assert _proxy_config(cp, before)["settings"]["policy"] == "round_robin"
 
     admission = {"maxInFlight": 64, "maxQueued": 128, "queueTimeoutSeconds": 20}
     affinity = {"prefixTokens": 128, "maxImbalance": 2}
@@ -69,7 +69,7 @@ def test_a_policy_change_reaches_the_proxy_without_restarting_the_engines(
     cp.kubectl("patch", "pdd", NAME, "-n", deployed, "--type=merge", "-p", patch)
 
     def reloaded() -> dict[str, Any] | None:
-        doc = _proxy_config(before)
+        doc = _proxy_config(cp, before)
         return doc if doc["settings"]["policy"] == "prefix_affinity" else None
 
     doc = wait_for(reloaded, 60, "the proxy running the new policy")
@@ -91,13 +91,13 @@ def test_a_settings_file_past_the_engines_limit_is_refused_in_place(
 ) -> None:
     serving = _serving(cp, deployed)
     pids = _pids(stack, serving)
-    running = _proxy_config(serving)
+    running = _proxy_config(cp, serving)
     settings = {**running["settings"], "kv-wait-timeout": 500}  # a hand edit past defer + transfer timeout
     patch = json.dumps({"data": {"proxy.json": json.dumps(settings)}})
     cp.kubectl("patch", "configmap", f"{NAME}-proxy", "-n", deployed, "--type=merge", "-p", patch)
 
     def refused() -> dict[str, Any] | None:
-        doc = _proxy_config(serving)
+        doc = _proxy_config(cp, serving)
         return doc if doc["refused"] is not None else None
 
     doc = wait_for(refused, 60, "the proxy refusing the file")

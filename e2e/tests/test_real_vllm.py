@@ -41,6 +41,7 @@ from e2e.tests.kube import (
     pdd,
     pdd_events,
     pod,
+    proxy_status,
     wait_for,
     wait_pdd_ready,
 )
@@ -155,12 +156,6 @@ def engine_base(serving: Obj, container: str) -> str:
     return f"http://{serving['status']['podIP']}:{port}"
 
 
-def proxy_status(serving: Obj) -> Obj:
-    """The proxy's admin /status (what the operator reads)."""
-    found: Obj = httpx.get(f"http://{serving['status']['podIP']}:8001/status", timeout=30, trust_env=False).json()
-    return found
-
-
 def metric(base: str, name: str, **labels: str) -> float:
     """One of the engine's own Prometheus samples, summed over the labels not given."""
     text = httpx.get(f"{base}/metrics", timeout=30, trust_env=False).text
@@ -183,7 +178,7 @@ def test_ready_through_the_real_preflight_with_kv_verified(operator: Stack, depl
     assert kv["reason"] == "TransferCompleted" and kv["message"].endswith("(canary)"), kv  # the canary's transfer
     serving = pod(cp, NAMESPACE, status["podName"])
     assert serving is not None and serving["spec"]["nodeName"] == NODE
-    canary = proxy_status(serving)["canary"]  # and decode's tokens equal prefill's own
+    canary = proxy_status(operator.cp, serving)["canary"]  # and decode's tokens equal prefill's own
     assert (canary["ok"], canary["kv_match"], canary["kv_mismatch"]) == (True, True, None), canary
     for engine in ("prefill", "decode"):
         container = next(c for c in serving["spec"]["containers"] if c["name"] == engine)
@@ -230,7 +225,7 @@ def test_corrupted_kv_turns_kv_transfer_verified_false(operator: Stack, deployme
     assert kv["status"] == "False"
     serving = pod(cp, NAMESPACE, NAME)
     assert serving is not None
-    found = proxy_status(serving)["canary"]["kv_mismatch"]
+    found = proxy_status(operator.cp, serving)["canary"]["kv_mismatch"]
     assert found["compared"] == 8 and 0 <= found["position"] < 8 and found["expected"] != found["got"], found
     position = f"at token {found['position']}"
     assert position in kv["message"] and f"expected id {found['expected']}, got {found['got']}" in kv["message"]

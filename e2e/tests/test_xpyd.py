@@ -19,7 +19,7 @@ import yaml
 
 from e2e.cluster import REPO_ROOT, ControlPlane
 from e2e.stack import Stack
-from e2e.tests.kube import Obj, apply, condition, create_namespace, pdd, pod, wait_for, wait_pdd_ready
+from e2e.tests.kube import Obj, apply, condition, create_namespace, pdd, pod, proxy_status, wait_for, wait_pdd_ready
 
 EXAMPLE = REPO_ROOT / "examples" / "simulated-2p1d.yaml"
 NAME = "sim-2p1d"
@@ -45,11 +45,6 @@ def serving(cp: ControlPlane, namespace: str) -> Obj:
     found = pod(cp, namespace, obj["status"]["podName"])
     assert found is not None
     return found
-
-
-def proxy_status(pod_ip: str) -> dict[str, Any]:
-    doc: dict[str, Any] = httpx.get(f"http://{pod_ip}:8001/status", timeout=10, trust_env=False).json()
-    return doc
 
 
 def streamed(pod_ip: str, model: str) -> bool:
@@ -88,9 +83,10 @@ def test_xpyd_pod_has_a_container_per_engine_and_counts_prefill_readiness(cp: Co
 
 
 def test_least_load_serves_through_both_prefill_instances(cp: ControlPlane, xpyd: str) -> None:
-    pod_ip = serving(cp, xpyd)["status"]["podIP"]
+    live = serving(cp, xpyd)
+    pod_ip = live["status"]["podIP"]
     assert all(burst(pod_ip, 40))
-    doc = proxy_status(pod_ip)
+    doc = proxy_status(cp, live)
     assert doc["policy"] == "least_load"
     prefills = prefill_instances(doc)
     assert len(prefills) == 2 and all(p["routed"] > 0 for p in prefills), prefills
@@ -126,5 +122,5 @@ def test_a_killed_prefill_instance_fails_over_then_returns(stack: Stack, cp: Con
     wait_pdd_ready(cp, xpyd, NAME, timeout_s=180)
     assert serving(cp, xpyd)["metadata"]["uid"] == meta["uid"], "restarted in place"
     # back in rotation once it heartbeats and passes /health again
-    wait_for(lambda: all(p["healthy"] for p in prefill_instances(proxy_status(pod_ip))) or None, 60, "prefill-0 back")
+    wait_for(lambda: all(p["healthy"] for p in prefill_instances(proxy_status(cp, live))) or None, 60, "prefill-0 back")
     assert all(burst(pod_ip, 16))

@@ -42,6 +42,10 @@ PROXY_API_KEY_ENV = "PD_PROXY_API_KEY"
 # the same variable (its --engine-api-key-env default).
 ENGINE_KEY = "engine-key"
 ENGINE_API_KEY_ENV = "VLLM_API_KEY"
+# And the key the proxy's admin /status asks for off the pod's own loopback (from the operator and the
+# router; with hostNetwork from the engines' preStop hook too): the proxy's --admin-key-env default.
+ADMIN_KEY = "admin-key"
+PROXY_ADMIN_KEY_ENV = "PD_PROXY_ADMIN_KEY"
 # The proxy's settings file: the operator's ConfigMap, mounted as a directory (PROXY_SETTINGS_DIR) so
 # updates reach it.
 PROXY_SETTINGS_KEY = "proxy.json"
@@ -216,7 +220,7 @@ def engine_env(spec: PDDeploymentSpec, eng: EngineContainer, credentials: str) -
     """Environment of an engine container, in the seed appendix's order, then the user's entries.
 
     A user entry with the name of an operator entry replaces its value in place (one entry per name); the
-    engine key from the ``credentials`` Secret is not one a user may set (``MANAGED_ENV``).
+    keys from the ``credentials`` Secret are not ones a user may set (``MANAGED_ENV``).
     """
     disaggregated = eng.role != "engine"
     kv = spec.kv_transfer
@@ -239,6 +243,8 @@ def engine_env(spec: PDDeploymentSpec, eng: EngineContainer, credentials: str) -
         _literal("VLLM_ENGINE_READY_TIMEOUT_S", str(spec.model_storage.load_timeout_seconds)),
         _secret_ref(ENGINE_API_KEY_ENV, credentials, ENGINE_KEY),
     ]
+    if spec.host_network:  # the preStop hook's /status read comes from the node's loopback
+        env.append(_secret_ref(PROXY_ADMIN_KEY_ENV, credentials, ADMIN_KEY))
     storage = spec.model_storage
     if storage.persistent_volume_claim or storage.host_path:
         env.append(_literal("HF_HOME", storage.mount_path))
@@ -306,6 +312,8 @@ def proxy_command(spec: PDDeploymentSpec) -> list[str]:
         for eng in engine_containers(spec):
             cmd += ["--engine", f"http://127.0.0.1:{eng.http_port}"]
     cmd += ["--admin-port", str(p.admin_port), "--config-file", PROXY_SETTINGS_FILE]
+    if spec.host_network:  # its loopback is the node's: /status asks every reader for the admin key
+        cmd += ["--network", "host"]
     cmd += ["--drain-delay", _number(drain_delay(spec)), "--drain-timeout", _number(drain_timeout(spec))]
     if spec.disaggregated and p.canary_interval_seconds:
         cmd += ["--canary-interval", _number(p.canary_interval_seconds)]
@@ -404,11 +412,14 @@ def proxy_settings(spec: PDDeploymentSpec) -> dict[str, Any]:
 
 
 def proxy_env(spec: PDDeploymentSpec, credentials: str) -> list[EnvEntry]:
-    """The client key, the engines' key (from the ``credentials`` Secret), and the pod IP the engines
-    advertise (the kubelet puts it in ``--expected-engine``)."""
+    """The client key, the engines' and the admin key (from the ``credentials`` Secret), and the pod IP the
+    engines advertise (the kubelet puts it in ``--expected-engine``)."""
     secret = spec.proxy.api_key_secret
     env = [_secret_ref(PROXY_API_KEY_ENV, secret.name, secret.key)] if secret else []
-    env.append(_secret_ref(ENGINE_API_KEY_ENV, credentials, ENGINE_KEY))
+    env += [
+        _secret_ref(ENGINE_API_KEY_ENV, credentials, ENGINE_KEY),
+        _secret_ref(PROXY_ADMIN_KEY_ENV, credentials, ADMIN_KEY),
+    ]
     return env + ([_field_ref("POD_IP", "status.podIP")] if spec.disaggregated else [])
 
 

@@ -12,6 +12,7 @@ every ``drift_repair_seconds``. Settings and connections live in kopf's memo.
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import logging
 import math
@@ -26,7 +27,7 @@ from typing import Any, Protocol, TypeVar
 import httpx
 import kopf
 
-from pd_operator import api, autoscale, autotune, decide, metrics, render
+from pd_operator import api, autoscale, autotune, command_lines, decide, layout, metrics, render
 from pd_operator.decide import Action, Adopt, Apply, Create, CreateSecret, Decision, Delete, Scale, Snapshot
 from pd_operator.kube import Kube, KubeError
 from pd_operator.observe import ProxyReport, RouterRead
@@ -65,11 +66,14 @@ class KubeLike(Protocol):
     async def scale(self, kind: str, namespace: str, name: str, replicas: int) -> None: ...
 
 
-async def fetch_proxy_status(url: str, timeout_s: float = Settings.proxy_timeout_seconds) -> ProxyReport:
-    """GET the proxy's admin /status (contract 3); any failure is a report, not an exception."""
+async def fetch_proxy_status(
+    url: str, admin_key: str | None, timeout_s: float = Settings.proxy_timeout_seconds
+) -> ProxyReport:
+    """GET the proxy's admin /status (contract 3) with its admin key; any failure is a report, not an exception."""
+    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
     try:
         async with httpx.AsyncClient(timeout=timeout_s) as http:
-            response = await http.get(url)
+            response = await http.get(url, headers=headers)
         if response.status_code != 200:
             return ProxyReport(error=f"HTTP {response.status_code}")
         body = response.json()
@@ -83,7 +87,7 @@ class Deps:
     """The operator's connections to the world, replaceable in tests."""
 
     kube: KubeLike
-    fetch_proxy_status: Callable[[str], Awaitable[ProxyReport]]
+    fetch_proxy_status: Callable[[str, str | None], Awaitable[ProxyReport]]  # (url, admin key)
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
 
 
@@ -102,6 +106,7 @@ class ObjectState:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     children_applied: float = -math.inf  # time.monotonic() of the last drift repair
     known: dict[str, str] = field(default_factory=dict)  # Kind/name -> uid of each child applied as ours
+    keys: dict[str, str] = field(default_factory=dict)  # its proxies' admin key, once read (admin_key())
 
 
 # ---- reconcile ---------------------------------------------------------------------------------------------
@@ -276,15 +281,30 @@ async def predict(snap: Snapshot) -> Snapshot:
     return dataclasses.replace(snap, predictions=await asyncio.to_thread(autoscale.predictions, *asked))
 
 
-async def reconcile(snap: Snapshot, deps: Deps, known: dict[str, str] | None = None) -> Decision:
+async def admin_key(kube: KubeLike, d: decide.Deployment, cache: dict[str, str]) -> str | None:
+    """The admin key of the deployment's proxies, from its credentials Secret: read once and kept in
+    ``cache`` (the Secret is never rewritten); None while it cannot be read (then /status answers 401)."""
+    if command_lines.ADMIN_KEY not in cache:
+        name = layout.credentials_name(layout.Owner(d.name, d.namespace))
+        secret = await _read(d, "Secret", f"Secret {name}", kube.get("Secret", d.namespace, name))
+        encoded = ((secret or {}).get("data") or {}).get(command_lines.ADMIN_KEY)
+        if encoded:
+            cache[command_lines.ADMIN_KEY] = base64.b64decode(encoded).decode()
+    return cache.get(command_lines.ADMIN_KEY)
+
+
+async def reconcile(
+    snap: Snapshot, deps: Deps, known: dict[str, str] | None = None, keys: dict[str, str] | None = None
+) -> Decision:
     """Read what the core asks for (the proxies, the DRA claims, the router Deployment, the children and
     leftovers not known to be ours: each kind at once; the PDDeployment again before adopting), plan (once, in
     a worker thread), decide, act; decide again if an action failed. ``known`` (the children applied as ours,
-    by Kind/name) is kept current."""
+    by Kind/name) is kept current, and ``keys`` the proxies' admin key once read."""
     known = {} if known is None else known
     urls = decide.proxy_urls(snap)
     if urls:
-        reports = await asyncio.gather(*(deps.fetch_proxy_status(url) for url in urls.values()))
+        key = await admin_key(deps.kube, snap.deployment, {} if keys is None else keys)
+        reports = await asyncio.gather(*(deps.fetch_proxy_status(url, key) for url in urls.values()))
         for report in reports:
             if report.error:
                 metrics.RECONCILE_ERRORS.labels("proxy").inc()
@@ -413,7 +433,7 @@ async def _handle(trigger: str, body: kopf.Body, patch: kopf.Patch, memo: kopf.M
             _snapshot(body, indexes, operator.deps.now(), repair, operator.settings), known=dict(state.known)
         )
         with metrics.RECONCILE_SECONDS.labels(trigger).time():
-            decision = await reconcile(snap, operator.deps, state.known)
+            decision = await reconcile(snap, operator.deps, state.known, keys=state.keys)
     patch.status.update(decision.patch)
     d = snap.deployment
     metrics.set_phase(d.namespace, d.name, decision.status.phase)

@@ -26,7 +26,14 @@ from typing import Any
 
 from pd_operator import api
 from pd_operator.api import PROXY_SETTINGS_DIR
-from pd_operator.command_lines import ENGINE_KEY, LOOPBACK, PROXY_SETTINGS_KEY, TERMINATION_LOG
+from pd_operator.command_lines import (
+    ADMIN_KEY,
+    ENGINE_KEY,
+    LOOPBACK,
+    PROXY_ADMIN_KEY_ENV,
+    PROXY_SETTINGS_KEY,
+    TERMINATION_LOG,
+)
 from pd_operator.layout import EngineInstance, Layout, Owner
 
 Obj = dict[str, Any]
@@ -388,7 +395,7 @@ def proxy_settings(lay: Layout) -> Obj:
 
 
 # The keys of the credentials Secret, each a random value drawn when the Secret is created (256 bits).
-CREDENTIAL_KEYS = (ENGINE_KEY,)
+CREDENTIAL_KEYS = (ENGINE_KEY, ADMIN_KEY)
 KEY_BYTES = 32
 
 
@@ -583,6 +590,10 @@ def _router_container(lay: Layout) -> Obj:
         "image": lay.image,
         "imagePullPolicy": lay.image_pull_policy,
         "command": argv,
+        # the replicas' admin /status, which it reads load from, asks for the admin key
+        "env": [
+            {"name": PROXY_ADMIN_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": lay.credentials, "key": ADMIN_KEY}}}
+        ],
         "ports": [{"name": "http", "containerPort": proxy.port, "protocol": "TCP"}],
         "resources": {"requests": {"cpu": "250m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
         "securityContext": dict(_RESTRICTED),

@@ -5,10 +5,12 @@ hook before its SIGTERM. The proxy drains on SIGTERM (/ready 503 while still ser
 delay, then in-flight streams finish) and closes its admin port last; the engines it relays to must
 serve until then, which this command, as their preStop hook, ensures. It reads the proxy's
 ``/status`` on the admin port on 127.0.0.1 (the pod's own loopback) and waits while the proxy says it
-is ``leaving``, until nothing accepts connections there, for at most ``--timeout`` (the proxy's own
-drain bound; the kubelet also ends the hook at the grace period). A proxy that never listened (a pod
-deleted while starting) is gone at once. A proxy that stays serving for ``--settle`` seconds is not
-leaving: only this engine is being restarted (a failed liveness probe), which must not wait a drain.
+is ``leaving`` (with the admin key from ``PD_PROXY_ADMIN_KEY`` when set: a pod on the node's network
+needs it, as its loopback is the node's), until nothing accepts connections there, for at most
+``--timeout`` (the proxy's own drain bound; the kubelet also ends the hook at the grace period). A
+proxy that never listened (a pod deleted while starting) is gone at once. A proxy that stays serving
+for ``--settle`` seconds is not leaving: only this engine is being restarted (a failed liveness probe),
+which must not wait a drain.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import enum
 import json
 import logging
+import os
 import time
 import urllib.error
 import urllib.request
@@ -27,6 +30,7 @@ from pd_runtime.argtypes import non_negative_float, port_number, positive_float
 logger = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
+ADMIN_KEY_ENV = "PD_PROXY_ADMIN_KEY"  # the proxy's --admin-key-env default
 
 
 class Look(enum.Enum):
@@ -61,10 +65,13 @@ def verdict(look: Look, elapsed_s: float, timeout_s: float, settle_s: float) -> 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def look(port: int, timeout_s: float, host: str = LOOPBACK) -> Look:
+def look(port: int, timeout_s: float, host: str = LOOPBACK, admin_key: str | None = None) -> Look:
     """GET http://host:port/status once, never through an HTTP proxy from the environment."""
+    request = urllib.request.Request(f"http://{host}:{port}/status")
+    if admin_key:
+        request.add_header("Authorization", f"Bearer {admin_key}")
     try:
-        with _DIRECT.open(f"http://{host}:{port}/status", timeout=timeout_s) as resp:
+        with _DIRECT.open(request, timeout=timeout_s) as resp:
             document = json.load(resp)
     except urllib.error.URLError as err:
         if isinstance(err.reason, ConnectionRefusedError):
@@ -82,12 +89,13 @@ def wait(
     settle_s: float,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    admin_key: str | None = None,
 ) -> Verdict:
     """Look at the proxy every ``interval_s`` until the verdict is no longer WAIT."""
     start = clock()
     while True:
         elapsed = clock() - start
-        result = verdict(look(port, max(interval_s, 1.0)), elapsed, timeout_s, settle_s)
+        result = verdict(look(port, max(interval_s, 1.0), admin_key=admin_key), elapsed, timeout_s, settle_s)
         if result is not Verdict.WAIT:
             return result
         sleep(min(interval_s, max(0.0, timeout_s - elapsed)))
@@ -115,7 +123,7 @@ def main(argv: Sequence[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(list(argv))
     start = time.monotonic()
-    result = wait(args.port, args.timeout, args.interval, args.settle)
+    result = wait(args.port, args.timeout, args.interval, args.settle, admin_key=os.environ.get(ADMIN_KEY_ENV))
     waited = time.monotonic() - start
     where = f"{LOOPBACK}:{args.port}"
     if result is Verdict.GONE:

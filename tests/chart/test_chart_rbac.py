@@ -18,7 +18,7 @@ NAMESPACED_NEEDS: dict[tuple[str, str], str] = {
     ("", "pods"): "get list watch create delete patch",
     ("", "services"): "get list watch create patch delete",
     ("", "configmaps"): "get create patch",  # the proxy's settings: read before applied (who holds it), applied
-    ("", "secrets"): "create",  # the pod's credentials, created once; never listed, applied or deleted
+    ("", "secrets"): "get create",  # the pod's credentials: created once, read for the admin key; never listed
     ("", "events"): "create patch",
     ("events.k8s.io", "events"): "create patch",
     ("networking.k8s.io", "networkpolicies"): "get list watch create patch delete",

@@ -28,14 +28,15 @@ def test_verdict() -> None:
 class FakeProxy:
     """A real HTTP server answering /status like the proxy's admin port."""
 
-    def __init__(self) -> None:
+    def __init__(self, admin_key: str | None = None) -> None:
         self.leaving = False
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 body = json.dumps({"leaving": proxy.leaving, "in_flight": 0}).encode()
-                self.send_response(200 if self.path == "/status" else 404)
+                keyed = admin_key is None or self.headers.get("Authorization") == f"Bearer {admin_key}"
+                self.send_response((200 if keyed else 401) if self.path == "/status" else 404)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -76,6 +77,16 @@ def test_look(proxy: FakeProxy) -> None:
     assert look(proxy.port, 5) is Look.LEAVING
     proxy.close()
     assert look(proxy.port, 5) is Look.GONE
+
+
+def test_look_sends_the_admin_key_a_host_network_proxy_asks_for() -> None:
+    keyed = FakeProxy(admin_key="k")
+    try:
+        assert look(keyed.port, 5) is Look.UNKNOWN
+        keyed.leaving = True
+        assert look(keyed.port, 5, admin_key="k") is Look.LEAVING
+    finally:
+        keyed.close()
 
 
 def test_look_goes_straight_to_loopback_whatever_proxy_the_environment_names(

@@ -88,7 +88,7 @@ def test_children_are_applied_only_when_asked() -> None:
 
 def test_the_credentials_secret_is_created_before_anything_else_and_never_applied() -> None:
     first = decide.decide(snapshot()).actions[0]
-    assert isinstance(first, decide.CreateSecret) and first.keys == ("engine-key",)
+    assert isinstance(first, decide.CreateSecret) and first.keys == ("engine-key", "admin-key")
     assert "stringData" not in first.obj and "data" not in first.obj, "the shell draws the values"
     assert kinds(decide.decide(snapshot(repair_children=False)), decide.CreateSecret) == []
 

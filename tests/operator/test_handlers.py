@@ -9,6 +9,7 @@ the e2e suite applies them against a real API server.
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import dataclasses
 import logging
@@ -52,7 +53,7 @@ def kube(kmock: Any) -> Kube:
 def world(kube: Kube) -> tuple[Deps, list[str]]:
     polled: list[str] = []
 
-    async def proxy(url: str) -> ProxyReport:
+    async def proxy(url: str, admin_key: str | None) -> ProxyReport:
         polled.append(url)
         return ProxyReport(status=proxy_status())
 
@@ -102,6 +103,25 @@ async def test_ready_pod_is_polled_and_gets_a_probe_job(world: Any, kube: Kube) 
     assert polled == ["http://10.1.2.3:8001/status"] and decision.status.phase == "Ready"
     assert decision.status.probe.job_name is not None
     assert await kube.get("Job", NS, decision.status.probe.job_name) is not None
+
+
+async def test_the_proxies_status_is_read_with_the_admin_key_of_the_secret_read_once(kube: Kube, kmock: Any) -> None:
+    sent: list[str | None] = []
+
+    async def proxy(url: str, admin_key: str | None) -> ProxyReport:
+        sent.append(admin_key)
+        return ProxyReport(status=proxy_status())
+
+    owner = layout.Owner(NAME, NS, UID, 1)
+    pod = running_pod(render.pod(layout.build(owner, validate_spec(SPEC))))
+    await kube.create(pod)
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"{NAME}-credentials", "namespace": NS}}
+    await kube.create({**secret, "data": {"admin-key": base64.b64encode(b"the-admin-key").decode()}})
+    deps, keys = Deps(kube=kube, fetch_proxy_status=proxy, now=lambda: T0), {}
+    for _ in range(2):
+        await reconcile(snapshot([pod], repair=False), deps, keys=keys)
+    assert sent == ["the-admin-key"] * 2
+    assert len([r for r in kmock if r.method == "GET" and "/secrets/" in str(r.url)]) == 1
 
 
 async def test_api_errors_become_status_not_exceptions(world: Any) -> None:
@@ -188,7 +208,7 @@ async def test_dra_claims_are_read_at_once_and_a_refused_one_leaves_only_itself_
 
 
 async def test_proxy_poll_failure_is_a_report(unused_tcp_port: int) -> None:
-    report = await handlers.fetch_proxy_status(f"http://127.0.0.1:{unused_tcp_port}/status")
+    report = await handlers.fetch_proxy_status(f"http://127.0.0.1:{unused_tcp_port}/status", None)
     assert report.status is None and report.error
 
 
@@ -220,7 +240,9 @@ async def test_kopf_passes_each_handler_what_it_names(monkeypatch: Any) -> None:
     indices = await _indexed(reg, [(Resource("", "v1", "pods"), pod), (Resource("", "v1", "nodes"), node)])
     snapshots: list[Snapshot] = []
 
-    async def deciding(snap: Snapshot, deps: Deps, known: dict[str, str] | None = None) -> decide.Decision:
+    async def deciding(
+        snap: Snapshot, deps: Deps, known: dict[str, str] | None = None, keys: dict[str, str] | None = None
+    ) -> decide.Decision:
         snapshots.append(snap)
         return decide.decide(snap)
 

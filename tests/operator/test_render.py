@@ -301,6 +301,8 @@ def test_proxy_command_follows_the_contract() -> None:
         "8001",
         "--config-file",
         "/etc/pd-proxy/proxy.json",
+        "--network",
+        "host",  # hostNetwork: loopback is the node's, so /status asks every reader for the admin key
         # on deletion: serve on, not ready, for 5 s (grace / 4, at most 5), then drain for the rest less 1 s
         "--drain-delay",
         "5",
@@ -604,3 +606,17 @@ def test_every_engine_and_the_proxy_read_the_engine_key_from_the_deployments_sec
 def test_the_engine_key_is_not_in_the_command_lines() -> None:
     pod = render.pod(lay(spec_of("simulated-write.yaml")))
     assert all("--api-key" not in c["command"] for c in pod["spec"]["containers"])
+
+
+def test_the_admin_key_reaches_the_proxy_the_router_and_only_on_the_nodes_network_the_engines() -> None:
+    key_ref = {"name": f"{OWNER.name}-credentials", "key": "admin-key"}
+    pod_network = lay(spec_of("simulated-write.yaml", router={"enabled": True}))
+    proxy = render.pod(pod_network)["spec"]["containers"][-1]
+    assert _secret_refs(proxy)["PD_PROXY_ADMIN_KEY"] == key_ref and "--network" not in proxy["command"]
+    [router] = [o for o in render.router(pod_network) if o["kind"] == "Deployment"]
+    assert _secret_refs(router["spec"]["template"]["spec"]["containers"][0])["PD_PROXY_ADMIN_KEY"] == key_ref
+    engines = render.pod(pod_network)["spec"]["containers"][:-1]
+    assert all("PD_PROXY_ADMIN_KEY" not in _secret_refs(c) for c in engines), "their preStop reads the pod's loopback"
+    host = render.pod(lay(spec_of("qwen3-235b-write.yaml")))["spec"]["containers"]
+    assert all(_secret_refs(c)["PD_PROXY_ADMIN_KEY"] == key_ref for c in host)
+    assert host[-1]["command"][host[-1]["command"].index("--network") + 1] == "host"

@@ -180,7 +180,7 @@ async def test_the_shell_tells_a_missing_deployment_from_a_failed_read() -> None
 async def test_one_reconcile_reads_the_router_deployment_once_when_enabled(
     spec: dict[str, Any], reads: int, kmock: Any
 ) -> None:
-    async def proxy(url: str) -> Any:
+    async def proxy(url: str, admin_key: str | None) -> Any:
         raise AssertionError(f"no proxy to read yet: {url}")
 
     kube = Kube(client.ApiClient(client.Configuration(host=str(kmock.url).rstrip("/"))))

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from pd_runtime.localports import PortReservation, bound_socket
-from pd_runtime.proxy.router import RouterConfig, serve
+from pd_runtime.proxy.router import Router, RouterConfig, serve
 
 
 @dataclass
@@ -34,7 +34,8 @@ class FakeReplica:
         await out.write(b"data: [DONE]\n\n")
         return out
 
-    async def status(self, _: web.Request) -> web.Response:
+    async def status(self, request: web.Request) -> web.Response:
+        self.served[request.headers.get("Authorization", "no key")] += 1
         return web.json_response({"in_flight": self.reported})
 
 
@@ -128,5 +129,18 @@ def test_router_mode_needs_a_pddeployment_or_backends() -> None:
         cli.main(["--router"])
     assert exit_info.value.code == 2
     args = cli.build_parser().parse_args(["--router", "--backend", "10.0.0.1:8000=10.0.0.1:9001", "--port", "9000"])
-    config = cli.router_config(args)
+    config = cli.router_config(args, {"PD_PROXY_ADMIN_KEY": "a"})
     assert config.backends == ("10.0.0.1:8000",) and config.admin_addresses == {"10.0.0.1:8000": "10.0.0.1:9001"}
+    assert config.admin_key == "a"
+
+
+async def test_the_router_reads_each_replicas_status_with_the_admin_key() -> None:
+    replica = FakeReplica("a", reported=3)
+    runner, port = await start_replica(replica)
+    address = f"127.0.0.1:{port}"
+    router = Router(RouterConfig(admin_addresses={address: address}, admin_key="admin-secret"))
+    async with aiohttp.ClientSession() as session:
+        router.session = session
+        assert await router._reported(address) == 3
+    await runner.cleanup()
+    assert replica.served == Counter({"Bearer admin-secret": 1})

@@ -376,7 +376,14 @@ def test_cli_flags_come_from_the_config_fields() -> None:
     config = config_from_args(args, {})
     assert (config.timeouts.kv_wait, config.no_kv_fallback, config.decode_max_in_flight) == (7.0, "error", 3)
     documented = [f for cls in (ProxyConfig, Timeouts) for f in dataclasses.fields(cls) if "help" in f.metadata]
-    process_flags = ("api_key_env", "engine_api_key_env", "loop", "log_level", "log_format")  # not settings
+    process_flags = (
+        "api_key_env",
+        "engine_api_key_env",
+        "admin_key_env",
+        "loop",
+        "log_level",
+        "log_format",
+    )  # not settings
     router_flags = ("router", "pddeployment", "namespace", "backend", "backend_port")  # RouterConfig's
     assert len(vars(parser.parse_args([]))) == len(documented) + len(process_flags) + len(router_flags)
     assert {"--engine", "--heartbeat-ttl", "--connect-timeout"} <= set(parser._option_string_actions)

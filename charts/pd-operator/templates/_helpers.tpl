@@ -84,10 +84,11 @@ taken over (ChildrenAdmitted NameConflict); a leftover is deleted only when it i
   resources: [configmaps]
   verbs: [get, create, patch]
 {{- /* The pod's credentials Secret (<name>-credentials): created once, with keys the operator draws, and
-never applied, listed or deleted (its owner reference takes it along). */}}
+never applied, listed or deleted (its owner reference takes it along); read (get) for the admin key the
+proxies' /status asks for. */}}
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [create]
+  verbs: [get, create]
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]

@@ -36,8 +36,9 @@ MANAGED_ENV = (
     # Ignored (with a deprecation warning) since vLLM 0.29; kvTransfer.transferMode renders read_mode.
     "VLLM_MORIIO_CONNECTOR_READ_MODE",
     "VLLM_ENGINE_READY_TIMEOUT_S",
-    # The engines' key, from the operator's credentials Secret: the proxy sends it (docs/security.md).
+    # The engines' and the proxy's admin key, from the operator's credentials Secret (docs/security.md).
     "VLLM_API_KEY",
+    "PD_PROXY_ADMIN_KEY",
 )
 
 
@@ -75,7 +76,7 @@ _ENV_RULES = (
         cel=f"!has(self.env) || self.env.all(e, !(e.name in {cel_list(MANAGED_ENV)}))",
         message="env must not set variables the operator manages (CUDA_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES, "
         "ROCR_VISIBLE_DEVICES, POD_IP, VLLM_HOST_IP, VLLM_MORIIO_CONNECTOR_READ_MODE, "
-        "VLLM_ENGINE_READY_TIMEOUT_S, VLLM_API_KEY)",
+        "VLLM_ENGINE_READY_TIMEOUT_S, VLLM_API_KEY, PD_PROXY_ADMIN_KEY)",
         check=lambda s: all(e.name not in MANAGED_ENV for e in s.env),
         field_path=".env",
     ),

@@ -43,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fields(p, Timeouts, Timeouts(), TIMEOUT_SUFFIX)
     p.add_argument("--api-key-env", default="PD_PROXY_API_KEY", help="env var with the key clients must send")
     p.add_argument("--engine-api-key-env", default="VLLM_API_KEY", help="env var with the engines' key")
+    p.add_argument(
+        "--admin-key-env",
+        default="PD_PROXY_ADMIN_KEY",
+        help="env var with the key the admin port's /status asks for (see --network); the router sends it",
+    )
     p.add_argument("--loop", choices=eventloop.LOOP_CHOICES, default="auto", help="auto: uvloop when installed")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-format", choices=("text", "json"), default="text")
@@ -61,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def router_config(args: argparse.Namespace) -> RouterConfig:
+def router_config(args: argparse.Namespace, environ: dict[str, str]) -> RouterConfig:
     namespace = args.namespace
     if namespace is None and (SERVICE_ACCOUNT / "namespace").exists():
         namespace = (SERVICE_ACCOUNT / "namespace").read_text().strip()
@@ -74,6 +79,7 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         namespace=namespace,
         backend_port=args.backend_port,
         admin_port=args.admin_port or 8001,
+        admin_key=environ.get(args.admin_key_env) or None,
     )
 
 
@@ -126,6 +132,7 @@ def config_from_args(args: argparse.Namespace, environ: dict[str, str]) -> Proxy
         timeouts=Timeouts(**settings(Timeouts, TIMEOUT_SUFFIX)),
         api_key=environ.get(args.api_key_env) or None,
         engine_api_key=environ.get(args.engine_api_key_env) or None,
+        admin_key=environ.get(args.admin_key_env) or None,
     )
 
 
@@ -182,7 +189,7 @@ def main(argv: Sequence[str]) -> int:
             parser.error("--router needs --pddeployment NAME (EndpointSlice discovery) or --backend HOST:PORT")
         configure(args.log_level, args.log_format)
         try:
-            eventloop.run(route(router_config(args)), args.loop)
+            eventloop.run(route(router_config(args, dict(os.environ))), args.loop)
         except OSError as exc:
             log.error("router could not start: %s", exc)
             return 1

@@ -19,6 +19,7 @@ from pd_runtime.protocol import (
     KV_WAIT_MARGIN_S,
     REGISTRATION_PORT,
 )
+from pd_runtime.proxy.admin_auth import Network
 from pd_runtime.proxy.gate import DEFAULT_MAX_INSTANCES
 from pd_runtime.proxy.kvcheck import OnKvMismatch
 from pd_runtime.proxy.legs import MaxTokensPolicy, ProxyMode
@@ -186,6 +187,14 @@ class ProxyConfig:
     )
     admin_host: str | None = field(default=None, metadata=flag("admin listen address (default: --host)"))
     admin_port: int | None = field(default=8001, metadata=flag("admin port for /status and /metrics; 0 picks one"))
+    network: Network = field(
+        default="pod",
+        metadata=flag(
+            "whose network namespace the proxy runs in: pod (its loopback is the pod's: /status answers it "
+            "without the admin key) or host (hostNetwork: loopback is the node's, so /status always asks for "
+            "the key); only with an admin key (--admin-key-env)"
+        ),
+    )
     timeouts: Timeouts = field(default_factory=Timeouts)
     health_interval_s: float = field(default=5.0, metadata=flag("seconds between /health probes", parse=positive_float))
     load_interval_s: float = field(
@@ -278,6 +287,7 @@ class ProxyConfig:
     )
     api_key: str | None = None  # required from clients when set; read from --api-key-env
     engine_api_key: str | None = None  # sent to the engines when set; read from --engine-api-key-env
+    admin_key: str | None = None  # /status asks for it when set (admin_auth.py); read from --admin-key-env
     canary_interval_s: float = field(
         default=0.0, metadata=flag("seconds between canary requests; 0 disables the canary", parse=non_negative_float)
     )

@@ -40,6 +40,7 @@ class RouterConfig:
     namespace: str | None = None
     backend_port: int = 8000  # the proxies' API port
     admin_port: int = 8001  # the proxies' admin port (/status)
+    admin_key: str | None = None  # sent to the proxies' admin port, which asks for it off loopback
     scrape_interval_s: float = 0.5
     api_server: str = "https://kubernetes.default.svc"
 
@@ -72,8 +73,10 @@ class Router:
         """The in-flight count a replica's admin /status reports; None when it cannot be read."""
         assert self.session is not None
         admin = self.config.admin_addresses.get(address) or f"{address.rsplit(':', 1)[0]}:{self.config.admin_port}"
+        headers = {"Authorization": f"Bearer {self.config.admin_key}"} if self.config.admin_key else {}
+        timeout = aiohttp.ClientTimeout(total=1)
         try:
-            async with self.session.get(f"http://{admin}/status", timeout=aiohttp.ClientTimeout(total=1)) as resp:
+            async with self.session.get(f"http://{admin}/status", headers=headers, timeout=timeout) as resp:
                 body = await resp.json()
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return None

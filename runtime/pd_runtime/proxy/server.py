@@ -20,6 +20,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from pd_runtime.proxy.admin_auth import admitted
 from pd_runtime.proxy.admission_gate import AdmissionGate
 from pd_runtime.proxy.canary import Canary
 from pd_runtime.proxy.config import ProxyConfig
@@ -340,6 +341,9 @@ class ProxyServer:
         return document
 
     async def _status(self, request: web.Request) -> web.StreamResponse:
+        authorization = request.headers.get("Authorization", "")
+        if not admitted(request.remote, authorization, self.config.admin_key, self.config.network):
+            raise ApiError(401, "invalid or missing admin key", type="authentication_error", code="invalid_admin_key")
         return json_response(self.status())
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
