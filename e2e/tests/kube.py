@@ -384,16 +384,20 @@ def children_admitted(cp: ControlPlane, namespace: str, name: str, status: str) 
     return found if found and found["status"] == status else None
 
 
-def proxy_status(cp: ControlPlane, serving: Obj) -> Obj:
-    """A serving pod's proxy admin /status, read as the operator reads it: with the admin key of the
-    PDDeployment's credentials Secret (off the pod's loopback /status asks for it)."""
+def credential(cp: ControlPlane, serving: Obj, key: str) -> str:
+    """One key (engine-key, admin-key) of the serving pod's PDDeployment's credentials Secret."""
     meta = serving["metadata"]
     name = f"{meta['labels']['pd.serving.dev/deployment']}-credentials"
     secret = get(cp, f"/api/v1/namespaces/{meta['namespace']}/secrets/{name}")
     assert secret is not None, "the operator creates the credentials Secret before the pod"
-    key = base64.b64decode(secret["data"]["admin-key"]).decode()
-    url = f"http://{serving['status']['podIP']}:8001/status"
-    resp = httpx.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=30, trust_env=False)
+    return base64.b64decode(secret["data"][key]).decode()
+
+
+def proxy_status(cp: ControlPlane, serving: Obj) -> Obj:
+    """A serving pod's proxy admin /status, read as the operator reads it: with the admin key of the
+    PDDeployment's credentials Secret (off the pod's loopback /status asks for it)."""
+    headers = {"Authorization": f"Bearer {credential(cp, serving, 'admin-key')}"}
+    resp = httpx.get(f"http://{serving['status']['podIP']}:8001/status", headers=headers, timeout=30, trust_env=False)
     resp.raise_for_status()
     found: Obj = resp.json()
     return found

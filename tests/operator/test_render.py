@@ -620,3 +620,14 @@ def test_the_admin_key_reaches_the_proxy_the_router_and_only_on_the_nodes_networ
     host = render.pod(lay(spec_of("qwen3-235b-write.yaml")))["spec"]["containers"]
     assert all(_secret_refs(c)["PD_PROXY_ADMIN_KEY"] == key_ref for c in host)
     assert host[-1]["command"][host[-1]["command"].index("--network") + 1] == "host"
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_the_rendered_proxy_never_discovers_engines(path: Path) -> None:
+    """Every engine is named to the proxy (--expected-engine, or --engine when colocated), so the gate
+    accepts only their frames and registration discovery is off (gate.py: a frame of anything else
+    changes nothing)."""
+    rendered = lay(spec_of(path.name))
+    cmd = rendered.proxy.argv
+    named = [cmd[i + 1] for i, word in enumerate(cmd) if word in ("--expected-engine", "--engine")]
+    assert len(named) == len(rendered.engines) > 0
