@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
-from functools import cached_property
-from typing import Any, ClassVar, Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from pd_operator import autoscale, autotune, goodput, layout, observe, policy, render
+from pd_operator import autoscale, autotune, goodput, layout, observe, render
+from pd_operator.actions import Action, Adopt, Apply, Create, CreateSecret, Decision, Delete, Emit, Scale, refused
 from pd_operator.api import (
     RUN_PROBE_ANNOTATION,
     AutoscalingStatus,
@@ -31,180 +30,14 @@ from pd_operator.api import (
 )
 from pd_operator.conditions import NAME_CONFLICT, NOT_OWNED, SCALING_ACTIVE
 from pd_operator.layout import Layout
-from pd_operator.observe import Event, NodeTrouble, Observation, ProxyReport, ReplicaObservation, RouterRead
-from pd_operator.refusals import ApiFailure, Refusal, refusal
-from pd_operator.settings import Settings
-from pd_operator.validation import SpecError, validate_spec
-from pd_operator.views import ClaimView, JobView, NodeView, ObjectView, OwnerRef, PodView, pod_view
+from pd_operator.observe import Event, NodeTrouble, Observation, ReplicaObservation
+from pd_operator.refusals import Refusal
+from pd_operator.snapshot import Deployment, Snapshot
+from pd_operator.validation import SpecError
+from pd_operator.views import JobView, ObjectView, OwnerRef, PodView, pod_view
 
 Obj = dict[str, Any]
 ERROR_LIMIT = 1024
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """One PDDeployment as kopf delivered it."""
-
-    name: str
-    namespace: str
-    uid: str
-    generation: int
-    spec: Mapping[str, Any]
-    status: Mapping[str, Any] = field(default_factory=dict)
-    annotations: Mapping[str, str] = field(default_factory=dict)
-    tenancy: policy.TenancyPolicy = policy.DEFAULT_POLICY  # what the spec may ask for (pdctl operator --policy)
-
-    @cached_property
-    def checked(self) -> PDDeploymentSpec | SpecError:
-        """The spec validated and inside the tenancy policy, once per snapshot: every step of one reconcile
-        reads this, so a spec outside the policy creates and changes nothing."""
-        try:
-            return policy.enforce(validate_spec(self.spec), self.tenancy, namespace=self.namespace)
-        except SpecError as exc:
-            return exc
-
-    @property
-    def valid_spec(self) -> PDDeploymentSpec | None:
-        """The spec, or None when invalid (then only :func:`decide` has something to say: SpecValid=False)."""
-        checked = self.checked
-        return None if isinstance(checked, SpecError) else checked
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """Everything one reconciliation decides from."""
-
-    deployment: Deployment
-    now: datetime
-    pods: Sequence[PodView] = ()  # the pods with its labels (kopf index): its own, its Jobs', and any other's
-    jobs: Sequence[JobView] = ()  # the Jobs with its labels (kopf index): its probe Jobs, and any other's
-    proxies: Mapping[str, ProxyReport] = field(default_factory=dict)  # pod name -> report, from proxy_urls()
-    repair_children: bool = True  # apply the Service, NetworkPolicy (and claim template) this time
-    failed: Mapping[str, ApiFailure] = field(default_factory=dict)  # Action.key -> error, from executing once
-    nodes: Mapping[str, NodeView] = field(default_factory=dict)  # the serving pods' nodes, by name (kopf index)
-    node_lost_grace_s: float = Settings.node_lost_grace_seconds
-    probe_image: str | None = None  # the goodput probe Job's image (the operator's); None: the runtime image
-    operator_namespace: str = render.OPERATOR_NAMESPACE  # the serving NetworkPolicy admits the operator from it
-    claim_templates: Sequence[ObjectView] = ()  # the ResourceClaimTemplates with its labels, from claim_reads()
-    claims: Mapping[str, ClaimView] = field(default_factory=dict)  # ResourceClaim name -> view, from claim_reads()
-    seen: Mapping[str, ObjectView | None] = field(
-        default_factory=dict
-    )  # Kind/name -> read (None: absent), object_reads()
-    unread: frozenset[str] = frozenset()  # Kind/name object_reads() asked for whose read failed
-    known: Mapping[str, str] = field(default_factory=dict)  # Kind/name -> uid of a child this operator applied as ours
-    reread: ObjectView | None = None  # this PDDeployment read again when owner_read() asks (None: not read, or gone)
-    plan: autotune.Plan | None = None  # autotune's trials for a new workload, planned when plan_for() asks
-    router: RouterRead | None = None  # the router Deployment, read when router_read() asks (status.router)
-    hpas: Sequence[str] | None = (
-        None  # HorizontalPodAutoscalers targeting it, listed when hpa_read() asks (None: unread)
-    )
-    predictions: autoscale.Predictions | None = None  # the planner's capacity, when prediction_queries() asks
-
-
-# ---- actions ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _ObjectAction:
-    """An action on a whole rendered object; its key names the verb and the object."""
-
-    obj: Obj
-    verb: ClassVar[str]
-
-    @property
-    def key(self) -> str:
-        return f"{self.verb} {self.obj['kind']}/{self.obj['metadata']['name']}"
-
-
-@dataclass(frozen=True)
-class Apply(_ObjectAction):
-    """Server-side apply of a child: creates it, repairs drift, or changes nothing."""
-
-    verb = "apply"
-
-
-@dataclass(frozen=True)
-class Create(_ObjectAction):
-    verb = "create"
-
-
-@dataclass(frozen=True)
-class CreateSecret(_ObjectAction):
-    """Create a Secret unless one of its name exists, each of ``keys`` a random value the shell draws
-    then. Never applied: a resync never changes what the running containers hold."""
-
-    keys: tuple[str, ...] = ()
-    verb = "create"
-
-
-@dataclass(frozen=True)
-class Delete:
-    """Delete an object; with ``uid``, only that object (a precondition: never one that replaced it)."""
-
-    kind: str
-    name: str
-    grace_seconds: int | None = None  # 0: force, for a pod whose kubelet will never confirm its end
-    uid: str | None = None
-
-    @property
-    def key(self) -> str:
-        return f"delete {self.kind}/{self.name}"
-
-
-@dataclass(frozen=True)
-class Emit:
-    event: Event
-
-    @property
-    def key(self) -> str:
-        return f"emit {self.event.reason}"
-
-
-@dataclass(frozen=True)
-class Scale:
-    """spec.replicas through the scale subresource (spec.autoscaling's decision)."""
-
-    name: str
-    replicas: int
-    kind: ClassVar[str] = "PDDeployment"
-
-    @property
-    def key(self) -> str:
-        return f"scale {self.kind}/{self.name}"
-
-
-@dataclass(frozen=True)
-class Adopt:
-    """Make this PDDeployment an orphan's controller: a strategic merge patch of its owner references that
-    names its uid, so an object that replaced it is refused (422 on ``metadata.uid``), as Kubernetes'
-    controllers adopt."""
-
-    kind: str
-    name: str
-    uid: str
-    owner: Obj  # the owner reference
-
-    @property
-    def key(self) -> str:
-        return f"adopt {self.kind}/{self.name}"
-
-    @property
-    def patch(self) -> Obj:
-        return {"metadata": {"uid": self.uid, "ownerReferences": [self.owner]}}
-
-
-Action = Adopt | Apply | Create | CreateSecret | Delete | Emit | Scale
-
-
-@dataclass(frozen=True)
-class Decision:
-    status: PDDeploymentStatus
-    patch: Obj  # JSON merge patch of .status; empty when nothing changed
-    actions: tuple[Action, ...]
-
-    @property
-    def events(self) -> list[Event]:
-        return [a.event for a in self.actions if isinstance(a, Emit)]
 
 
 # ---- the serving pods -----------------------------------------------------------------------------------
@@ -285,7 +118,7 @@ class PodStep:
 def _force_step(snap: Snapshot, live: PodView, trouble: NodeTrouble) -> PodStep:
     force = Delete("Pod", live.name, grace_seconds=0, uid=live.uid)
     if (failure := snap.failed.get(force.key)) is not None:
-        why = _refusal(force.key, failure).describe()
+        why = refused(force.key, failure).describe()
         return PodStep(live, False, error=f"cannot force-delete the serving pod on lost node {trouble.node}: {why}")
     return PodStep(live, False, (force, Emit(Event("Warning", "NodeLost", trouble.message))))
 
@@ -299,7 +132,7 @@ def _pod_step(snap: Snapshot, desired: Obj, live: PodView | None, verb: PodActio
     act: Action = Create(desired) if verb == "create" else Delete("Pod", name, uid=live.uid if live else None)
     failure = snap.failed.get(act.key)
     if failure is not None:
-        return PodStep(live, False, error=f"cannot {verb} the serving pod: {_refusal(act.key, failure).describe()}")
+        return PodStep(live, False, error=f"cannot {verb} the serving pod: {refused(act.key, failure).describe()}")
     pod = pod_view(desired) if verb == "create" else live
     event = _POD_EVENTS[verb]
     return PodStep(pod, verb == "create", (act, Emit(Event(event.type, event.reason, f"{event.message} ({name})"))))
@@ -334,7 +167,7 @@ def _orphans(snap: Snapshot, desired: Sequence[Obj]) -> dict[str, PodView]:
 
 
 def _adopt(snap: Snapshot, pod: PodView) -> Adopt:
-    return Adopt("Pod", pod.name, pod.uid or "", render.owner_reference(_owner(snap.deployment)))
+    return Adopt("Pod", pod.name, pod.uid or "", render.owner_reference(snap.deployment.owner))
 
 
 def _adopted(snap: Snapshot, desired: Sequence[Obj]) -> dict[str, PodView]:
@@ -504,18 +337,10 @@ def _start(snap: Snapshot, spec: PDDeploymentSpec, lay: Layout, step: ProbeStep,
 # ---- decide ------------------------------------------------------------------------------------------------
 
 
-def _refusal(key: str, failure: ApiFailure) -> Refusal:
-    return refusal(key.split(" ", 1)[1], failure)  # key: "<verb> <Kind>/<name>"
-
-
 def children_refused(stored_status: Mapping[str, Any]) -> bool:
     """Whether the API server refused a child last time: then every tick writes the children again (not
     only every drift-repair interval), so that the condition clears as soon as the cause is fixed."""
     return observe.children_refused(observe.parse(stored_status))
-
-
-def _owner(d: Deployment) -> layout.Owner:
-    return layout.Owner(name=d.name, namespace=d.namespace, uid=d.uid, generation=d.generation)
 
 
 def proxy_urls(snap: Snapshot) -> dict[str, str]:
@@ -525,7 +350,7 @@ def proxy_urls(snap: Snapshot) -> dict[str, str]:
     spec = snap.deployment.valid_spec
     if spec is None:
         return {}
-    previous, live, owner = observe.parse(snap.deployment.status), _serving_pods(snap), _owner(snap.deployment)
+    previous, live, owner = observe.parse(snap.deployment.status), _serving_pods(snap), snap.deployment.owner
     spec = autotune.spec_in_force(spec, previous.autotune)
     scaling = spec.autoscaling.enabled
     if not spec.disaggregated and not scaling:
@@ -558,7 +383,7 @@ def hpa_read(snap: Snapshot) -> bool:
 def router_read(snap: Snapshot) -> str | None:
     """The router Deployment to read before deciding (status.router, RouterReady): with the router enabled."""
     spec = snap.deployment.valid_spec
-    return render.router_name(_owner(snap.deployment)) if spec is not None and spec.router.enabled else None
+    return render.router_name(snap.deployment.owner) if spec is not None and spec.router.enabled else None
 
 
 @dataclass(frozen=True)
@@ -574,7 +399,7 @@ def prediction_queries(snap: Snapshot) -> tuple[autoscale.Query | None, autoscal
     spec = snap.deployment.valid_spec
     if spec is None or not spec.autoscaling.enabled:
         return None
-    asked = autoscale.queries(spec, layout.build(_owner(snap.deployment), spec), _live_demand(snap))
+    asked = autoscale.queries(spec, layout.build(snap.deployment.owner, spec), _live_demand(snap))
     return None if asked == (None, None) else asked
 
 
@@ -626,7 +451,7 @@ def _in_force(d: Deployment, spec: PDDeploymentSpec, tuning: autotune.Step, know
     if known is not None and known.name == name:
         return known
     in_force = autotune.spec_in_force(spec, tuning.state)
-    return InForce(name, in_force, layout.build(_owner(d), in_force))
+    return InForce(name, in_force, layout.build(d.owner, in_force))
 
 
 def _decision(previous: Mapping[str, Any], status: PDDeploymentStatus, actions: Sequence[Action]) -> Decision:
@@ -764,7 +589,7 @@ def object_reads(snap: Snapshot, children: Sequence[Target]) -> list[Target]:
     spec = snap.deployment.valid_spec
     if not snap.repair_children or spec is None:
         return []
-    owner = _owner(snap.deployment)
+    owner = snap.deployment.owner
     wanted = [t for t in children if _key(*t) not in snap.known]
     wanted += [t for left in LEFTOVERS.values() if (t := left.lookup(spec, owner)) is not None]
     wanted += [t for left in _found_leftovers(snap, spec, owner) for t in left.takes(spec, owner)]
@@ -937,7 +762,7 @@ def decide(snap: Snapshot) -> Decision:
             *written.conflicts,
             *serving.conflicts,
             *left_alone,
-            *(_refusal(key, failure) for key, failure in snap.failed.items()),
+            *(refused(key, failure) for key, failure in snap.failed.items()),
         ),
         children_written=snap.repair_children and written.complete,
         autotune=tuning.state,

@@ -28,11 +28,12 @@ import httpx
 import kopf
 
 from pd_operator import api, autoscale, autotune, command_lines, decide, layout, metrics, render
-from pd_operator.decide import Action, Adopt, Apply, Create, CreateSecret, Decision, Delete, Scale, Snapshot
+from pd_operator.actions import Action, Adopt, Apply, Create, CreateSecret, Decision, Delete, Emit, Scale
 from pd_operator.kube import Kube, KubeError
 from pd_operator.observe import ProxyReport, RouterRead
 from pd_operator.refusals import ApiFailure
 from pd_operator.settings import Settings
+from pd_operator.snapshot import Deployment, Snapshot
 from pd_operator.views import (
     JobView,
     NodeView,
@@ -117,7 +118,7 @@ def with_drawn_keys(action: CreateSecret) -> Obj:
     return {**action.obj, "stringData": {key: secrets.token_urlsafe(render.KEY_BYTES) for key in action.keys}}
 
 
-async def _execute(kube: KubeLike, d: decide.Deployment, action: Action, known: dict[str, str]) -> bool:
+async def _execute(kube: KubeLike, d: Deployment, action: Action, known: dict[str, str]) -> bool:
     """Whether it wrote: an apply that changed nothing and a delete of what was gone are no writes. An
     applied child the answer shows to be ours is remembered in ``known`` (its uid)."""
     if isinstance(action, Apply):
@@ -147,7 +148,7 @@ async def execute(
     ``known`` (Kind/name -> uid of the children applied as ours) follows what the applies answered."""
     d, failed, known = snap.deployment, {}, {} if known is None else known
     for action in actions:
-        if isinstance(action, decide.Emit):
+        if isinstance(action, Emit):
             continue
         kind = action.kind if isinstance(action, Adopt | Delete | Scale) else action.obj["kind"]
         try:
@@ -165,7 +166,7 @@ async def execute(
     return failed
 
 
-async def _read(d: decide.Deployment, kind: str, what: str, read: Awaitable[T]) -> T | None:
+async def _read(d: Deployment, kind: str, what: str, read: Awaitable[T]) -> T | None:
     """One read the core asked for; a failure is logged and counted (as ``kind``), and reads as nothing."""
     try:
         return await read
@@ -238,7 +239,7 @@ class _Got:
     view: ObjectView | None  # None: absent
 
 
-async def _get_or_absent(kube: KubeLike, d: decide.Deployment, kind: str, name: str) -> _Got:
+async def _get_or_absent(kube: KubeLike, d: Deployment, kind: str, name: str) -> _Got:
     obj = await kube.get(kind, d.namespace, name)
     return _Got(object_view(kind, obj) if obj is not None else None)
 
@@ -281,7 +282,7 @@ async def predict(snap: Snapshot) -> Snapshot:
     return dataclasses.replace(snap, predictions=await asyncio.to_thread(autoscale.predictions, *asked))
 
 
-async def admin_key(kube: KubeLike, d: decide.Deployment, cache: dict[str, str]) -> str | None:
+async def admin_key(kube: KubeLike, d: Deployment, cache: dict[str, str]) -> str | None:
     """The admin key of the deployment's proxies, from its credentials Secret: read once and kept in
     ``cache`` (the Secret is never rewritten); None while it cannot be read (then /status answers 401)."""
     if command_lines.ADMIN_KEY not in cache:
@@ -392,7 +393,7 @@ def pd_nodes(body: kopf.Body, name: str, **_: Any) -> dict[str, NodeView]:
 def _snapshot(body: kopf.Body, indexes: Indexes, now: datetime, repair: bool, settings: Settings) -> Snapshot:
     meta = body.metadata
     key = (str(meta.namespace), str(meta.name))
-    deployment = decide.Deployment(
+    deployment = Deployment(
         name=key[1],
         namespace=key[0],
         uid=str(meta.uid),

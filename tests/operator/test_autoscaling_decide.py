@@ -8,7 +8,7 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from pd_operator import autoscale, decide, handlers, metrics
-from pd_operator.decide import Decision, Scale
+from pd_operator.actions import Decision, Scale
 from pd_operator.goodput import rfc3339
 from pd_operator.observe import ProxyReport, find, parse
 from pd_operator.refusals import ApiFailure

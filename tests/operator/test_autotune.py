@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from pd_operator import autotune, decide, layout, render
+from pd_operator.actions import Create, Decision, Delete
 from pd_operator.api import AutotuneStatus, AutotuneTrial, GoodputStatus, ProbeSlo
 from pd_operator.command_lines import bench_command
-from pd_operator.decide import Create, Delete
 from pd_operator.goodput import goodput_status
 from pd_operator.observe import wire
 from pd_operator.validation import SpecError, validate_spec
@@ -213,7 +213,7 @@ def test_autotune_is_refused_without_its_preconditions(change: dict[str, Any], m
 # ---- a whole tuning run through decide ------------------------------------------------------------------
 
 
-def containers(decision: decide.Decision) -> list[str]:
+def containers(decision: Decision) -> list[str]:
     pod = next(a.obj for a in decision.actions if isinstance(a, Create) and a.obj["kind"] == "Pod")
     return [c["name"] for c in pod["spec"]["containers"]]
 

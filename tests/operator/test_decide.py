@@ -8,10 +8,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pd_operator import autotune, decide, layout, render
+from pd_operator.actions import Apply, Create, CreateSecret, Decision, Delete, Emit
 from pd_operator.api import RUN_PROBE_ANNOTATION
-from pd_operator.decide import Apply, Create, Decision, Delete, Deployment, Snapshot
 from pd_operator.observe import ProxyReport, wire
 from pd_operator.refusals import ApiFailure
+from pd_operator.snapshot import Deployment, Snapshot
 from pd_operator.validation import validate_spec
 from pd_operator.views import job_view, pod_view
 from tests.operator.podfacts import finished_job, proxy_status, running_pod, summary
@@ -88,9 +89,9 @@ def test_children_are_applied_only_when_asked() -> None:
 
 def test_the_credentials_secret_is_created_before_anything_else_and_never_applied() -> None:
     first = decide.decide(snapshot()).actions[0]
-    assert isinstance(first, decide.CreateSecret) and first.keys == ("engine-key", "admin-key")
+    assert isinstance(first, CreateSecret) and first.keys == ("engine-key", "admin-key")
     assert "stringData" not in first.obj and "data" not in first.obj, "the shell draws the values"
-    assert kinds(decide.decide(snapshot(repair_children=False)), decide.CreateSecret) == []
+    assert kinds(decide.decide(snapshot(repair_children=False)), CreateSecret) == []
 
 
 def test_invalid_spec_is_failed_with_no_actions_but_events() -> None:
@@ -98,7 +99,7 @@ def test_invalid_spec_is_failed_with_no_actions_but_events() -> None:
     assert decision.status.phase == "Failed"
     assert cond(decision.patch, "SpecValid")["status"] == "False"
     assert [e.reason for e in decision.events] == ["Failed", "InvalidSpec"]
-    assert all(isinstance(a, decide.Emit) for a in decision.actions)
+    assert all(isinstance(a, Emit) for a in decision.actions)
 
 
 def test_a_failed_pod_creation_becomes_the_status_message() -> None:

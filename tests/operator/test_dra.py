@@ -6,7 +6,8 @@ import dataclasses
 from typing import Any
 
 from pd_operator import api, decide, layout, render
-from pd_operator.decide import Delete, Deployment, Snapshot
+from pd_operator.actions import Delete
+from pd_operator.snapshot import Deployment, Snapshot
 from pd_operator.validation import validate_spec
 from pd_operator.views import ObjectView, OwnerRef, claim_view, pod_view
 from tests.operator.conftest import DRA

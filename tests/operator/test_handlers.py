@@ -27,13 +27,15 @@ from kopf._core.intents.causes import ChangingCause, Reason
 from kubernetes import client
 
 from pd_operator import api, autotune, decide, handlers, layout, render
+from pd_operator import snapshot as snapshot_module
+from pd_operator.actions import CreateSecret, Decision
 from pd_operator.api import AutotuneTrial, PDDeploymentSpec
-from pd_operator.decide import Deployment, Snapshot
 from pd_operator.handlers import Deps, reconcile
 from pd_operator.kube import APPLY_PATCH, STRATEGIC_MERGE_PATCH, Kube, KubeError
 from pd_operator.observe import ProxyReport
 from pd_operator.refusals import ApiFailure
 from pd_operator.settings import Settings
+from pd_operator.snapshot import Deployment, Snapshot
 from pd_operator.validation import validate_spec
 from pd_operator.views import pod_view
 from tests.operator import test_dra
@@ -90,7 +92,7 @@ async def test_the_credentials_secret_is_created_once_with_random_keys_and_never
 
 
 def test_every_secret_gets_keys_of_its_own() -> None:
-    action = decide.CreateSecret({"kind": "Secret", "metadata": {"name": "x"}}, ("a", "b"))
+    action = CreateSecret({"kind": "Secret", "metadata": {"name": "x"}}, ("a", "b"))
     drawn = [handlers.with_drawn_keys(action)["stringData"] for _ in range(2)]
     assert len({*drawn[0].values(), *drawn[1].values()}) == 4
 
@@ -164,7 +166,7 @@ async def test_one_reconcile_validates_the_spec_once_and_builds_the_layout_once_
 
         return count
 
-    for module, name in [(decide, "validate_spec"), (decide, "decide"), (layout, "build")]:
+    for module, name in [(snapshot_module, "validate_spec"), (decide, "decide"), (layout, "build")]:
         monkeypatch.setattr(module, name, counting(name, getattr(module, name)))
     deps, _ = world
     broken = Kube(client.ApiClient(client.Configuration(host="http://127.0.0.1:9")))
@@ -242,7 +244,7 @@ async def test_kopf_passes_each_handler_what_it_names(monkeypatch: Any) -> None:
 
     async def deciding(
         snap: Snapshot, deps: Deps, known: dict[str, str] | None = None, keys: dict[str, str] | None = None
-    ) -> decide.Decision:
+    ) -> Decision:
         snapshots.append(snap)
         return decide.decide(snap)
 

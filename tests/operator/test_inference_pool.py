@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 from pd_operator import decide, layout, render
+from pd_operator.actions import Apply, Delete
 from pd_operator.crd import spec_schema
-from pd_operator.decide import Apply, Delete, Deployment, Snapshot
 from pd_operator.refusals import ApiFailure, failure_from_status, refusal
+from pd_operator.snapshot import Deployment, Snapshot
 from pd_operator.validation import SpecError, validate_spec
 from tests.operator import test_router
 from tests.operator.test_decide import T0

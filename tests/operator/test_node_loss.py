@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pd_operator import decide, layout, render
-from pd_operator.decide import Create, Decision, Delete
+from pd_operator.actions import Create, Decision, Delete
 from pd_operator.refusals import ApiFailure
 from pd_operator.validation import validate_spec
 from pd_operator.views import NOT_READY_TAINT, UNREACHABLE_TAINT, node_loss_tolerations, node_view

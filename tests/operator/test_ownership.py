@@ -11,8 +11,9 @@ from datetime import timedelta
 from typing import Any
 
 from pd_operator import api, decide, render
-from pd_operator.decide import Adopt, Apply, Create, Decision, Delete, Snapshot
+from pd_operator.actions import Adopt, Apply, Create, Decision, Delete
 from pd_operator.refusals import ApiFailure, refusal
+from pd_operator.snapshot import Snapshot
 from pd_operator.views import ObjectView, OwnerRef
 from tests.operator.podfacts import finished_job, proxy_status, summary
 from tests.operator.test_decide import NAME, OWNER, SPEC, T0, UID, cond, one_proxy, serving, snapshot, stored

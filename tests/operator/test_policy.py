@@ -11,10 +11,11 @@ import pytest
 import yaml
 
 from pd_operator import decide, policy
+from pd_operator.actions import Emit
 from pd_operator.commands import policy_file
 from pd_operator.commands import render as render_command
-from pd_operator.decide import Deployment, Emit, Snapshot
 from pd_operator.policy import DEFAULT_POLICY, RULES, HostPathPrefix, TenancyPolicy, violations
+from pd_operator.snapshot import Deployment, Snapshot
 from pd_operator.validation import SpecError, validate_spec
 from tests.operator.conftest import EXAMPLES, HOST_NETWORK_EXAMPLES
 from tests.operator.test_decide import T0

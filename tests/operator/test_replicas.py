@@ -7,8 +7,10 @@ from typing import Any
 import pytest
 
 from pd_operator import decide, layout, render
-from pd_operator.decide import Create, Decision, Delete, Deployment, Snapshot, rollout
+from pd_operator.actions import Create, Decision, Delete
+from pd_operator.decide import rollout
 from pd_operator.observe import ProxyReport, wire
+from pd_operator.snapshot import Deployment, Snapshot
 from pd_operator.validation import validate_spec
 from pd_operator.views import pod_view
 from tests.operator.podfacts import proxy_status, running_pod

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from pd_operator import decide, kube, layout, render
-from pd_operator.decide import Apply, Delete, Deployment, Snapshot
+from pd_operator.actions import Apply, Delete
+from pd_operator.snapshot import Deployment, Snapshot
 from pd_operator.validation import SpecError, validate_spec
 from pd_operator.views import ObjectView, OwnerRef
 from tests.chart.test_chart_rbac import NAMESPACED_NEEDS

@@ -10,12 +10,13 @@ import pytest
 from kubernetes import client
 
 from pd_operator import decide, handlers, metrics
+from pd_operator.actions import Decision
 from pd_operator.api import Condition
-from pd_operator.decide import Decision, Deployment, Snapshot
 from pd_operator.handlers import Deps
 from pd_operator.kube import Kube, KubeError
 from pd_operator.observe import RouterRead, find, wire
 from pd_operator.refusals import ApiFailure
+from pd_operator.snapshot import Deployment, Snapshot
 from pd_operator.views import DeploymentView, deployment_view
 from tests.operator.test_decide import T0
 

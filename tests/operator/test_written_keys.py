@@ -22,9 +22,10 @@ import yaml
 from kubernetes import client
 
 from pd_operator import decide, layout, render
+from pd_operator.actions import Apply, Create, Decision
 from pd_operator.api import RUN_PROBE_ANNOTATION
-from pd_operator.decide import Apply, Create, Decision, Deployment, Snapshot
 from pd_operator.observe import ProxyReport, RouterRead, wire
+from pd_operator.snapshot import Deployment, Snapshot
 from pd_operator.validation import SpecError, validate_spec
 from pd_operator.views import DeploymentView, job_view, pod_view
 from tests.operator.conftest import DRA, EXAMPLES, REPO, WIDE_POLICY
