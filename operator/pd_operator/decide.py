@@ -28,13 +28,25 @@ from pd_operator.api import (
     PDDeploymentStatus,
     ProbeState,
 )
-from pd_operator.conditions import NAME_CONFLICT, NOT_OWNED, SCALING_ACTIVE
+from pd_operator.conditions import SCALING_ACTIVE
 from pd_operator.layout import Layout
 from pd_operator.observe import Event, NodeTrouble, Observation, ReplicaObservation
+from pd_operator.ownership import (
+    adoptable,
+    as_object,
+    conflict,
+    controlled_by,
+    holder,
+    labelled,
+    left_alone,
+    owned,
+    owner_confirmed,
+    probe_jobs,
+)
 from pd_operator.refusals import Refusal
 from pd_operator.snapshot import Deployment, Snapshot
 from pd_operator.validation import SpecError
-from pd_operator.views import JobView, ObjectView, OwnerRef, PodView, pod_view
+from pd_operator.views import JobView, ObjectView, PodView, pod_view
 
 Obj = dict[str, Any]
 ERROR_LIMIT = 1024
@@ -160,7 +172,7 @@ def _orphans(snap: Snapshot, desired: Sequence[Obj]) -> dict[str, PodView]:
         and p.uid
         and not p.deleting
         and _is_serving(p)
-        and _labelled(p.labels, snap.deployment)
+        and labelled(p.labels, snap.deployment)
         and p.name in hashes
         and p.annotations.get(render.ANNOTATION_SPEC_HASH) == hashes[p.name]
     }
@@ -173,13 +185,9 @@ def _adopt(snap: Snapshot, pod: PodView) -> Adopt:
 def _adopted(snap: Snapshot, desired: Sequence[Obj]) -> dict[str, PodView]:
     """The orphans adopted this time: only once this PDDeployment, read again, is confirmed; one whose adoption
     failed is not (the failure is ChildrenAdmitted's)."""
-    if not _owner_confirmed(snap):
+    if not owner_confirmed(snap):
         return {}
     return {n: p for n, p in _orphans(snap, desired).items() if _adopt(snap, p).key not in snap.failed}
-
-
-def _object(kind: str, view: PodView | JobView) -> ObjectView:
-    return ObjectView(kind, view.name, view.uid or "", (view.controller,) if view.controller else (), view.labels)
 
 
 @dataclass(frozen=True)
@@ -205,7 +213,7 @@ def _serving_step(
     adopted = _adopted(snap, desired)
     live = {**_serving_pods(snap), **adopted}
     names = [d["metadata"]["name"] for d in desired]
-    held = {p.name: _object("Pod", p) for p in snap.pods if p.name in names and p.name not in live}
+    held = {p.name: as_object("Pod", p) for p in snap.pods if p.name in names and p.name not in live}
     verbs = [pod_action(live.get(n), d) for n, d in zip(names, desired, strict=True)]
     available = [
         observe.replica_facts(
@@ -226,7 +234,7 @@ def _serving_step(
         if pod is not None and trouble is not None and trouble.lost:
             step = _force_step(snap, pod, trouble)
         else:
-            step = _pod_step(snap, obj, pod, verb, _holder(held[name]) if name in held else blocked)
+            step = _pod_step(snap, obj, pod, verb, holder(held[name]) if name in held else blocked)
         replicas.append(ReplicaObservation(i, step.pod, step.current, step.error, snap.proxies.get(name), trouble))
         actions += step.actions
     surplus = [p for n, p in sorted(live.items()) if n not in names]
@@ -243,7 +251,7 @@ def _serving_step(
         "the serving pod of that name is not created while it exists (an orphan is adopted only with this "
         "PDDeployment's labels and the current spec hash)"
     )
-    conflicts = tuple(_conflict(view, consequence) for view in held.values())
+    conflicts = tuple(conflict(view, consequence) for view in held.values())
     return ServingStep(tuple(replicas), len(surplus), tuple(actions), conflicts, frozenset({*live, *held}))
 
 
@@ -255,11 +263,6 @@ class ProbeStep:
     probe: ProbeState
     goodput: GoodputStatus | None = None  # a fresh result
     actions: tuple[Action, ...] = ()
-
-
-def _probe_jobs(snap: Snapshot) -> list[JobView]:
-    """The probe Jobs this PDDeployment controls: the only ones it reads a result from and deletes."""
-    return [j for j in snap.jobs if controlled_by(j.controller, snap.deployment.uid)]
 
 
 def _job_pods(snap: Snapshot, job: JobView) -> list[PodView]:
@@ -284,7 +287,7 @@ def _record(spec: PDDeploymentSpec, lay: Layout, job: JobView, pods: Sequence[Po
 def _collect(snap: Snapshot, spec: PDDeploymentSpec, lay: Layout, previous: ProbeState) -> tuple[ProbeStep, int]:
     """Record and delete finished probe Jobs; returns the step and how many Jobs still run."""
     step, running = ProbeStep(previous), 0
-    for job in _probe_jobs(snap):
+    for job in probe_jobs(snap):
         if not job.finished and spec.goodput_probe.enabled:
             running += 1
             continue
@@ -504,30 +507,6 @@ def _key(kind: str, name: str) -> str:
     return f"{kind}/{name}"
 
 
-def owned(view: ObjectView | None, d: Deployment) -> bool:
-    """Whether an owner reference of the object names this PDDeployment's uid."""
-    return view is not None and any(ref.uid == d.uid for ref in view.owners)
-
-
-def adoptable(view: ObjectView, d: Deployment) -> bool:
-    """No owner at all, and labelled as this PDDeployment's by pd-operator: what ``pdctl render | kubectl
-    apply`` made (render without a uid writes no owner reference). Once this PDDeployment, read again, is
-    confirmed (:func:`owner_read`), the operator applies it as its own."""
-    return not view.owners and _labelled(view.labels, d)
-
-
-def _labelled(labels: Mapping[str, str], d: Deployment) -> bool:
-    """Labelled as this PDDeployment's by pd-operator."""
-    return labels.get(render.LABEL_MANAGED_BY) == render.MANAGER and labels.get(render.LABEL_DEPLOYMENT) == d.name
-
-
-def controlled_by(ref: OwnerRef | None, uid: str | None) -> bool:
-    """Whether the object's controller reference names ``uid``. By uid, as Kubernetes' controllers own: a
-    PDDeployment created again under the same name controls nothing of the first one's, and labels alone make
-    nothing anyone's."""
-    return ref is not None and bool(uid) and ref.uid == uid
-
-
 def owner_read(snap: Snapshot) -> bool:
     """Whether to read this PDDeployment again (a GET, served from etcd) before deciding: only when an orphan
     is there that the adoption rule admits. Kubernetes' controllers re-check the owner so before adopting:
@@ -541,12 +520,6 @@ def owner_read(snap: Snapshot) -> bool:
     children = render.children(_now(snap, spec).in_force.layout, snap.operator_namespace)
     applied = {_key(o["kind"], o["metadata"]["name"]) for o in children.applied}
     return bool(_orphans(snap, children.pods)) or bool(applied & seen.keys())
-
-
-def _owner_confirmed(snap: Snapshot) -> bool:
-    """This PDDeployment, read again before adopting, is the same one (its uid) and is not being deleted."""
-    again = snap.reread
-    return again is not None and again.uid == snap.deployment.uid and not again.deleting
 
 
 def _found_leftovers(snap: Snapshot, spec: PDDeploymentSpec, owner: layout.Owner) -> list[Leftover]:
@@ -603,47 +576,6 @@ _BLOCKS_THE_POD = {
 }
 
 
-def _holders(view: ObjectView) -> str:
-    return ", ".join(f"{ref} (uid {ref.uid})" for ref in view.owners) or "no owner reference"
-
-
-def _holder(view: ObjectView) -> str:
-    return f"{view.key} (uid {view.uid}) belongs to {_holders(view)}"
-
-
-def _conflict(view: ObjectView, consequence: str) -> Refusal:
-    fields = (f"{view.key} (uid {view.uid}) exists and belongs to {_holders(view)}", consequence)
-    return Refusal(view.key, NAME_CONFLICT, "a name conflict", fields, f"{view.key} held by {_holders(view)}")
-
-
-def _not_owned(view: ObjectView, consequence: str) -> Refusal:
-    fields = (f"{view.key} (uid {view.uid}) carries this PDDeployment's labels and belongs to {_holders(view)}",)
-    return Refusal(view.key, NOT_OWNED, "the ownership rule", (*fields, consequence), _holder(view))
-
-
-def _left_alone(snap: Snapshot, claimed: frozenset[str], template: str | None) -> tuple[Refusal, ...]:
-    """The pods, Jobs and claim templates with this PDDeployment's labels that another controller holds, or
-    none the adoption rule admits, and not already reported: left alone, and said so. A pod of its own probe
-    Job's is its own; one being deleted is going anyway."""
-    uid, jobs = snap.deployment.uid, _probe_jobs(snap)
-    pods = [
-        _not_owned(_object("Pod", p), "left alone: not a replica of it, never rolled or deleted by it")
-        for p in snap.pods
-        if p.name not in claimed and not p.deleting and not any(controlled_by(p.controller, j.uid) for j in jobs)
-    ]
-    others = [
-        _not_owned(_object("Job", j), "left alone: never read as a probe or deleted")
-        for j in snap.jobs
-        if not controlled_by(j.controller, uid)
-    ]
-    templates = [
-        _not_owned(t, "left alone: never deleted")
-        for t in snap.claim_templates
-        if t.name != template and not controlled_by(t.controller, uid)
-    ]
-    return (*pods, *others, *templates)
-
-
 @dataclass(frozen=True)
 class ChildrenStep:
     """The applies of the children this PDDeployment may write, and the conflicts over the others."""
@@ -660,7 +592,7 @@ def _apply_children(snap: Snapshot, applied: Sequence[Obj]) -> ChildrenStep:
     that another owner holds is left alone, and the whole router with one of its objects."""
     d = snap.deployment
     held: dict[str, ObjectView] = {}
-    confirmed = _owner_confirmed(snap)
+    confirmed = owner_confirmed(snap)
     for obj in applied:
         view = snap.seen.get(_key(obj["kind"], obj["metadata"]["name"]))
         if view is not None and not owned(view, d) and not (confirmed and adoptable(view, d)):
@@ -678,7 +610,7 @@ def _apply_children(snap: Snapshot, applied: Sequence[Obj]) -> ChildrenStep:
             consequence = router or (
                 f"the serving pod is not created: {why}" if why else f"serving goes on without its {kind}"
             )
-            conflicts.append(_conflict(held[key], consequence))
+            conflicts.append(conflict(held[key], consequence))
             if why and not _is_router(obj):
                 blocked.append(f"{key} belongs to another owner and {why}")
             continue
@@ -748,7 +680,7 @@ def decide(snap: Snapshot) -> Decision:
     repairs += _unused_claim_templates(snap, template)
     repairs += _leftover_deletes(snap, spec, lay.owner)
     serving = _serving_step(snap, spec, lay, children.pods, previous, written.blocked)
-    left_alone = _left_alone(snap, serving.claimed, template)
+    unowned = left_alone(snap, serving.claimed, template)
     obs = Observation(
         generation=d.generation,
         now=now,
@@ -761,7 +693,7 @@ def decide(snap: Snapshot) -> Decision:
         refusals=(
             *written.conflicts,
             *serving.conflicts,
-            *left_alone,
+            *unowned,
             *(refused(key, failure) for key, failure in snap.failed.items()),
         ),
         children_written=snap.repair_children and written.complete,

@@ -31,6 +31,7 @@ from pd_operator import api, autoscale, autotune, command_lines, decide, layout,
 from pd_operator.actions import Action, Adopt, Apply, Create, CreateSecret, Decision, Delete, Emit, Scale
 from pd_operator.kube import Kube, KubeError
 from pd_operator.observe import ProxyReport, RouterRead
+from pd_operator.ownership import owned
 from pd_operator.refusals import ApiFailure
 from pd_operator.settings import Settings
 from pd_operator.snapshot import Deployment, Snapshot
@@ -123,7 +124,7 @@ async def _execute(kube: KubeLike, d: Deployment, action: Action, known: dict[st
     applied child the answer shows to be ours is remembered in ``known`` (its uid)."""
     if isinstance(action, Apply):
         applied = object_view(action.obj["kind"], await kube.apply(action.obj))
-        if decide.owned(applied, d):
+        if owned(applied, d):
             known[applied.key] = applied.uid
         return False
     if isinstance(action, Create):
