@@ -21,7 +21,7 @@ RoleReason = Literal[
     "NoPod", "PodTerminating", "PodOutdated", "PreflightFailed", "ContainersReady", "ContainersNotReady"
 ]
 KvReason = Literal["NotApplicable", "NoProxy", "ProxyUnreachable", "NoTransferYet", "TransferCompleted", "KVMismatch"]
-# Why the API server refused a child write (refusals.py), or why the operator leaves an object alone (decide.py:
+# Why the API server refused a child write (refusals.py), or why the operator leaves an object alone (ownership.py:
 # NameConflict, NotOwned).
 RefusalReason = Literal[
     "PodSecurity",
@@ -128,7 +128,7 @@ GOODPUT_MET: Final[ConditionKind[GoodputReason]] = ConditionKind(
 CHILDREN_ADMITTED: Final[ConditionKind[ChildrenReason]] = ConditionKind(
     "ChildrenAdmitted",
     get_args(ChildrenReason),
-    "observe: the API server's refusals of child writes (refusals.py; decide.py for `NameConflict` and `NotOwned`)",
+    "observe: the API server's refusals of child writes (refusals.py; ownership.py for `NameConflict` and `NotOwned`)",
     "The API server accepted every child; False names the object, the policy that refused it and the fields "
     "at fault (its reason is the policy); `NameConflict`: an object of a rendered name belongs to another owner; "
     "`NotOwned`: a pod, Job or claim template carries this PDDeployment's labels but another controller (or none "
@@ -143,7 +143,7 @@ TUNED: Final[ConditionKind[TunedReason]] = ConditionKind(
 NODE_LOST: Final[ConditionKind[NodeLostReason]] = ConditionKind(
     "NodeLost",
     get_args(NodeLostReason),
-    "observe: the Nodes of the serving pods (`decide.node_trouble`)",
+    "observe: the Nodes of the serving pods (`serving_pods.node_trouble`)",
     "Shown from the first time a serving pod's node is NotReady or unreachable: False (`NodeNotReady`) within "
     "the grace, True (`NodeLost`) once the pod is force-deleted (zero grace: its kubelet will never confirm) and "
     "recreated on a node with free GPUs, until the new pod is Ready; then False (`Recovered`, or `NodeReady` if "

@@ -8,7 +8,7 @@ without adding behaviour. The router (spec.router) is the opposite case, statele
 is a Deployment. The operator recreates a deleted pod
 and rolls it when the rendered spec changes (``pd.serving.dev/spec-hash``). Replicas are more such pods
 with stable names (``NAME``, ``NAME-1``, ...), for the same reasons not a StatefulSet: the rollout waits
-for each replacement's KVTransferVerified, which only the operator reads (decide.rollout).
+for each replacement's KVTransferVerified, which only the operator reads (serving_pods.rollout).
 
 Every setting travels in the containers' command lines and env, so ``kubectl get pod -o yaml`` shows
 what runs, except the proxy's routing and timeouts: they are in the ``<name>-proxy`` ConfigMap, which

@@ -8,8 +8,8 @@ import pytest
 
 from pd_operator import decide, layout, render
 from pd_operator.actions import Create, Decision, Delete
-from pd_operator.decide import rollout
 from pd_operator.observe import ProxyReport, wire
+from pd_operator.serving_pods import PodAction, rollout
 from pd_operator.snapshot import Deployment, Snapshot
 from pd_operator.validation import validate_spec
 from pd_operator.views import pod_view
@@ -103,7 +103,7 @@ def test_disruption_budget_keeps_replicas_minus_max_unavailable(
     ],
 )
 def test_rollout_keeps_at_most_max_unavailable_replicas_out(
-    verbs: list[decide.PodAction], available: list[bool], max_unavailable: int, expected: list[str]
+    verbs: list[PodAction], available: list[bool], max_unavailable: int, expected: list[str]
 ) -> None:
     assert rollout(verbs, available, max_unavailable) == expected
 
