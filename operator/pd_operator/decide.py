@@ -4,9 +4,9 @@ The handlers gather a :class:`Snapshot` (the PDDeployment, its pods and probe Jo
 the proxy's report, autotune's plan, the time), call :func:`decide`, execute the :data:`Action` list in order and write
 the status patch. When an action fails they decide once more with the failures in the snapshot, so
 that what the user sees (a status message, no "created" Event) follows from the same pure function.
-The serving pods (one per replica, rolled at most ``rollout.maxUnavailable`` at a time, replaced when
-their node is lost), the probe Job lifecycle (collect, record, delete, start) and drift repair of the
-other children are all decided here.
+Here: what the shell reads before deciding, the other children's step (apply, what another owner holds,
+leftovers), the autoscaling and autotune steps, and :func:`decide`, which puts them together with the
+serving pods' step (serving_pods.py) and the probe Jobs' (probe_jobs.py) over one ownership rule (ownership.py).
 """
 
 from __future__ import annotations
@@ -16,13 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from pd_operator import autoscale, autotune, goodput, layout, observe, render
-from pd_operator.actions import Action, Apply, Create, CreateSecret, Decision, Delete, Emit, Scale, refused
+from pd_operator.actions import Action, Apply, CreateSecret, Decision, Delete, Emit, Scale, refused
 from pd_operator.api import (
-    RUN_PROBE_ANNOTATION,
     AutoscalingStatus,
     Condition,
     DemandStatus,
-    GoodputStatus,
     PDDeploymentSpec,
     PDDeploymentStatus,
     ProbeState,
@@ -37,101 +35,19 @@ from pd_operator.ownership import (
     left_alone,
     owned,
     owner_confirmed,
-    probe_jobs,
 )
+from pd_operator.probe_jobs import ProbeContext, ProbeStep, collect_probes, start_probe
 from pd_operator.refusals import Refusal
 from pd_operator.serving_pods import controlled_pods, is_serving, orphans, serving_step
 from pd_operator.snapshot import Deployment, Snapshot
 from pd_operator.validation import SpecError
-from pd_operator.views import JobView, ObjectView, PodView
+from pd_operator.views import ObjectView, PodView
 
 Obj = dict[str, Any]
-ERROR_LIMIT = 1024
+Target = tuple[str, str]  # (kind, name) of an object the shell reads for the core
 
 
-# ---- the goodput probe -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ProbeStep:
-    probe: ProbeState
-    goodput: GoodputStatus | None = None  # a fresh result
-    actions: tuple[Action, ...] = ()
-
-
-def _job_pods(snap: Snapshot, job: JobView) -> list[PodView]:
-    """The Job's own pods (their controller), never another's that carries its job-name label."""
-    return [p for p in snap.pods if controlled_by(p.controller, job.uid)]
-
-
-def _record(spec: PDDeploymentSpec, lay: Layout, job: JobView, pods: Sequence[PodView], step: ProbeStep) -> ProbeStep:
-    message = goodput.termination_message(pods)
-    try:
-        if message is None:
-            raise goodput.SummaryError(job.failure)
-        result = goodput.goodput_status(goodput.parse_summary(message), spec, lay)
-    except goodput.SummaryError as exc:
-        error = str(exc)[:ERROR_LIMIT]
-        probe = step.probe.model_copy(update={"last_error": error})
-        return ProbeStep(probe, step.goodput, (*step.actions, Emit(Event("Warning", "GoodputProbeFailed", error))))
-    probe = step.probe.model_copy(update={"last_error": None})
-    return ProbeStep(probe, result, (*step.actions, Emit(Event("Normal", "GoodputMeasured", result.summary))))
-
-
-def _collect(snap: Snapshot, spec: PDDeploymentSpec, lay: Layout, previous: ProbeState) -> tuple[ProbeStep, int]:
-    """Record and delete finished probe Jobs; returns the step and how many Jobs still run."""
-    step, running = ProbeStep(previous), 0
-    for job in probe_jobs(snap):
-        if not job.finished and spec.goodput_probe.enabled:
-            running += 1
-            continue
-        pods = _job_pods(snap, job)
-        if job.name == step.probe.job_name:
-            finished = step.probe.model_copy(update={"job_name": None, "last_finished_at": goodput.rfc3339(snap.now)})
-            step = _record(spec, lay, job, pods, ProbeStep(finished, step.goodput, step.actions))
-        deletes = (Delete("Job", job.name, uid=job.uid), *(Delete("Pod", p.name, uid=p.uid) for p in pods))
-        step = ProbeStep(step.probe, step.goodput, (*step.actions, *deletes))
-    return step, running
-
-
-@dataclass(frozen=True)
-class ProbeContext:
-    """What decides whether a probe starts now, besides the probe bookkeeping itself."""
-
-    phase: str | None
-    has_result: bool
-    running_jobs: int
-    autotune: bool = False  # an autotuning trial waits for its measurement
-
-
-def _start(snap: Snapshot, spec: PDDeploymentSpec, lay: Layout, step: ProbeStep, ctx: ProbeContext) -> ProbeStep:
-    """Start a probe Job when one is due."""
-    annotations = snap.deployment.annotations
-    inputs = goodput.ProbeInputs(
-        spec=spec,
-        phase=ctx.phase,
-        probe=step.probe,
-        annotations=annotations,
-        has_result=ctx.has_result,
-        running_jobs=ctx.running_jobs,
-        now=snap.now,
-        autotune=ctx.autotune,
-    )
-    trigger = goodput.due(inputs)
-    if trigger is None:
-        return step
-    name = goodput.job_name(snap.deployment.name, snap.now)
-    create = Create(render.probe_job(lay, name, snap.probe_image))
-    if create.key in snap.failed:
-        return step
-    update: Obj = {"job_name": name, "trigger": trigger, "started_at": goodput.rfc3339(snap.now)}
-    if trigger == "annotation":
-        update["last_annotation"] = annotations.get(RUN_PROBE_ANNOTATION)
-    started = Emit(Event("Normal", "GoodputProbeStarted", f"probe Job {name} ({trigger})"))
-    return ProbeStep(step.probe.model_copy(update=update), step.goodput, (*step.actions, create, started))
-
-
-# ---- decide ------------------------------------------------------------------------------------------------
+# ---- the reads the shell is asked to make, before deciding -------------------------------------------------
 
 
 def children_refused(stored_status: Mapping[str, Any]) -> bool:
@@ -191,6 +107,15 @@ class ClaimReads:
     claims: tuple[str, ...] = ()
 
 
+def claim_reads(snap: Snapshot) -> ClaimReads:
+    """Only a deployment whose GPUs come from DRA reads anything (and needs the RBAC for it)."""
+    spec = snap.deployment.valid_spec
+    if spec is None or not spec.uses_dra:
+        return ClaimReads()
+    claims = sorted({c for pod in controlled_pods(snap).values() if (c := pod.claims.get(render.DRA_CLAIM))})
+    return ClaimReads(templates=True, claims=tuple(claims))
+
+
 def prediction_queries(snap: Snapshot) -> tuple[autoscale.Query | None, autoscale.Query | None] | None:
     """spec.autoscaling: the planner's capacity predictions to make before deciding (``autoscale.queries``)."""
     spec = snap.deployment.valid_spec
@@ -213,94 +138,6 @@ def plan_for(snap: Snapshot) -> PDDeploymentSpec | None:
     return spec if autotune.plan_due(spec, observe.parse(snap.deployment.status).autotune) else None
 
 
-def claim_reads(snap: Snapshot) -> ClaimReads:
-    """Only a deployment whose GPUs come from DRA reads anything (and needs the RBAC for it)."""
-    spec = snap.deployment.valid_spec
-    if spec is None or not spec.uses_dra:
-        return ClaimReads()
-    claims = sorted({c for pod in controlled_pods(snap).values() if (c := pod.claims.get(render.DRA_CLAIM))})
-    return ClaimReads(templates=True, claims=tuple(claims))
-
-
-def _unused_claim_templates(snap: Snapshot, current: str | None) -> list[Action]:
-    """Replaced claim templates of its own that no pod refers to any more: delete them, each with its uid as a
-    precondition (their claims live on)."""
-    used = {t for pod in snap.pods for t in pod.claim_templates}
-    return [
-        Delete("ResourceClaimTemplate", t.name, uid=t.uid)
-        for t in snap.claim_templates
-        if t.name != current and t.name not in used and controlled_by(t.controller, snap.deployment.uid)
-    ]
-
-
-@dataclass(frozen=True)
-class InForce:
-    """The spec the serving pod runs (autotune's layout ``name`` in force, else the spec's own) and its layout."""
-
-    name: str | None
-    spec: PDDeploymentSpec
-    layout: Layout
-
-
-def _in_force(d: Deployment, spec: PDDeploymentSpec, tuning: autotune.Step, known: InForce | None = None) -> InForce:
-    """Built once per layout in force: ``known`` again unless a trial's result put another layout in force."""
-    name = tuning.state.layout_in_force if tuning.state is not None else None
-    if known is not None and known.name == name:
-        return known
-    in_force = autotune.spec_in_force(spec, tuning.state)
-    return InForce(name, in_force, layout.build(d.owner, in_force))
-
-
-def _decision(previous: Mapping[str, Any], status: PDDeploymentStatus, actions: Sequence[Action]) -> Decision:
-    return Decision(status, observe.merge_patch(previous, observe.wire(status)), tuple(actions))
-
-
-Target = tuple[str, str]  # (kind, name) of an object the shell reads for the core
-
-
-def _router_lookup(spec: PDDeploymentSpec, owner: layout.Owner) -> Target | None:
-    """The router Deployment when the router is off (the rest goes with it), its PodDisruptionBudget with one pod."""
-    name = render.router_name(owner)
-    if not spec.router.enabled:
-        return ("Deployment", name)
-    return ("PodDisruptionBudget", name) if spec.router.replicas == 1 else None
-
-
-def _router_takes(spec: PDDeploymentSpec, owner: layout.Owner) -> list[Target]:
-    kinds = render.ROUTER_KINDS if not spec.router.enabled else ("PodDisruptionBudget",)
-    return [(kind, render.router_name(owner)) for kind in kinds]
-
-
-def _pool_lookup(spec: PDDeploymentSpec, owner: layout.Owner) -> Target | None:
-    return None if spec.inference_pool.enabled else ("InferencePool", render.inference_pool_name(owner))
-
-
-def _pool_takes(spec: PDDeploymentSpec, owner: layout.Owner) -> list[Target]:
-    return [("InferencePool", render.inference_pool_name(owner))]
-
-
-@dataclass(frozen=True)
-class Leftover:
-    """Children an earlier spec rendered and this one does not: on repairs the shell reads the one object
-    ``lookup`` names (a read per reconcile, not a delete per tick); once that object is seen to be this
-    PDDeployment's (an owner reference with its uid), the shell reads what it ``takes`` along, and each of
-    those that is this PDDeployment's too is deleted with its uid as precondition, the lookup object
-    last, so the lookup finds something until all are gone. What another owner holds is never deleted."""
-
-    lookup: Callable[[PDDeploymentSpec, layout.Owner], Target | None]
-    takes: Callable[[PDDeploymentSpec, layout.Owner], list[Target]]
-
-
-LEFTOVERS = {
-    "router": Leftover(_router_lookup, _router_takes),
-    "inferencePool": Leftover(_pool_lookup, _pool_takes),
-}
-
-
-def _key(kind: str, name: str) -> str:
-    return f"{kind}/{name}"
-
-
 def owner_read(snap: Snapshot) -> bool:
     """Whether to read this PDDeployment again (a GET, served from etcd) before deciding: only when an orphan
     is there that the adoption rule admits. Kubernetes' controllers re-check the owner so before adopting:
@@ -314,26 +151,6 @@ def owner_read(snap: Snapshot) -> bool:
     children = render.children(_now(snap, spec).in_force.layout, snap.operator_namespace)
     applied = {_key(o["kind"], o["metadata"]["name"]) for o in children.applied}
     return bool(orphans(snap, children.pods)) or bool(applied & seen.keys())
-
-
-def _found_leftovers(snap: Snapshot, spec: PDDeploymentSpec, owner: layout.Owner) -> list[Leftover]:
-    """The leftovers whose lookup object was read and is this PDDeployment's."""
-    found = []
-    for left in LEFTOVERS.values():
-        target = left.lookup(spec, owner)
-        if target is not None and owned(snap.seen.get(_key(*target)), snap.deployment):
-            found.append(left)
-    return found
-
-
-def _leftover_deletes(snap: Snapshot, spec: PDDeploymentSpec, owner: layout.Owner) -> list[Action]:
-    deletes: list[Action] = []
-    for left in _found_leftovers(snap, spec, owner):
-        for kind, name in left.takes(spec, owner):
-            view = snap.seen.get(_key(kind, name))
-            if view is not None and owned(view, snap.deployment):
-                deletes.append(Delete(kind, name, uid=view.uid))
-    return deletes
 
 
 def applied_children(snap: Snapshot) -> list[Target]:
@@ -361,6 +178,9 @@ def object_reads(snap: Snapshot, children: Sequence[Target]) -> list[Target]:
     wanted += [t for left in LEFTOVERS.values() if (t := left.lookup(spec, owner)) is not None]
     wanted += [t for left in _found_leftovers(snap, spec, owner) for t in left.takes(spec, owner)]
     return list(dict.fromkeys(t for t in wanted if _key(*t) not in snap.seen and _key(*t) not in snap.unread))
+
+
+# ---- the children ------------------------------------------------------------------------------------------
 
 
 # What a child held by another owner costs; a child not named here costs only itself.
@@ -427,6 +247,101 @@ def _with_uid(obj: Obj, uid: str) -> Obj:
     return {**obj, "metadata": {**obj["metadata"], "uid": uid}}
 
 
+def _key(kind: str, name: str) -> str:
+    return f"{kind}/{name}"
+
+
+def _unused_claim_templates(snap: Snapshot, current: str | None) -> list[Action]:
+    """Replaced claim templates of its own that no pod refers to any more: delete them, each with its uid as a
+    precondition (their claims live on)."""
+    used = {t for pod in snap.pods for t in pod.claim_templates}
+    return [
+        Delete("ResourceClaimTemplate", t.name, uid=t.uid)
+        for t in snap.claim_templates
+        if t.name != current and t.name not in used and controlled_by(t.controller, snap.deployment.uid)
+    ]
+
+
+def _router_lookup(spec: PDDeploymentSpec, owner: layout.Owner) -> Target | None:
+    """The router Deployment when the router is off (the rest goes with it), its PodDisruptionBudget with one pod."""
+    name = render.router_name(owner)
+    if not spec.router.enabled:
+        return ("Deployment", name)
+    return ("PodDisruptionBudget", name) if spec.router.replicas == 1 else None
+
+
+def _router_takes(spec: PDDeploymentSpec, owner: layout.Owner) -> list[Target]:
+    kinds = render.ROUTER_KINDS if not spec.router.enabled else ("PodDisruptionBudget",)
+    return [(kind, render.router_name(owner)) for kind in kinds]
+
+
+def _pool_lookup(spec: PDDeploymentSpec, owner: layout.Owner) -> Target | None:
+    return None if spec.inference_pool.enabled else ("InferencePool", render.inference_pool_name(owner))
+
+
+def _pool_takes(spec: PDDeploymentSpec, owner: layout.Owner) -> list[Target]:
+    return [("InferencePool", render.inference_pool_name(owner))]
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """Children an earlier spec rendered and this one does not: on repairs the shell reads the one object
+    ``lookup`` names (a read per reconcile, not a delete per tick); once that object is seen to be this
+    PDDeployment's (an owner reference with its uid), the shell reads what it ``takes`` along, and each of
+    those that is this PDDeployment's too is deleted with its uid as precondition, the lookup object
+    last, so the lookup finds something until all are gone. What another owner holds is never deleted."""
+
+    lookup: Callable[[PDDeploymentSpec, layout.Owner], Target | None]
+    takes: Callable[[PDDeploymentSpec, layout.Owner], list[Target]]
+
+
+LEFTOVERS = {
+    "router": Leftover(_router_lookup, _router_takes),
+    "inferencePool": Leftover(_pool_lookup, _pool_takes),
+}
+
+
+def _found_leftovers(snap: Snapshot, spec: PDDeploymentSpec, owner: layout.Owner) -> list[Leftover]:
+    """The leftovers whose lookup object was read and is this PDDeployment's."""
+    found = []
+    for left in LEFTOVERS.values():
+        target = left.lookup(spec, owner)
+        if target is not None and owned(snap.seen.get(_key(*target)), snap.deployment):
+            found.append(left)
+    return found
+
+
+def _leftover_deletes(snap: Snapshot, spec: PDDeploymentSpec, owner: layout.Owner) -> list[Action]:
+    deletes: list[Action] = []
+    for left in _found_leftovers(snap, spec, owner):
+        for kind, name in left.takes(spec, owner):
+            view = snap.seen.get(_key(kind, name))
+            if view is not None and owned(view, snap.deployment):
+                deletes.append(Delete(kind, name, uid=view.uid))
+    return deletes
+
+
+# ---- decide ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InForce:
+    """The spec the serving pod runs (autotune's layout ``name`` in force, else the spec's own) and its layout."""
+
+    name: str | None
+    spec: PDDeploymentSpec
+    layout: Layout
+
+
+def _in_force(d: Deployment, spec: PDDeploymentSpec, tuning: autotune.Step, known: InForce | None = None) -> InForce:
+    """Built once per layout in force: ``known`` again unless a trial's result put another layout in force."""
+    name = tuning.state.layout_in_force if tuning.state is not None else None
+    if known is not None and known.name == name:
+        return known
+    in_force = autotune.spec_in_force(spec, tuning.state)
+    return InForce(name, in_force, layout.build(d.owner, in_force))
+
+
 @dataclass(frozen=True)
 class Now:
     """This reconcile's autotune step, probe Jobs collected, and the spec and layout in force after them."""
@@ -441,7 +356,7 @@ def _now(snap: Snapshot, spec: PDDeploymentSpec) -> Now:
     previous = observe.parse(snap.deployment.status)
     tuning = autotune.begin(spec, previous.autotune, snap.plan)
     measured = _in_force(snap.deployment, spec, tuning)  # what a probe finishing now has measured
-    collected, running = _collect(snap, measured.spec, measured.layout, previous.probe)
+    collected, running = collect_probes(snap, measured.spec, measured.layout, previous.probe)
     tuning = _trial_result(tuning, previous.probe, collected, goodput.rfc3339(snap.now), spec)
     return Now(tuning, collected, running, _in_force(snap.deployment, spec, tuning, measured))
 
@@ -497,7 +412,7 @@ def decide(snap: Snapshot) -> Decision:
     )
     observed = observe.status(obs)
     ctx = ProbeContext(observed.phase, observed.goodput is not None, running, autotune.probe_due(tuning.state))
-    probe = _start(snap, spec, lay, collected, ctx)
+    probe = start_probe(snap, spec, lay, collected, ctx)
     update: Obj = {"probe": probe.probe}
     started = probe.probe.job_name != collected.probe.job_name
     if tuning.state is not None and started and probe.probe.trigger == "autotune":
@@ -507,6 +422,13 @@ def decide(snap: Snapshot) -> Decision:
     new = observe.with_condition(scaled, scaling.condition, previous, now, d.generation)
     events = [Emit(e) for e in (*tuning.events, *scaling.events, *observe.events(previous, new))]
     return _decision(d.status, new, [*repairs, *serving.actions, *probe.actions, *scaling.actions, *events])
+
+
+def _decision(previous: Mapping[str, Any], status: PDDeploymentStatus, actions: Sequence[Action]) -> Decision:
+    return Decision(status, observe.merge_patch(previous, observe.wire(status)), tuple(actions))
+
+
+# ---- autoscaling and autotune ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
