@@ -154,14 +154,13 @@ def owner_read(snap: Snapshot) -> bool:
 
 
 def applied_children(snap: Snapshot) -> list[Target]:
-    """The children :func:`decide` will apply, on repairs of a valid spec (the layout built once for them)."""
+    """The children :func:`decide` will apply, and the credentials Secret it creates when absent, on repairs
+    of a valid spec (the layout built once for them): who holds each is read before deciding."""
     spec = snap.deployment.valid_spec
     if not snap.repair_children or spec is None:
         return []
-    return [
-        (o["kind"], o["metadata"]["name"])
-        for o in render.children(_now(snap, spec).in_force.layout, snap.operator_namespace).applied
-    ]
+    children = render.children(_now(snap, spec).in_force.layout, snap.operator_namespace)
+    return [(o["kind"], o["metadata"]["name"]) for o in (children.credentials, *children.applied)]
 
 
 def object_reads(snap: Snapshot, children: Sequence[Target]) -> list[Target]:
@@ -237,6 +236,20 @@ def _apply_children(snap: Snapshot, applied: Sequence[Obj]) -> ChildrenStep:
             continue
         applies.append(Apply(_with_uid(obj, uid) if uid else obj))
     return ChildrenStep(tuple(applies), tuple(conflicts), "; ".join(blocked) or None, complete)
+
+
+def _credentials(snap: Snapshot, secret: Obj) -> ChildrenStep:
+    """Create the credentials Secret when absent (a 409 leaves the one there as it is). One of its name that
+    another owner holds is left alone and keeps the serving pod from being created: its engines and proxy would
+    take their keys from a Secret whose keys someone else chose."""
+    view = snap.seen.get(_key(secret["kind"], secret["metadata"]["name"]))
+    if view is not None and not owned(view, snap.deployment):
+        why = "its engines and proxy would take their keys from a Secret another owner chose"
+        return ChildrenStep(
+            conflicts=(conflict(view, f"the serving pod is not created: {why}"),),
+            blocked=f"{view.key} belongs to another owner and {why}",
+        )
+    return ChildrenStep(applies=(CreateSecret(secret, render.CREDENTIAL_KEYS),))
 
 
 def _is_router(obj: Obj) -> bool:
@@ -382,13 +395,15 @@ def decide(snap: Snapshot) -> Decision:
     tuning, collected, running, in_force = step.tuning, step.collected, step.running, step.in_force
     spec, lay = in_force.spec, in_force.layout
     children = render.children(lay, snap.operator_namespace)
-    written = _apply_children(snap, children.applied) if snap.repair_children else ChildrenStep()
-    secret = CreateSecret(children.credentials, render.CREDENTIAL_KEYS)
-    repairs = [secret, *written.applies] if snap.repair_children else []
+    written, keys = ChildrenStep(), ChildrenStep()
+    if snap.repair_children:
+        written, keys = _apply_children(snap, children.applied), _credentials(snap, children.credentials)
+    repairs = [*keys.applies, *written.applies]
     template = render.claim_template_name(lay) if lay.dra_device_class is not None else None
     repairs += _unused_claim_templates(snap, template)
     repairs += _leftover_deletes(snap, spec, lay.owner)
-    serving = serving_step(snap, spec, lay, children.pods, previous, written.blocked)
+    blocked = "; ".join(b for b in (keys.blocked, written.blocked) if b) or None
+    serving = serving_step(snap, spec, lay, children.pods, previous, blocked)
     unowned = left_alone(snap, serving.claimed, template)
     obs = Observation(
         generation=d.generation,
@@ -400,6 +415,7 @@ def decide(snap: Snapshot) -> Decision:
         previous=previous,
         goodput=collected.goodput,
         refusals=(
+            *keys.conflicts,
             *written.conflicts,
             *serving.conflicts,
             *unowned,

@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from pd_operator import api, decide, render
-from pd_operator.actions import Adopt, Apply, Create, Decision, Delete
+from pd_operator.actions import Adopt, Apply, Create, CreateSecret, Decision, Delete
 from pd_operator.refusals import ApiFailure, refusal
 from pd_operator.snapshot import Snapshot
 from pd_operator.views import ObjectView, OwnerRef
@@ -84,6 +84,24 @@ def test_a_proxy_configmap_of_another_owner_keeps_the_pod_from_being_created() -
         in (cond(status, "ChildrenAdmitted")["message"])
     )
     assert "the serving pod is not created" in status["message"]
+
+
+def test_a_credentials_secret_of_another_owner_is_not_used_and_keeps_the_pod_from_being_created() -> None:
+    key = f"Secret/{NAME}-credentials"
+    decision = decide.decide(seeing(**{key: view(key)}))
+    assert not any(isinstance(a, CreateSecret) for a in decision.actions) and not creates_the_pod(decision)
+    found = cond(stored({}, decision), "ChildrenAdmitted")
+    assert (found["status"], found["reason"]) == ("False", "NameConflict")
+    assert "take their keys from a Secret another owner chose" in found["message"]
+
+
+def test_a_credentials_secret_of_its_own_is_left_as_it_is() -> None:
+    key = f"Secret/{NAME}-credentials"
+    decision = decide.decide(seeing(**{key: view(key, owners=OURS)}))
+    assert [a.obj["metadata"]["name"] for a in decision.actions if isinstance(a, CreateSecret)] == [
+        f"{NAME}-credentials"
+    ]
+    assert creates_the_pod(decision), "CreateSecret meets the one there (409) and changes nothing"
 
 
 def test_children_of_ours_and_known_ones_are_applied_with_their_uid_as_precondition() -> None:
