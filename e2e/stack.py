@@ -54,6 +54,10 @@ SUITE_POLICY: dict[str, Any] = {
     ],
     "allowPrivileged": True,
     "allowHostNetwork": True,  # test_seed_examples: the write example's RoCE GIDs
+    # test_pod_template: a runtime class and a Multus network of another namespace reach the serving pod
+    "runtimeClassNames": ["e2e-rocm"],
+    "podAnnotationKeys": ["k8s.v1.cni.cncf.io/networks"],
+    "networkNamespaces": ["default"],
 }
 
 

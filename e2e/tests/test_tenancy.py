@@ -100,6 +100,7 @@ WIDENED: Obj = {
     "runtimeClassNames": ["nvidia-privileged"],
     "podAnnotationKeys": ["container.apparmor.security.beta.kubernetes.io/*", "sidecar.istio.io/inject", NETWORKS],
     "networkNamespaces": ["shared"],
+    "allowHostNetwork": True,  # the RDMA examples that need the node's network namespace
 }
 TENANT_ROLE: Obj = {
     "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -114,6 +115,10 @@ TENANT_ROLE: Obj = {
 def message_of(rule: str, field: str) -> str:
     """The admission message of the rule at this field, as the chart's policy renders it from policy.RULES."""
     return next(r.validation()["message"] for r in RULES if r.rule == rule and r.field == field)
+
+
+def host_network(example: Obj) -> bool:
+    return bool(example["spec"].get("kvTransfer", {}).get("rdma", {}).get("hostNetwork"))
 
 
 def manifest(name: str, change: Obj) -> Obj:
@@ -198,10 +203,19 @@ def test_each_escalation_is_refused_at_apply_and_admitted_after_the_opt_in(opera
         spec = validate_spec(objs[name]["spec"])
         assert [v.rule for v in violations(spec, DEFAULT_POLICY, namespace=tenant.namespace)] == [rule]
         assert pdd(tenant.cp, tenant.namespace, objs[name]["metadata"]["name"]) is None
-    for path in sorted((REPO_ROOT / "examples").glob("*.yaml")):  # the defaults admit every example
-        proc = tenant.create(yaml.safe_load(path.read_text()), dry_run=True)
-        assert proc.returncode == 0, f"{path.name}: {proc.stderr}"
+    examples = {path.name: yaml.safe_load(path.read_text()) for path in sorted((REPO_ROOT / "examples").glob("*.yaml"))}
+    on_host_network = {name for name, obj in examples.items() if host_network(obj)}
+    assert on_host_network, "the RDMA examples that name the host-network opt-in"
+    for name, example in examples.items():  # the defaults admit every example but those that name the opt-in
+        proc = tenant.create(example, dry_run=True)
+        if name in on_host_network:
+            assert message_of("HostNetworkNotAllowed", "spec.kvTransfer.rdma.hostNetwork") in proc.stderr, proc.stderr
+        else:
+            assert proc.returncode == 0, f"{name}: {proc.stderr}"
     install_policy(operator, tenant, WIDENED, list(objs.values()), admitted=True)
+    for name in sorted(on_host_network):
+        proc = tenant.create(examples[name], dry_run=True)
+        assert proc.returncode == 0, f"{name}: refused after the opt-in: {proc.stderr}"
     widened = TenancyPolicy.model_validate(WIDENED)
     for name, obj in objs.items():
         proc = tenant.create(obj)
