@@ -353,6 +353,8 @@ EXPECTED_RULES = {
     "clusterkopfpeerings.kopf.dev": {"get", "list", "watch", "patch"},
     "namespaces": {"list", "watch"},
     "nodes": {"list", "watch"},  # read-only: whether the serving pod's node is lost
+    # each PDDeployment's credentials Secret: created once, read for its admin key; never listed or changed
+    "secrets": {"get", "create"},
     "customresourcedefinitions.apiextensions.k8s.io": {"list", "watch"},
 }
 # granted to every authenticated user by the default bootstrap roles, not by the chart
