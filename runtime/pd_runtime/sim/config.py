@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pd_runtime import protocol
-from pd_runtime.sim.versions import parse_version
 from pd_runtime.vllm_pin import DEFAULT_MAX_NUM_SEQS, PINNED_VLLM_VERSION
+from pd_runtime.vllm_releases import release
 
 # vLLM V1's defaults for the OpenAI server on GPUs with >= 70 GiB (MI300X): see docs/simulator.md.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
@@ -231,7 +231,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Eng
     registration: protocol.Generation = "G1" if knob("registration", str, "g2").lower() == "g1" else "G2"
     vllm_version = ns.vllm_version or env.get(ENV_PREFIX + "VLLM_VERSION") or PINNED_VLLM_VERSION
     try:
-        parse_version(vllm_version)
+        release(vllm_version)
     except ValueError as exc:
         raise ConfigError(f"--vllm-version: {exc}") from None
     if ns.num_gpu_blocks_override is not None and ns.num_gpu_blocks_override < 1:

@@ -1,0 +1,131 @@
+"""Pure: what each vLLM release line accepts and what its MoRI-IO connector does, one table for all.
+
+The operator renders per line only the flags and ``--kv-transfer-config`` keys it accepts and admits only
+what its connector supports; the launcher compares the installed release with the declared one; the
+simulator reproduces each line's connector behaviours. Every cell was read in the released wheel (paths
+below are inside it, ``moriio/`` = ``vllm/distributed/kv_transfer/kv_connector/v1/moriio/``);
+docs/vllm-versions.md says the same in prose, with what the project does about each.
+
+- ``KVTransferConfig`` (``vllm/config/kv_transfer.py``) is a ``@config`` dataclass, which forbids unknown
+  fields (``vllm/config/utils.py``: ``ConfigDict(extra="forbid")``) in every line read; 0.32 removed
+  ``kv_buffer_size``, ``kv_rank``, ``kv_parallel_size`` and ``kv_ip``, so rendering one fails the engine.
+- ``moriio/moriio_connector.py`` ``MoRIIOConnectorScheduler.get_num_new_matched_tokens``: on a decode
+  engine a request without ``do_remote_prefill`` is a remote prefill anyway before the guards (write mode
+  waits for KV, read mode decodes from KV it never loaded); 0.32 guards write mode, 0.33 both.
+- 0.31 returns ``remote_block_ids`` as one list per KV-cache group (``[[1, 2, 3]]``).
+- A preempted write-mode decode request waits a second time for KV before 0.32 (vLLM PRs #53250, #53549,
+  #57705); 0.32 moved the heartbeat into a subprocess (``moriio/moriio_heartbeat.py``).
+- 0.33: a write-mode prefill that gives up waiting for decode's blocks (``defer_timeout``) tells decode
+  (``moriio/moriio_engine.py`` ``_notify_write_failed``), which fails the request or recomputes it per
+  ``kv_load_failure_policy``; prefill and decode TP may differ in write mode (``moriio/moriio_tp_mapping.py``);
+  read mode releases prefill's blocks for a request aborted before decode allocated.
+- 0.31, measured in the live tier (``live/test_faults.py``): a write-mode decode request aborted while it
+  waits for its KV keeps its blocks for good; seen on 0.31 only, other lines not checked.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+Version = tuple[int, int, int]
+
+_VERSION_RE = re.compile(r"^v?(?P<major>\d+)\.(?P<minor>\d+)(?:\.(?P<patch>\d+))?")
+
+# KVTransferConfig's fields in 0.31 (vllm/config/kv_transfer.py); 0.32, 0.33 and 0.34 have the same less
+# _REMOVED_IN_0_32 (0.34 adds methods, no fields).
+_KV_FIELDS_0_31 = frozenset(
+    {
+        "kv_connector",
+        "engine_id",
+        "kv_buffer_device",
+        "kv_buffer_size",
+        "kv_role",
+        "kv_rank",
+        "kv_parallel_size",
+        "kv_ip",
+        "kv_port",
+        "kv_connector_extra_config",
+        "kv_connector_module_path",
+        "enable_permute_local_kv",
+        "kv_load_failure_policy",
+    }
+)
+_REMOVED_IN_0_32 = frozenset({"kv_buffer_size", "kv_rank", "kv_parallel_size", "kv_ip"})
+_KV_FIELDS_0_32 = _KV_FIELDS_0_31 - _REMOVED_IN_0_32
+
+
+def parse_version(text: str) -> Version:
+    """``0.29.0`` (or ``0.29``, ``v0.29.0rc1``, ``0.31.0+rocm723``) -> (0, 29, 0); ValueError for anything else."""
+    match = _VERSION_RE.match(text.strip())
+    if match is None:
+        raise ValueError(f"not a vLLM version: {text!r}")
+    return int(match["major"]), int(match["minor"]), int(match["patch"] or 0)
+
+
+def format_version(version: Version) -> str:
+    return ".".join(str(part) for part in version)
+
+
+@dataclass(frozen=True)
+class Release:
+    """One vLLM release line (major.minor): what its engine accepts and its connector does."""
+
+    line: tuple[int, int]
+    supported: bool  # the operator runs it (the API refuses the others); the simulator may reproduce any row
+    kv_transfer_config_fields: frozenset[str]
+    remote_block_ids_grouped: bool
+    plain_decode_guard_write: bool  # a plain request on a write-mode decode engine is computed there
+    plain_decode_guard_read: bool  # the same in read mode
+    preemption_fixed: bool  # a preempted write-mode decode request does not wait for KV again
+    heartbeat_subprocess: bool
+    write_failed: bool  # prefill tells decode a write it gave up; decode applies kv_load_failure_policy
+    heterogeneous_tp_write: bool  # prefill and decode TP may differ in write mode (read mode: every line)
+    read_abort_releases_blocks: bool  # read mode: prefill's blocks freed for a request aborted before decode
+    kv_wait_abort_leak_seen: bool  # measured: an aborted write-mode KV wait keeps decode's blocks
+
+    @property
+    def name(self) -> str:
+        return f"{self.line[0]}.{self.line[1]}"
+
+
+# fmt: off
+# line, supported, KVTransferConfig fields, then: grouped block ids, write guard, read guard, preemption
+# fixed, heartbeat subprocess, write_failed, heterogeneous TP in write mode, read abort releases, leak seen.
+RELEASES: tuple[Release, ...] = (
+    # The previous pin: the simulator reproduces it; its fields as 0.31's (the keys we render passed there).
+    Release((0, 29), False, _KV_FIELDS_0_31, False, False, False, False, False, False, False, False, False),
+    Release((0, 31), True, _KV_FIELDS_0_31, True, False, False, False, False, False, False, False, True),
+    Release((0, 32), True, _KV_FIELDS_0_32, True, True, False, True, True, False, False, False, False),
+    Release((0, 33), True, _KV_FIELDS_0_32, True, True, True, True, True, True, True, True, False),
+    Release((0, 34), True, _KV_FIELDS_0_32, True, True, True, True, True, True, True, True, False),
+)
+# fmt: on
+
+SUPPORTED: tuple[Release, ...] = tuple(r for r in RELEASES if r.supported)
+SUPPORTED_RANGE = f"{SUPPORTED[0].name} - {SUPPORTED[-1].name}"
+
+
+def release(version: str | Version) -> Release:
+    """The row of the newest line at or before ``version`` (a line not in the table behaves as the one
+    before it); ValueError before the oldest row."""
+    parsed = parse_version(version) if isinstance(version, str) else version
+    rows = [r for r in RELEASES if r.line <= parsed[:2]]
+    if not rows:
+        raise ValueError(f"no vLLM release before {RELEASES[0].name} is known (got {format_version(parsed)})")
+    return rows[-1]
+
+
+def is_supported(version: str) -> bool:
+    """Whether ``version`` (major.minor.patch) is of a line the operator runs."""
+    try:
+        parsed = parse_version(version)
+    except ValueError:
+        return False
+    return any(r.line == parsed[:2] for r in SUPPORTED)
+
+
+def same_release(declared: str, installed: str) -> bool:
+    """Whether the installed release is the declared one: the same major.minor.patch, whatever local label
+    the build adds (``0.31.0+rocm723``, ``0.32.0+cpu``)."""
+    return parse_version(declared) == parse_version(installed)
