@@ -47,6 +47,8 @@ from pd_operator.rules import (
 )
 from pd_operator.vllm_flags import cel_sets_compilation_config, sets_compilation_config
 from pd_runtime import protocol
+from pd_runtime.vllm_pin import PINNED_VLLM_VERSION
+from pd_runtime.vllm_releases import SUPPORTED, SUPPORTED_RANGE, Release, is_supported, release
 
 # Linux's default net.ipv4.ip_local_port_range: where the kernel picks a port for bind(port 0), which
 # is how vLLM's get_open_port() draws the ports of its other listeners (MoRI engine, side channels).
@@ -252,6 +254,11 @@ def _cel_no_compute_limits(res: str) -> str:
     return f"(!has({res}.limits) || (!('cpu' in {res}.limits) && !('memory' in {res}.limits)))"
 
 
+ReleaseVersion = Annotated[str, StringConstraints(max_length=32, pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")]
+# engineVersion's supported lines as a CEL regex: "0[.]31", "0[.]32", ... then the patch number.
+_CEL_SUPPORTED_VERSION = "^(" + "|".join(r.name.replace(".", "[.]") for r in SUPPORTED) + ")[.][0-9]+$"
+
+
 def _all_resources(s: PDDeploymentSpec) -> list[Resources]:
     return [s.prefill.resources, s.decode.resources, s.proxy.resources, *(e.resources for e in s.colocated.engines)]
 
@@ -281,6 +288,15 @@ class PDDeploymentSpec(ApiModel):
     )
     image: Annotated[str, StringConstraints(min_length=1, max_length=512)] = Field(
         DEFAULT_IMAGE, description="Runtime image (vLLM with MoRI-IO plus pdctl) used by every container."
+    )
+    engine_version: ReleaseVersion | None = Field(
+        None,
+        description=(
+            f"The vLLM release the image runs (major.minor.patch, a supported line: {SUPPORTED_RANGE}); unset = "
+            f"the default image's, {PINNED_VLLM_VERSION}. It decides which flags and --kv-transfer-config keys "
+            "are rendered and what admission allows; each engine's launcher refuses to start when the installed "
+            "vLLM is another release (PreflightFailed, both versions named). Simulated engines reproduce it."
+        ),
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="Pull policy of the runtime image."
@@ -363,6 +379,13 @@ class PDDeploymentSpec(ApiModel):
         return engine_seconds / scale + protocol.KV_WAIT_MARGIN_S
 
     _rules = (
+        Rule(
+            cel=f"!has(self.engineVersion) || self.engineVersion.matches('{_CEL_SUPPORTED_VERSION}')",
+            message=f"engineVersion must be a release of a supported vLLM line ({SUPPORTED_RANGE}, e.g. "
+            f"{PINNED_VLLM_VERSION}): the operator renders each line's own flags and kv-transfer keys",
+            check=lambda s: s.engine_version is None or is_supported(s.engine_version),
+            field_path=".engineVersion",
+        ),
         _role_within_node_rule("prefill"),
         _role_within_node_rule("decode"),
         Rule(
@@ -512,6 +535,16 @@ class PDDeploymentSpec(ApiModel):
             field_path=".autotune.enabled",
         ),
     )
+
+    @property
+    def vllm_version(self) -> str:
+        """The vLLM release the engines run: the declared one, else the default image's."""
+        return self.engine_version or PINNED_VLLM_VERSION
+
+    @property
+    def vllm_release(self) -> Release:
+        """What that release accepts and its connector does (pd_runtime.vllm_releases)."""
+        return release(self.vllm_version)
 
     @property
     def served_name(self) -> str:
