@@ -1,0 +1,59 @@
+"""Start the fake MI300X node's device plugins next to a real kubelet.
+
+`pd-fake-device-plugins` (e2e/tools/devplugins, built by e2e/build-device-plugins.sh) makes the node's
+device nodes (real character devices: /dev/kfd, /dev/dri/card*/renderD*, /dev/infiniband/*) and its
+sysfs device classes under `devices_root`, then registers amd.com/gpu, rdma/hca_shared_devices_a and
+amd.com/nic on the kubelet's device-plugin socket and serves Allocate from there: the kubelet's device
+manager, containerd and runc put the devices into containers as on a GPU node (docs/gpu-allocation.md,
+"The fake devices of the e2e node").
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from e2e.procs import ProcRef, spawn
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BUILD_SCRIPT = REPO_ROOT / "e2e" / "build-device-plugins.sh"
+BINARY = "pd-fake-device-plugins"
+
+
+def binary() -> Path:
+    """$PD_E2E_DEVPLUGINS (a built binary), or the one the build script keeps in its cache."""
+    if env_bin := os.environ.get("PD_E2E_DEVPLUGINS"):
+        return Path(env_bin)
+    out = subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True).stdout
+    return Path(out.strip().splitlines()[-1]) / BINARY
+
+
+@dataclass(frozen=True)
+class NodeDevicesSpec:
+    """What the node has: `nics=0` leaves out the RDMA resources."""
+
+    gpus: int = 8
+    nics: int = 8
+    numa_nodes: int = 2
+
+    def argv(self, kubelet_root: Path, devices_root: Path) -> list[str]:
+        return [
+            f"-dir={kubelet_root / 'device-plugins'}",
+            f"-root={devices_root}",
+            f"-gpus={self.gpus}",
+            f"-nics={self.nics}",
+            f"-numa-nodes={self.numa_nodes}",
+        ]
+
+
+def start(
+    kubelet_root: Path, devices_root: Path, log_path: Path, spec: NodeDevicesSpec | None = None, detach: bool = False
+) -> ProcRef:
+    """Start the plugins of the kubelet whose --root-dir is `kubelet_root`; they register whenever its
+    kubelet.sock appears (again after each kubelet restart). Stop them with procs.stop."""
+    (kubelet_root / "device-plugins").mkdir(parents=True, exist_ok=True)
+    argv = [str(binary()), *(spec or NodeDevicesSpec()).argv(kubelet_root, devices_root)]
+    ref, _ = spawn("device-plugins", argv, log_path, detach=detach)
+    return ref
