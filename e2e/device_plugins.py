@@ -20,6 +20,7 @@ from e2e.procs import ProcRef, spawn
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "e2e" / "build-device-plugins.sh"
 BINARY = "pd-fake-device-plugins"
+DEVICE_PLUGIN_PATH = "/var/lib/kubelet/device-plugins"  # pluginapi.DevicePluginPath, fixed in the kubelet
 
 
 def binary() -> Path:
@@ -46,6 +47,19 @@ class NodeDevicesSpec:
             f"-nics={self.nics}",
             f"-numa-nodes={self.numa_nodes}",
         ]
+
+
+def kubelet_wrapper(kubelet_root: Path) -> list[str]:
+    """The argv prefix that runs a kubelet where it finds `kubelet_root`'s device-plugins directory: its
+    device manager listens on /var/lib/kubelet/device-plugins/kubelet.sock whatever --root-dir says, so
+    the kubelet gets a mount namespace of its own, a tmpfs on /var/lib (nothing appears in the machine's)
+    and the node's directory bound there; several kubelets on one machine then keep their plugins apart."""
+    plugins = kubelet_root / "device-plugins"
+    script = (
+        "set -e; mount --make-rprivate /; mount -t tmpfs -o size=1m,mode=755 pd-node-varlib /var/lib; "
+        f'mkdir -p {DEVICE_PLUGIN_PATH}; mount --bind "$0" {DEVICE_PLUGIN_PATH}; exec "$@"'
+    )
+    return ["unshare", "--mount", "sh", "-c", script, str(plugins)]
 
 
 def start(
