@@ -6,8 +6,8 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
+from pd_runtime.prefix_cache import PrefixCache, id_blocks
 from pd_runtime.sim.openai import parse_request
-from pd_runtime.sim.prefix_cache import PrefixCache, id_blocks
 from tests.ports import TEST_PORTS
 from tests.sim.sim_helpers import EngineFactory, metric, scrape
 

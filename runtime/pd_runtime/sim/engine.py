@@ -23,15 +23,15 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from pd_runtime import protocol
+from pd_runtime.prefix_cache import BLOCK_SIZE, PrefixCache
 from pd_runtime.sim import openai
 from pd_runtime.sim.clock import ScaledClock
 from pd_runtime.sim.config import EngineConfig
 from pd_runtime.sim.connector import Connector, ConsumerJob, KvFaultSwitch, ProducerJob
 from pd_runtime.sim.core import Emitted, EngineCore
 from pd_runtime.sim.metrics import EngineMetrics
-from pd_runtime.sim.prefix_cache import PrefixCache
 from pd_runtime.sim.profiles import Profile
-from pd_runtime.sim.scheduler import BLOCK_SIZE, Scheduler, Sequence
+from pd_runtime.sim.scheduler import Scheduler, Sequence
 from pd_runtime.sim.sidechannel import SideChannel, bind_host_for
 from pd_runtime.sim.system import eos_length
 from pd_runtime.sim.versions import ConnectorBehaviour

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from pd_runtime.sim.prefix_cache import id_blocks, piece_blocks
+from pd_runtime.prefix_cache import id_blocks, piece_blocks
 
 _PIECE_RE = re.compile(r"[^\W\d_]+|\d+|[^\w\s]|_")
 _WORDS = (" the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog", ".")

@@ -13,9 +13,8 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from pd_runtime.prefix_cache import BLOCK_SIZE
 from pd_runtime.sim.timing import BatchShape
-
-BLOCK_SIZE = 16  # tokens per KV-cache block, vLLM's default
 
 
 @dataclass(eq=False)

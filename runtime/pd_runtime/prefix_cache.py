@@ -1,12 +1,13 @@
-"""Pure: vLLM's automatic prefix caching as the simulated engine models it (``--sim-prefix-cache-blocks``).
+"""Pure: vLLM's automatic prefix caching as the simulated engine models it (``--sim-prefix-cache-blocks``)
+and as the proxy estimates each decode engine's (``proxy.disaggregation``).
 
 vLLM hashes a prompt's full blocks of 16 tokens, each hash chained to the one before it, and keeps the KV
 of freed blocks until their room is needed (least recently used first); a new prompt reuses its longest
 run of leading blocks found there and computes only the rest, its last token always
 (``vllm/v1/core/kv_cache_utils.py``, ``hash_block_tokens``). The simulator has no tokenizer: a prompt
 of token ids is cut into blocks of 16 ids; a text prompt, or the text of chat messages, into the pieces
-``openai.count_text_tokens`` counts, 16 tokens' worth to a block. Hashes are Python's own (one process,
-one cache: they never leave it).
+``openai.count_text_tokens`` counts, 16 tokens' worth to a block (the proxy: 4 characters a token). Hashes
+are Python's own (one process, one cache: they never leave it).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
-from pd_runtime.sim.scheduler import BLOCK_SIZE
+BLOCK_SIZE = 16  # tokens per KV-cache block, vLLM's default
 
 
 def chained(blocks: Iterable[tuple[object, ...]]) -> tuple[int, ...]:
