@@ -26,7 +26,7 @@ def test_reloadable_keys_are_the_routing_and_timeout_flags() -> None:
         "policy", "max-tokens-policy", "no-kv-fallback", "on-kv-mismatch",
         "connect-timeout", "prefill-timeout", "first-byte-timeout", "kv-wait-timeout",
         "idle-timeout", "response-timeout", "health-timeout", "max-in-flight", "max-queued", "queue-timeout",
-        "affinity-prefix-tokens", "affinity-max-imbalance",
+        "affinity-prefix-tokens", "affinity-max-imbalance", "disaggregation", "disaggregation-threshold",
     }  # fmt: skip
     flags = {opt for action in build_parser()._actions for opt in action.option_strings}
     assert {f"--{key}" for key in reload.SETTINGS} <= flags  # the file speaks the flags' names

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pd_runtime.sim.config import ConfigError, parse_args
-from pd_runtime.sim.versions import ConnectorBehaviour
+from pd_runtime.sim.versions import ConnectorBehaviour, decode_alone_refusal
 from pd_runtime.vllm_pin import PINNED_VLLM_VERSION
 
 
@@ -34,3 +34,17 @@ def test_the_default_is_the_image_pin_and_the_flag_or_env_override_it() -> None:
     for unknown in ("new", "0.20.0"):
         with pytest.raises(ConfigError, match="vllm-version"):
             parse_args(["m", "--vllm-version", unknown], env={})
+
+
+
+@pytest.mark.parametrize(
+    ("version", "read", "refused"),
+    [("0.31.0", False, True), ("0.31.0", True, True), ("0.32.0", False, False), ("0.32.0", True, True),
+     ("0.33.0", False, False), ("0.33.0", True, False)],
+)  # fmt: skip
+def test_decode_alone_is_refused_where_decode_does_not_compute_a_plain_request(
+    version: str, read: bool, refused: bool
+) -> None:
+    refusal = decode_alone_refusal(version, read)
+    assert (refusal is not None) is refused
+    assert refusal is None or f"vLLM {version}" in refusal

@@ -55,20 +55,37 @@ def _chat_text(messages: Iterable[Any], chars: int) -> str:
     return "".join(parts)[:chars]
 
 
-def prefix_key(body: dict[str, Any], tokens: int) -> bytes | None:
-    """The key of a client body's prompt prefix (module docstring); None without a usable prompt."""
-    chars = CHARS_PER_TOKEN * tokens
+def completion_prompt(body: dict[str, Any]) -> str | list[int] | None:
+    """A completions body's one prompt, text or token ids; None for a batch, chat or no prompt."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return b"text\x00" + prompt[:chars].encode()
+        return prompt
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return b"ids\x00" + ",".join(map(str, prompt[:tokens])).encode()
+        return prompt
+    return None
+
+
+def chat_text(body: dict[str, Any], chars: int) -> str | None:
+    """A chat body's messages as one text (role and content of each, in order), its first ``chars``
+    characters; None without messages."""
     messages = body.get("messages")
     if isinstance(messages, list) and messages:
-        return b"chat\x00" + _chat_text(messages, chars).encode()
+        return _chat_text(messages, chars)
     return None
+
+
+def prefix_key(body: dict[str, Any], tokens: int) -> bytes | None:
+    """The key of a client body's prompt prefix (module docstring); None without a usable prompt."""
+    chars = CHARS_PER_TOKEN * tokens
+    prompt = completion_prompt(body)
+    if isinstance(prompt, str):
+        return b"text\x00" + prompt[:chars].encode()
+    if prompt is not None:
+        return b"ids\x00" + ",".join(map(str, prompt[:tokens])).encode()
+    text = chat_text(body, chars)
+    return None if text is None else b"chat\x00" + text.encode()
 
 
 @functools.lru_cache(maxsize=16)

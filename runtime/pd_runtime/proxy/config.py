@@ -20,6 +20,7 @@ from pd_runtime.protocol import (
     REGISTRATION_PORT,
 )
 from pd_runtime.proxy.admin_auth import Network
+from pd_runtime.proxy.disaggregation import DisaggregationPolicy
 from pd_runtime.proxy.gate import DEFAULT_MAX_INSTANCES
 from pd_runtime.proxy.kvcheck import OnKvMismatch
 from pd_runtime.proxy.legs import MaxTokensPolicy, ProxyMode
@@ -221,6 +222,33 @@ class ProxyConfig:
             "prefill = serve it on the prefill engine as a plain request, error = answer 502. Never decode: "
             "vLLM < 0.32 (write) / 0.33 (read) treats every decode request as a remote prefill",
             reload=True,
+        ),
+    )
+    disaggregation: DisaggregationPolicy = field(
+        default="always",
+        metadata=flag(
+            "always: every request through prefill and decode; threshold: a prompt of fewer than "
+            "--disaggregation-threshold tokens, or whose part not in decode's prefix cache is, is one plain request "
+            "to decode (no prefill leg, no KV transfer). Only for engines whose decode computes a plain request: "
+            "vLLM >= 0.32 in write mode, >= 0.33 in read mode",
+            reload=True,
+        ),
+    )
+    disaggregation_threshold: int = field(
+        default=256,
+        metadata=flag(
+            "threshold: prompts (or their uncached part) below this many tokens are served on decode alone; token-id "
+            "prompts count exactly, text 4 ASCII characters a token",
+            parse=positive_int,
+            reload=True,
+        ),
+    )
+    disaggregation_cache_tokens: int = field(
+        default=262_144,
+        metadata=flag(
+            "threshold: the prefix cache the proxy assumes each decode engine has, in tokens (it tracks the prompts "
+            "it sent each one, least recently used out past this); 0: never count a cached prefix",
+            parse=non_negative_int,
         ),
     )
     max_body_bytes: int = field(

@@ -206,7 +206,7 @@ class ProxyCore:
         """The request placed on its instances, with the ids of its transfer."""
         if self.draining:
             raise unavailable("the proxy is shutting down", "shutting_down")
-        prefill, decode, ids = await self.placement.place(request)
+        prefill, decode, ids = await self.placement.place(request, selective=source == "request")
         return Exchange(request, ids, source, prefill, decode)
 
     def _fail_over(self, exchange: Exchange, failure: LegFailure, sink: Sink) -> bool:
@@ -224,9 +224,10 @@ class ProxyCore:
     async def _serve(self, exchange: Exchange, sink: Sink) -> bool:
         """Run the flow for the mode; True when a P->D transfer was verified (both legs succeeded)."""
         with self.placement.holding(exchange.prefill, exchange.decode):
-            if exchange.prefill is None:
+            if exchange.prefill is None:  # colocated, or decode alone (``disaggregation``)
                 assert exchange.decode is not None
-                await self._plain(exchange, exchange.decode, "engine", sink)
+                name = "engine" if self.registry.mode == "colocated" else "decode"
+                await self._plain(exchange, exchange.decode, name, sink)
                 return False
             if self.registry.transfer_mode == "READ":
                 return await self._read_flow(exchange, sink)
@@ -355,7 +356,8 @@ class ProxyCore:
         await self.relay.to_client(exchange, exchange.decode, leg, "decode", sink)
 
     async def _plain(self, exchange: Exchange, target: Target, name: str, sink: Sink) -> None:
-        """The request as the client sent it, on one engine: colocated, or prefill's when it gave no KV."""
+        """The request as the client sent it, on one engine: colocated, decode alone, or prefill when it gave
+        no KV."""
         leg = plain_leg(exchange.request, target, exchange.ids.uid, self.config.engine_api_key)
         await self.relay.to_client(exchange, target, leg, name, sink)
 

@@ -12,6 +12,7 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from pd_runtime.proxy.breaker import STATE_VALUE
+from pd_runtime.proxy.disaggregation import REASONS
 from pd_runtime.proxy.registry import Registry
 
 # Seconds; TTFT spans a long prefill, ITL a single decode step.
@@ -146,6 +147,15 @@ class ProxyMetrics:
             ["answer"],
             registry=r,
         )
+        self.disaggregation = Counter(
+            "pd_proxy_disaggregation",
+            "Client requests placed in disaggregated mode, by how they are served: disaggregated (prefill and "
+            "decode legs), short_prompt or cached_prefix (on decode alone: the prompt, or its part decode has not "
+            "cached, is below --disaggregation-threshold); a request failed over is placed again",
+            ["reason"],
+            registry=r,
+        )
+        self.disaggregation_reasons = {reason: self.disaggregation.labels(reason) for reason in REASONS}
         self.in_flight = Gauge("pd_proxy_in_flight", "Client requests in progress", registry=r)
         self.decode_queue = Gauge(
             "pd_proxy_decode_queue", "Requests waiting for a decode DP rank below --decode-max-in-flight", registry=r

@@ -1,5 +1,6 @@
 """Where a request runs: its prefill and decode instances and DP ranks, the wait for a decode slot, and
-whether a failed leg may run again elsewhere (docs/proxy.md, "Routing", "Failover").
+whether a failed leg may run again elsewhere (docs/proxy.md, "Routing", "Failover"), and whether it skips
+prefill (``disaggregation``).
 
 The policies are ``routing``'s (pure); this applies them to the registry's live instances at the time.
 """
@@ -16,6 +17,7 @@ from pd_runtime.protocol import new_request_uid
 from pd_runtime.proxy.affinity import prefix_key
 from pd_runtime.proxy.circuits import Circuits
 from pd_runtime.proxy.config import ProxyConfig
+from pd_runtime.proxy.disaggregation import DecodeCaches, decide, prompt_of
 from pd_runtime.proxy.errors import ApiError, LegFailure, unavailable
 from pd_runtime.proxy.legs import ClientRequest, Target, TransferIds
 from pd_runtime.proxy.metrics import ProxyMetrics
@@ -36,26 +38,52 @@ class Placement:
         self.metrics = metrics
         self.decode_queue = 0
         """Requests waiting for a decode slot (``_decode_slot``)."""
+        self.decode_caches = DecodeCaches(config.disaggregation_cache_tokens)
         self._slot_freed = asyncio.Event()
 
-    async def place(self, request: ClientRequest) -> tuple[Target | None, Target, TransferIds]:
-        """The request's prefill (None when colocated) and decode targets, and the ids that name them
-        (docs/protocol.md#request-ids); a half-open instance chosen gets its trial (``breaker``)."""
+    async def place(self, request: ClientRequest, selective: bool) -> tuple[Target | None, Target, TransferIds]:
+        """The request's prefill (None when colocated, or served on decode alone) and decode targets, and the
+        ids that name them (docs/protocol.md#request-ids); a half-open instance chosen gets its trial
+        (``breaker``). ``selective``: a client request, which ``--disaggregation`` may serve on decode alone
+        (the canary is always disaggregated: it checks the transfer)."""
         if self.registry.mode == "colocated":
-            engine = self._pick("E", None, request, time.monotonic())
-            self.circuits.routed_to(engine)
-            uid = new_request_uid()
-            return None, engine, TransferIds(uid=uid, transfer_id="", request_id=uid)
+            return self._alone(self._pick("E", None, request, time.monotonic()))
+        config = self.config
+        prompt = prompt_of(request.body) if selective and config.disaggregation == "threshold" else None
+        reason = decide(config.disaggregation, config.disaggregation_threshold, prompt)
         # One live set per role per request: the prefill set is checked before any wait for a decode slot
         # and routed from unless that wait ran (the registry may have changed meanwhile).
         now = time.monotonic()
-        prefills: list[Instance] | None = self.registry.live("P", now)
-        if not prefills:
-            raise _no_live("P")  # before waiting for a decode slot
-        decode_slot = self._pick_within("D", "D", self.config.decode_max_in_flight, now)
+        prefills: list[Instance] | None = None
+        if reason == "disaggregated":
+            prefills = self.registry.live("P", now)
+            if not prefills:
+                raise _no_live("P")  # before waiting for a decode slot
+        decode_slot = self._pick_within("D", "D", config.decode_max_in_flight, now)
         if decode_slot is None:
             decode_slot = await self._decode_slot()
             prefills = None
+        if prompt is not None:
+            decode_key = decode_slot.instance.http_address
+            if reason == "disaggregated":
+                cached = self.decode_caches.cached_tokens(decode_key, prompt)
+                reason = decide(config.disaggregation, config.disaggregation_threshold, prompt, cached)
+            self.decode_caches.sent(decode_key, prompt)
+        if selective:
+            self.metrics.disaggregation_reasons[reason].inc()
+        if reason != "disaggregated":
+            return self._alone(decode_slot)
+        return self._disaggregated(request, now, prefills, decode_slot)
+
+    def _alone(self, engine: Target) -> tuple[None, Target, TransferIds]:
+        """One plain request to one engine: colocated, or decode alone."""
+        self.circuits.routed_to(engine)
+        uid = new_request_uid()
+        return None, engine, TransferIds(uid=uid, transfer_id="", request_id=uid)
+
+    def _disaggregated(
+        self, request: ClientRequest, now: float, prefills: list[Instance] | None, decode_slot: Target
+    ) -> tuple[Target, Target, TransferIds]:
         prefill = self._pick("P", "P", request, now, prefills)
         if prefill.instance.dp_size == decode_slot.instance.dp_size > 1:
             # Both legs on one rank (PR #46115): the decode rank, which was chosen below its in-flight limit.

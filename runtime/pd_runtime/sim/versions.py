@@ -38,3 +38,20 @@ class ConnectorBehaviour:
     def aborted_kv_wait_keeps_blocks(self) -> bool:
         """A write-mode decode request aborted while waiting for its KV keeps its blocks (a leak)."""
         return not self.read_mode and self.release.kv_wait_abort_leak_seen
+
+
+def decode_alone_refusal(version: str, read_mode: bool) -> str | None:
+    """Why the proxy may not serve requests on a decode engine of vLLM ``version`` alone (selective
+    disaggregation, docs/proxy.md), or None when its decode computes a plain request itself."""
+    behaviour = ConnectorBehaviour.of(version, read_mode)
+    if behaviour.plain_decode_waits_for_kv:
+        return (
+            f"vLLM {version} in write mode treats a plain request on a decode engine as a remote prefill and waits "
+            "for KV that never comes (guarded from 0.32)"
+        )
+    if behaviour.plain_decode_skips_prefill:
+        return (
+            f"vLLM {version} in read mode decodes a plain request on a decode engine from KV it never loaded "
+            "(guarded from 0.33)"
+        )
+    return None
