@@ -408,6 +408,11 @@ def proxy_settings(spec: PDDeploymentSpec) -> dict[str, Any]:
             "no-kv-fallback": p.no_kv_fallback,
             "on-kv-mismatch": p.on_kv_mismatch,
         }
+        if p.disaggregation.policy == "threshold":  # unset: the flag's default, always
+            settings |= {
+                "disaggregation": p.disaggregation.policy,
+                "disaggregation-threshold": p.disaggregation.threshold_tokens,
+            }
     return settings
 
 

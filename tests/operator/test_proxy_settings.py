@@ -13,6 +13,7 @@ from pd_operator.command_lines import proxy_command, proxy_settings
 from pd_operator.validation import SpecError, validate_spec
 from pd_runtime.proxy import reload
 from pd_runtime.proxy.config import ProxyConfig
+from pd_runtime.vllm_pin import PINNED_VLLM_VERSION
 from tests.operator.conftest import EXAMPLES, load_example
 
 
@@ -72,6 +73,39 @@ def test_on_kv_mismatch_is_passed_through_and_needs_the_canary() -> None:
     assert proxy_settings(validate_spec(spec))["on-kv-mismatch"] == "report"
     spec["proxy"] = {**spec.get("proxy", {}), "onKvMismatch": "stopServing"}
     assert proxy_settings(validate_spec(spec))["on-kv-mismatch"] == "stopServing"
+
+
+def test_threshold_disaggregation_is_refused_naming_the_engines_vllm_version() -> None:
+    spec = load_example("qwen3-235b-write.yaml")["spec"]
+    spec["proxy"] = {**spec.get("proxy", {}), "disaggregation": {"policy": "threshold"}}
+    refusal = rf"spec\.proxy\.disaggregation\.policy: .*the image's {PINNED_VLLM_VERSION}\) must compute itself"
+    with pytest.raises(SpecError, match=refusal):
+        validate_spec(spec)
+    assert validate_spec({**spec, "proxy": {"disaggregation": {"policy": "always"}}})
+
+
+@pytest.mark.parametrize(
+    ("version", "mode", "refused"),
+    [("0.31.0", "write", True), ("0.32.0", "write", False), ("0.32.1", "read", True), ("0.33.0", "read", False),
+     ("0.34.0", "write", False)],
+)  # fmt: skip
+def test_threshold_disaggregation_follows_the_engines_version(version: str, mode: str, refused: bool) -> None:
+    spec = load_example("qwen3-235b-write.yaml")["spec"]
+    spec["engineVersion"] = version
+    spec["kvTransfer"] = {**spec["kvTransfer"], "transferMode": mode}
+    spec["proxy"] = {**spec.get("proxy", {}), "disaggregation": {"policy": "threshold", "thresholdTokens": 512}}
+    if refused:
+        with pytest.raises(SpecError, match="serves requests on decode alone"):
+            validate_spec(spec)
+        return
+    settings = proxy_settings(validate_spec(spec))
+    assert (settings["disaggregation"], settings["disaggregation-threshold"]) == ("threshold", 512)
+    assert reload.evaluate(ProxyConfig(), json.dumps(settings).encode()).config is not None  # the proxy takes it
+
+
+def test_always_leaves_the_settings_file_as_it_was() -> None:
+    spec = load_example("qwen3-235b-write.yaml")["spec"]
+    assert "disaggregation" not in proxy_settings(validate_spec(spec))
 
 
 def _rendered(spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:

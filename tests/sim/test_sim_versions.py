@@ -36,7 +36,6 @@ def test_the_default_is_the_image_pin_and_the_flag_or_env_override_it() -> None:
             parse_args(["m", "--vllm-version", unknown], env={})
 
 
-
 @pytest.mark.parametrize(
     ("version", "read", "refused"),
     [("0.31.0", False, True), ("0.31.0", True, True), ("0.32.0", False, False), ("0.32.0", True, True),

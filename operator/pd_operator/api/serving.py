@@ -243,6 +243,32 @@ class ProxyPrefixAffinity(ApiModel):
     )
 
 
+class ProxyDisaggregation(ApiModel):
+    """Disaggregated mode: which requests go through prefill and decode, and which to decode alone
+    (docs/proxy.md, "Selective disaggregation"; reloaded: no restart)."""
+
+    policy: Literal["always", "threshold"] = Field(
+        "always",
+        description=(
+            "always: every request through prefill and decode. threshold: a prompt of fewer than thresholdTokens "
+            "tokens, or whose part the decode engine has not cached is, goes to decode alone as one plain request "
+            "(no prefill leg, no KV transfer: a shorter TTFT, at the cost of that prompt's prefill on decode). "
+            "Only for engines whose decode computes a plain request itself: vLLM 0.32 and later in write mode, "
+            "0.33 and later in read mode; refused for others, naming the version."
+        ),
+    )
+    threshold_tokens: int = Field(
+        256,
+        ge=1,
+        le=1048576,
+        description=(
+            "policy threshold: prompts (or their uncached part) below this many tokens are served on decode alone. "
+            "Token-id prompts count exactly; the proxy has no tokenizer, so text counts 4 ASCII characters, or "
+            "one other character, a token."
+        ),
+    )
+
+
 class ProxySpec(ApiModel):
     """The proxy: the only component clients talk to."""
 
@@ -282,6 +308,10 @@ class ProxySpec(ApiModel):
             "and stop strings from ending it): prefill = serve the request on the prefill engine as a plain "
             "request, error = answer 502. Never decode, which vLLM < 0.32/0.33 would hang."
         ),
+    )
+    disaggregation: ProxyDisaggregation = Field(
+        default_factory=ProxyDisaggregation,
+        description="Which requests skip prefill and are served on decode alone (disaggregated mode).",
     )
     timeouts: ProxyTimeouts = Field(default_factory=ProxyTimeouts, description="Upstream timeouts.")
     admission: ProxyAdmission = Field(

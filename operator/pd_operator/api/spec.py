@@ -47,6 +47,7 @@ from pd_operator.rules import (
 )
 from pd_operator.vllm_flags import cel_sets_compilation_config, sets_compilation_config
 from pd_runtime import protocol
+from pd_runtime.sim.versions import decode_alone_refusal
 from pd_runtime.vllm_pin import PINNED_VLLM_VERSION
 from pd_runtime.vllm_releases import SUPPORTED, SUPPORTED_RANGE, Release, is_supported, release
 
@@ -182,6 +183,26 @@ _CEL_COLOC_GPUS = (
 )
 
 
+def _decode_alone_rule() -> Rule:
+    """proxy.disaggregation threshold only where decode computes a plain request itself: the engines' vLLM
+    line (engineVersion, else the image's) guards it in the transfer mode (``vllm_releases``)."""
+    write = _cel_lines([r for r in SUPPORTED if r.plain_decode_guard_write])
+    read = _cel_lines([r for r in SUPPORTED if r.plain_decode_guard_read])
+    version = f"(has(self.engineVersion) ? self.engineVersion : '{PINNED_VLLM_VERSION}')"
+    return Rule(
+        cel="self.mode != 'disaggregated' || self.proxy.disaggregation.policy != 'threshold' || "
+        f"(self.kvTransfer.transferMode == 'read' ? {version}.matches('{read}') : {version}.matches('{write}'))",
+        message="proxy.disaggregation.policy threshold serves requests on decode alone, which the engines' vLLM "
+        "(engineVersion, unset: the image's "
+        f"{PINNED_VLLM_VERSION}) must compute itself: from 0.32 in write mode, from 0.33 in read mode; before, "
+        "decode waits for KV forever (write) or decodes from KV it never loaded (read)",
+        check=lambda s: (
+            not s.disaggregated or s.proxy.disaggregation.policy != "threshold" or s.decode_alone_refusal() is None
+        ),
+        field_path=".proxy.disaggregation.policy",
+    )
+
+
 def _one_parallel_dimension_rule(role: str) -> Rule:
     """DP > 1 together with TP > 1 makes two ranks of one engine bind the same side-channel port."""
     return Rule(
@@ -255,8 +276,15 @@ def _cel_no_compute_limits(res: str) -> str:
 
 
 ReleaseVersion = Annotated[str, StringConstraints(max_length=32, pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")]
-# engineVersion's supported lines as a CEL regex: "0[.]31", "0[.]32", ... then the patch number.
-_CEL_SUPPORTED_VERSION = "^(" + "|".join(r.name.replace(".", "[.]") for r in SUPPORTED) + ")[.][0-9]+$"
+
+
+def _cel_lines(releases: list[Release]) -> str:
+    """A CEL regex of a version of these lines: "0[.]31", "0[.]32", ... then the patch number."""
+    return "^(" + "|".join(r.name.replace(".", "[.]") for r in releases) + ")[.][0-9]+$"
+
+
+# engineVersion's supported lines as a CEL regex.
+_CEL_SUPPORTED_VERSION = _cel_lines(list(SUPPORTED))
 
 
 def _all_resources(s: PDDeploymentSpec) -> list[Resources]:
@@ -378,6 +406,10 @@ class PDDeploymentSpec(ApiModel):
         scale = self.simulation.time_scale if self.engine == "simulated" else 1.0
         return engine_seconds / scale + protocol.KV_WAIT_MARGIN_S
 
+    def decode_alone_refusal(self) -> str | None:
+        """Why the proxy may not serve requests on decode alone (proxy.disaggregation threshold), if so."""
+        return decode_alone_refusal(self.vllm_version, self.kv_transfer.transfer_mode == "read")
+
     _rules = (
         Rule(
             cel=f"!has(self.engineVersion) || self.engineVersion.matches('{_CEL_SUPPORTED_VERSION}')",
@@ -466,6 +498,7 @@ class PDDeploymentSpec(ApiModel):
             ),
             field_path=".proxy.timeouts.kvWaitSeconds",
         ),
+        _decode_alone_rule(),
         Rule(
             cel="self.mode != 'disaggregated' || self.kvTransfer.backend != 'xgmi' || "
             "self.gpuAllocation.strategy == 'hostDevices'",
