@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -61,3 +62,33 @@ def test_unknown_model_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> N
               "--slo-ttft-ms", "1", "--slo-itl-ms", "1"])  # fmt: skip
     assert exc.value.code == 2
     assert "--model 'nope'" in capsys.readouterr().err
+
+
+def _mixed(tmp: Path, *extra: str) -> dict[str, Any]:
+    argv = ["--model", "Qwen/Qwen3-235B-A22B-FP8", "--prompt-mix", "200:0.7,2000:0.3", "--output-tokens", "200",
+            "--rate", "2", "--slo-ttft-ms", "300", "--slo-itl-ms", "100", "--rates", "2:2:1", "--seeds", "1",
+            "--requests", "40", "--output", str(tmp / "plan.json"), "--quiet", *extra]  # fmt: skip
+    assert main(argv) == 0
+    doc: dict[str, Any] = json.loads((tmp / "plan.json").read_text())
+    return doc
+
+
+def test_a_mixed_workload_is_priced_with_and_without_the_disaggregation_threshold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    always = _mixed(tmp_path)
+    assert always["inputs"]["prompt_tokens"] == 2000  # the longest prompt, which the memory fit takes
+    threshold = _mixed(tmp_path, "--disaggregation-threshold", "512")
+    assert threshold["inputs"]["decode_alone_below"] == 512
+    assert "mixed 0.7 x 200, 0.3 x 2000 prompt" in capsys.readouterr().out
+    by_layout = {row["layout"]: row for row in threshold["layouts"]}
+    for row in always["layouts"]:  # colocated layouts have no prefill to skip; disaggregated ones change
+        assert (by_layout[row["layout"]]["ttftMs"] == row["ttftMs"]) == (row["kind"] == "colocated")
+
+
+@pytest.mark.parametrize("mix", ["200", "200:0", "a:1", "200:0.5,x"])
+def test_a_malformed_prompt_mix_is_a_usage_error(mix: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--model", "Qwen/Qwen3-235B-A22B-FP8", "--prompt-mix", mix, "--output-tokens", "1", "--rate", "1",
+              "--slo-ttft-ms", "1", "--slo-itl-ms", "1"])  # fmt: skip
+    assert exc.value.code == 2

@@ -87,3 +87,41 @@ def test_eos_length_is_capped_and_never_the_first_token() -> None:
     assert min(draws) >= 2 and max(draws) <= 1000
     assert 80 < statistics.mean(draws) < 125
     assert eos_length(0.0, 1000, rng) == 1000
+
+
+MIX = ((200, 0.7), (2000, 0.3))
+
+
+def test_a_mixed_workload_draws_each_prompt_length_by_its_share_and_keeps_the_arrivals() -> None:
+    mixed = Workload(rate=4.0, requests=1000, prompt_mix=MIX, seed=1)
+    lengths = mixed.prompt_lengths(1000)
+    assert set(lengths) == {200, 2000} and 650 <= lengths.count(200) <= 750
+    assert lengths == mixed.prompt_lengths(1000)  # the same draw for the same seed and rate
+    few = Workload(rate=4.0, requests=50, output_tokens=10, prompt_mix=MIX, seed=1)
+    plain = Workload(rate=4.0, requests=50, output_tokens=10, seed=1)
+    assert [r.arrival for r in simulate(INSTANT, Topology("write"), few)] == [
+        r.arrival for r in simulate(INSTANT, Topology("write"), plain)
+    ]
+
+
+def test_a_prompt_served_on_decode_alone_costs_what_a_colocated_engine_pays() -> None:
+    """Below the threshold a request is one plain request to decode: token for token what a colocated
+    engine of decode's shape does with it."""
+    workload = Workload(rate=2.0, requests=50, prompt_mix=MIX, output_tokens=100, seed=2)
+    decode = Topology("write").decode
+    alone = simulate(QWEN3_235B_MI300X, Topology("write", decode_alone_below=10**9), workload)
+    colocated = simulate(QWEN3_235B_MI300X, Topology("colocated", engine=decode), workload)
+    assert [r.token_times for r in alone] == [r.token_times for r in colocated]
+
+
+def test_a_threshold_serves_short_prompts_sooner_and_leaves_long_ones_disaggregated() -> None:
+    workload = Workload(rate=1.0, requests=100, prompt_mix=MIX, output_tokens=200, seed=3)
+    short = [p == 200 for p in workload.prompt_lengths(100)]
+    always = simulate(QWEN3_235B_MI300X, Topology("write"), workload)
+    threshold = simulate(QWEN3_235B_MI300X, Topology("write", decode_alone_below=512), workload)
+    ttft = {
+        name: statistics.median(r.ttft for r, s in zip(results, short, strict=True) if s)
+        for name, results in (("always", always), ("threshold", threshold))
+    }
+    assert ttft["threshold"] < ttft["always"]  # no prefill leg, no KV transfer
+    assert statistics.mean(r.itl for r in threshold) > statistics.mean(r.itl for r in always)  # prefills on decode

@@ -40,7 +40,21 @@ def build_parser() -> argparse.ArgumentParser:
         "and rank them by SLO attainment and goodput (docs/when-to-disaggregate.md).",
     )
     parser.add_argument("--model", required=True, help="Hugging Face model name (a calibrated profile)")
-    parser.add_argument("--prompt-tokens", type=positive_int, required=True)
+    prompts = parser.add_mutually_exclusive_group(required=True)
+    prompts.add_argument("--prompt-tokens", type=positive_int, help="every prompt's length")
+    prompts.add_argument(
+        "--prompt-mix",
+        type=prompt_mix,
+        metavar="TOKENS:SHARE,...",
+        help="a mixed workload: prompt lengths and their shares, e.g. 256:0.6,4000:0.4",
+    )
+    parser.add_argument(
+        "--disaggregation-threshold",
+        type=positive_int,
+        metavar="TOKENS",
+        help="price disaggregated layouts with the proxy's --disaggregation threshold: prompts below this many "
+        "tokens on decode alone (default: every request disaggregated)",
+    )
     parser.add_argument("--output-tokens", type=positive_int, required=True, help="max_tokens of each request")
     parser.add_argument("--rate", type=positive_float, required=True, help="the request rate to plan for (req/s)")
     parser.add_argument("--slo-ttft-ms", type=positive_float, required=True)
@@ -78,7 +92,7 @@ def main(argv: Sequence[str]) -> int:
     demand = Demand(
         rate=args.rate,
         rates=rates,
-        prompt_tokens=args.prompt_tokens,
+        prompt_tokens=args.prompt_tokens or max(tokens for tokens, _ in args.prompt_mix),
         output_tokens=args.output_tokens,
         ttft_slo_s=args.slo_ttft_ms / 1000,
         itl_slo_s=args.slo_itl_ms / 1000,
@@ -86,6 +100,8 @@ def main(argv: Sequence[str]) -> int:
         requests=args.requests,
         seeds=args.seeds,
         ignore_eos=args.ignore_eos,
+        prompt_mix=args.prompt_mix or (),
+        decode_alone_below=args.disaggregation_threshold or 0,
     )
     started = time.monotonic()
     fits, excluded, feasible = _feasible(model, layouts(args.gpus, args.backend), demand)
@@ -140,6 +156,18 @@ def _price_all(
         assemble(layout, demand, results[i * per_layout : (i + 1) * per_layout - 1], results[(i + 1) * per_layout - 1])
         for i, layout in enumerate(feasible)
     ]
+
+
+def prompt_mix(text: str) -> tuple[tuple[int, float], ...]:
+    """``256:0.6,4000:0.4`` -> ((256, 0.6), (4000, 0.4)): positive lengths, positive shares."""
+    try:
+        pairs = [item.split(":") for item in text.split(",")]
+        mix = tuple((int(tokens), float(share)) for tokens, share in pairs)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not TOKENS:SHARE,...: {text!r}") from None
+    if any(tokens < 1 or not share > 0 for tokens, share in mix):
+        raise argparse.ArgumentTypeError(f"lengths and shares must be positive: {text!r}")
+    return mix
 
 
 class _Bar:

@@ -4,7 +4,7 @@ rate the user asked about. Pure: the discrete-event simulation has no clock but 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pd_runtime.bench.stats import Distribution, summarize, wilson_interval
 from pd_runtime.plan.layouts import NodeLayout
@@ -26,6 +26,11 @@ class Demand:
     requests: int = 100
     seeds: int = 4
     ignore_eos: bool = False
+    prompt_mix: tuple[tuple[int, float], ...] = ()
+    """A mixed workload's prompt lengths and shares (``Workload.prompt_mix``); ``prompt_tokens`` is then
+    the longest, which the memory fit takes."""
+    decode_alone_below: int = 0
+    """Disaggregated layouts serve prompts of fewer tokens on decode alone (``Topology.decode_alone_below``)."""
 
     def workload(self, rate: float, seed: int) -> Workload:
         return Workload(
@@ -35,6 +40,7 @@ class Demand:
             output_tokens=self.output_tokens,
             ignore_eos=self.ignore_eos,
             seed=seed,
+            prompt_mix=self.prompt_mix,
         )
 
 
@@ -99,7 +105,8 @@ def sample(profile: Profile, layout: NodeLayout, demand: Demand, rate: float) ->
     results: list[RequestResult] = []
     runs: list[float] = []
     for seed in range(demand.seeds):
-        run = simulate(profile, layout.topology(), demand.workload(rate, seed))
+        topology = replace(layout.topology(), decode_alone_below=demand.decode_alone_below)
+        run = simulate(profile, topology, demand.workload(rate, seed))
         runs.append(sum(r.good(demand.ttft_slo_s, demand.itl_slo_s) for r in run) / len(run))
         results += run
     good = sum(r.good(demand.ttft_slo_s, demand.itl_slo_s) for r in results)

@@ -8,7 +8,7 @@ from typing import Any
 def render_table(doc: dict[str, Any]) -> str:
     inputs = doc["inputs"]
     lines = [
-        f"{inputs['model']} on {inputs['gpus']}x {inputs['gpu']}: {inputs['prompt_tokens']} prompt -> up to "
+        f"{inputs['model']} on {inputs['gpus']}x {inputs['gpu']}: {_prompts(inputs)} prompt -> up to "
         f"{inputs['output_tokens']} output tokens at {inputs['rate']:g} req/s; "
         f"SLO TTFT < {1000 * inputs['ttft_slo_s']:g} ms and ITL < {1000 * inputs['itl_slo_s']:g} ms "
         f"for {100 * inputs['target']:g} % of requests",
@@ -16,6 +16,10 @@ def render_table(doc: dict[str, Any]) -> str:
         f"{'#':>2}  {'layout':<18} {'GPUs':>4}  {'attainment (95 % CI)':<21} {'runs':<8} {'goodput':>7} {'/GPU':>6}  "
         f"{'TTFT p50/p99 ms':>16}  {'ITL p50/p99 ms':>15}",
     ]
+    if inputs["decode_alone_below"]:
+        lines.insert(
+            1, f"disaggregated layouts serve prompts below {inputs['decode_alone_below']} tokens on decode alone"
+        )
     for row in doc["layouts"]:
         low, high = row["attainmentInterval"]
         attainment = f"{100 * row['attainment']:3.0f} % ({100 * low:.0f}-{100 * high:.0f})"
@@ -44,3 +48,10 @@ def render_table(doc: dict[str, Any]) -> str:
         f"simulated {len(doc['layouts'])} layouts in {doc['durationSeconds']:g} s",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _prompts(inputs: dict[str, Any]) -> str:
+    mix = inputs["prompt_mix"]
+    if not mix:
+        return str(inputs["prompt_tokens"])
+    return "mixed " + ", ".join(f"{share:g} x {tokens}" for tokens, share in mix)

@@ -49,6 +49,9 @@ class Topology:
     """Decode engines (write/read), round robin independently of the prefill side."""
     backend: Literal["rdma", "xgmi"] = "rdma"
     """How the KV moves between a prefill and a decode engine (``timing.KVLink``)."""
+    decode_alone_below: int = 0
+    """Selective disaggregation (write/read; the proxy's ``--disaggregation threshold``): a prompt of fewer
+    tokens is one plain request to decode, which computes it as a colocated engine would; 0: none."""
 
     @property
     def kv_link(self) -> KVLink:
@@ -66,6 +69,17 @@ class Workload:
     rescaled: bool = True
     """Arrivals as `vllm bench serve` sends them (the seed's tool): Poisson gaps rescaled so the last
     request goes out at requests/rate. False: a plain Poisson process."""
+    prompt_mix: tuple[tuple[int, float], ...] = ()
+    """A mixed workload: prompt lengths and their shares, e.g. ((200, 0.7), (4000, 0.3)), each request's
+    length drawn from them; empty: every prompt has ``prompt_tokens``."""
+
+    def prompt_lengths(self, count: int) -> list[int]:
+        """Each request's prompt length, drawn from a stream of its own (arrivals and EOS stay as they were)."""
+        if not self.prompt_mix:
+            return [self.prompt_tokens] * count
+        rng = random.Random(f"{self.seed}/{self.rate!r}/prompts")
+        lengths, shares = zip(*self.prompt_mix, strict=True)
+        return rng.choices(lengths, weights=shares, k=count)
 
 
 @dataclass
@@ -197,48 +211,59 @@ def simulate(
     lengths = drawn if lengths is None else lengths
     clock = _Clock()
     results = [RequestResult(arrival=t) for t in arrivals]
-    dispatch = _DISPATCHERS[topology.kind](clock, profile, topology, workload)
-    for index, (arrival, length) in enumerate(zip(arrivals, lengths, strict=True)):
-        clock.at(arrival, _bind(dispatch, index, length, results[index]))
+    dispatch = _DISPATCHERS[topology.kind](clock, profile, topology)
+    prompts = workload.prompt_lengths(len(arrivals))
+    for index, (arrival, prompt, length) in enumerate(zip(arrivals, prompts, lengths, strict=True)):
+        clock.at(arrival, _bind(dispatch, index, prompt, length, results[index]))
     clock.run()
     return results
 
 
-Dispatch = Callable[[int, int, RequestResult], None]
+Dispatch = Callable[[int, int, int, RequestResult], None]
+"""Sends request ``index`` (its prompt tokens, its output tokens) and records its tokens in the result."""
 
 
-def _bind(dispatch: Dispatch, index: int, length: int, result: RequestResult) -> Callable[[], None]:
-    return lambda: dispatch(index, length, result)
+def _bind(dispatch: Dispatch, index: int, prompt: int, length: int, result: RequestResult) -> Callable[[], None]:
+    return lambda: dispatch(index, prompt, length, result)
 
 
 def _record(clock: _Clock, result: RequestResult, delay: float) -> TokenCallback:
     return lambda event, when: result.token_times.append(when + delay)
 
 
-def _colocated(clock: _Clock, profile: Profile, topology: Topology, workload: Workload) -> Dispatch:
+def _plain(clock: _Clock, hop: float, engine: _Engine, seq: Sequence, result: RequestResult) -> None:
+    """One plain request through the proxy to one engine, which computes its prompt and decodes."""
+    clock.at(clock.now + hop, lambda: engine.submit(seq, _record(clock, result, 0.0)))
+
+
+def _colocated(clock: _Clock, profile: Profile, topology: Topology) -> Dispatch:
     engines = [_Engine(clock, profile, topology.engine) for _ in range(topology.engines)]
 
-    def dispatch(index: int, length: int, result: RequestResult) -> None:
-        engine = engines[index % len(engines)]
-        seq = Sequence(str(index), workload.prompt_tokens, length)
-        clock.at(clock.now + profile.proxy_hop_s, lambda: engine.submit(seq, _record(clock, result, 0.0)))
+    def dispatch(index: int, prompt: int, length: int, result: RequestResult) -> None:
+        _plain(clock, profile.proxy_hop_s, engines[index % len(engines)], Sequence(str(index), prompt, length), result)
 
     return dispatch
 
 
-def _disaggregated(clock: _Clock, profile: Profile, topology: Topology, workload: Workload) -> Dispatch:
+def _disaggregated(clock: _Clock, profile: Profile, topology: Topology) -> Dispatch:
     prefills = [_Engine(clock, profile, topology.prefill) for _ in range(topology.prefills)]
     decodes = [_Engine(clock, profile, topology.decode) for _ in range(topology.decodes)]
     read_mode = topology.kind == "read"
     hop = profile.proxy_hop_s
     link = topology.kv_link
-    whole_transfer = kv_transfer_time(profile, workload.prompt_tokens, link)
+    transfer_times: dict[int, float] = {}
 
-    def dispatch(index: int, length: int, result: RequestResult) -> None:
+    def dispatch(index: int, prompt: int, length: int, result: RequestResult) -> None:
         prefill, decode = prefills[index % len(prefills)], decodes[index % len(decodes)]
-        p_seq = Sequence(f"p{index}", workload.prompt_tokens, 1)
+        if prompt < topology.decode_alone_below:
+            _plain(clock, hop, decode, Sequence(f"d{index}", prompt, length), result)
+            return
+        p_seq = Sequence(f"p{index}", prompt, 1)
         # our proxy's default max-tokens policy is exact: D generates the client's full length
-        d_seq = Sequence(f"d{index}", workload.prompt_tokens, length, ready=False)
+        d_seq = Sequence(f"d{index}", prompt, length, ready=False)
+        if prompt not in transfer_times:
+            transfer_times[prompt] = kv_transfer_time(profile, prompt, link)
+        whole_transfer = transfer_times[prompt]
 
         def landed() -> None:
             decode.scheduler.remote_kv_landed(d_seq)
@@ -255,7 +280,7 @@ def _disaggregated(clock: _Clock, profile: Profile, topology: Topology, workload
                 clock.at(when + 2 * hop, pull)
             else:
                 started = prefill.first_scheduled.get(id(p_seq), when)
-                tail = write_tail_time(profile, workload.prompt_tokens, when - started, link)
+                tail = write_tail_time(profile, prompt, when - started, link)
                 clock.at(when + tail, landed)
 
         clock.at(clock.now + hop, lambda: prefill.submit(p_seq, prefill_done))
@@ -265,7 +290,7 @@ def _disaggregated(clock: _Clock, profile: Profile, topology: Topology, workload
     return dispatch
 
 
-_DISPATCHERS: dict[Kind, Callable[[_Clock, Profile, Topology, Workload], Dispatch]] = {
+_DISPATCHERS: dict[Kind, Callable[[_Clock, Profile, Topology], Dispatch]] = {
     "colocated": _colocated,
     "write": _disaggregated,
     "read": _disaggregated,
