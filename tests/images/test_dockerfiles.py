@@ -19,13 +19,22 @@ from tests.packaging.declared import NOT_YET_IMPORTED, distribution_of, installe
 from tests.packaging.venvs import present_modules, run_install
 
 REPO = Path(__file__).resolve().parents[2]
-DOCKERFILES = {"operator": REPO / "Dockerfile", "runtime": REPO / "Dockerfile.rocm"}
+DOCKERFILES = {
+    "operator": REPO / "Dockerfile",
+    "runtime": REPO / "Dockerfile.rocm",
+    "runtime-cpu": REPO / "Dockerfile.cpu",
+}
 INSTALL_MARKER = "# pd-install"
 IMAGE_COMMANDS = {
     "operator": ("operator", "crd", "render", "bench"),  # the operator, and what a person runs beside it
     "runtime": ("engine", "proxy", "sim-engine", "bench"),  # every container of a PDDeployment pod
+    "runtime-cpu": ("engine", "proxy", "sim-engine", "bench"),
 }
-LACKS = {"operator": ("zmq", "matplotlib"), "runtime": ("kopf", "kubernetes", "matplotlib")}
+LACKS = {
+    "operator": ("zmq", "matplotlib"),
+    "runtime": ("kopf", "kubernetes", "matplotlib"),
+    "runtime-cpu": ("kopf", "kubernetes", "matplotlib"),
+}
 DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 
 
@@ -173,9 +182,10 @@ def stage_build_context(instructions: list[Instruction], rootfs: Path) -> None:
                 shutil.copy2(path, target / path.name)
 
 
+# Dockerfile.cpu's instruction, the same as Dockerfile.rocm's, runs for real in test_built_images.py.
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("image", sorted(DOCKERFILES))
+@pytest.mark.parametrize("image", ["operator", "runtime"])
 def test_install_instruction_gives_a_venv_that_runs_the_images_commands(image: str, tmp_path: Path) -> None:
     """The instruction as written (pip offline against the test wheelhouse, see tests/packaging/venvs.py)."""
     instructions = parse_dockerfile(DOCKERFILES[image])
@@ -197,14 +207,19 @@ def test_install_instruction_gives_a_venv_that_runs_the_images_commands(image: s
 
 
 def test_python_pin_matches_runtime_image() -> None:
-    """The simulator and proxy defaults follow pd_runtime.vllm_pin; it must name the image's vLLM."""
+    """The simulator and proxy defaults follow pd_runtime.vllm_pin; it must name the images' vLLM."""
     from pd_runtime.vllm_pin import PINNED_VLLM_VERSION
 
-    args = {
+    rocm, cpu = (build_args(parse_dockerfile(DOCKERFILES[image])) for image in ("runtime", "runtime-cpu"))
+    assert rocm["VLLM_VERSION"] == cpu["VLLM_VERSION"] == PINNED_VLLM_VERSION
+    assert f":v{PINNED_VLLM_VERSION}" in rocm["BASE_NAME"]
+
+
+def build_args(instructions: list[Instruction]) -> dict[str, str]:
+    """Every ARG default, in any stage."""
+    return {
         name: value
-        for instruction in parse_dockerfile(DOCKERFILES["runtime"])
+        for instruction in instructions
         if instruction.keyword == "ARG" and "=" in instruction.args
         for name, value in [instruction.args.split("=", 1)]
     }
-    assert args["VLLM_VERSION"] == PINNED_VLLM_VERSION
-    assert f":v{PINNED_VLLM_VERSION}" in args["BASE_NAME"]
