@@ -20,6 +20,8 @@ source "$here/storage.sh"
 [[ -n ${PD_IMAGES_NAMESPACE:-} ]] || bash "$here/tools.sh"
 source "$here/namespace.sh"
 export GOTOOLCHAIN=local CGO_ENABLED=0
+# Under the lock, in storage of our own, any working container is what an interrupted build left.
+buildah rm --all >/dev/null
 
 version=$(sed -n 's/^appVersion: "\(.*\)"$/\1/p' "$repo/charts/pd-operator/Chart.yaml")
 vllm_version=$(sed -n 's/^PINNED_VLLM_VERSION = "\(.*\)"$/\1/p' "$repo/runtime/pd_runtime/vllm_pin.py")

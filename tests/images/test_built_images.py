@@ -166,3 +166,13 @@ def test_rocm_dockerfile_refuses_a_base_without_vllm(built: Built) -> None:
     assert result.returncode != 0
     assert "command -v vllm" in result.stdout + result.stderr, result.stderr[-4000:]
     assert built.podman("image", "exists", refused).returncode != 0
+
+
+def test_vllm_cpu_image_runs_vllm_beside_pdctl(built: Built) -> None:
+    """Only once built (make images VLLM_CPU=1, docs/images.md): vLLM's CLI finds its CPU build."""
+    if "runtime-vllm-cpu" not in built.roles:
+        pytest.skip("the vllm-cpu runtime image is opt-in: make images VLLM_CPU=1")
+    version = built.run("runtime-vllm-cpu", "vllm", "--version")
+    assert version.returncode == 0, version.stderr[-4000:]
+    assert version.stdout.strip().splitlines()[-1] == f"{PINNED_VLLM_VERSION}+cpu"
+    assert built.run("runtime-vllm-cpu", "pdctl", "engine", "--help").returncode == 0
