@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -78,6 +79,12 @@ class ImageManifest:
         return [NodeImage(Path(self.images[self.roles[role]]), (self.roles[role],)) for role in roles]
 
 
+def node_root(run_id: str) -> Path:
+    """A node's directory: short, since the sockets in it (containerd's, the kubelet's plugin sockets) must
+    fit a unix socket path (104 bytes for containerd); the cluster's work directory links to it."""
+    return Path(tempfile.gettempdir()) / f"pd-node-{run_id}"
+
+
 def proc_name(component: str, node: str) -> str:
     return f"{component}-{node}"
 
@@ -123,6 +130,10 @@ class RealNode:
     ) -> None:
         """Bring the node up until its Node has a pod CIDR; the caller waits for Ready."""
         self._record()  # first, so that teardown finds whatever of it was made
+        self.root.mkdir(parents=True)
+        link = self.cp.workdir / "nodes" / self.layout.name
+        link.parent.mkdir(exist_ok=True)
+        link.symlink_to(self.root)
         self._write_files(sandbox_image)
         self._plug_network()
         self._make_cgroups()
@@ -210,15 +221,19 @@ class RealNode:
             if h.name in node_config.DAEMON_HIERARCHIES
         ]
         wrapped = ["nsenter", f"--net=/run/netns/{layout.netns}", "--", *argv]
-        log_path = Path(layout.logs_dir) / f"{component}.log"
-        ref, _ = spawn(proc_name(component, layout.name), wrapped, log_path, detach=self.detach, cgroups=cgroups)
+        ref, _ = spawn(
+            proc_name(component, layout.name), wrapped, self._log(component), detach=self.detach, cgroups=cgroups
+        )
         self.cp.register(ref)
         return ref
+
+    def _log(self, component: str) -> Path:
+        return Path(self.layout.logs_dir) / f"{component}.log"
 
     def _start_containerd(self) -> None:
         ref = self._start("containerd", ["containerd", f"--config={self.layout.config_file('containerd.toml')}"])
         socket = Path(self.layout.containerd_socket)
-        _wait(lambda: socket.exists() and self._ctr_ok(), 60, "containerd's socket", ref)
+        _wait(lambda: socket.exists() and self._ctr_ok(), 60, "containerd's socket", ref, self._log("containerd"))
 
     def _ctr_ok(self) -> bool:
         return subprocess.run(self._ctr("version"), capture_output=True).returncode == 0
@@ -266,7 +281,7 @@ class RealNode:
                 resp = client.get(f"/api/v1/nodes/{self.layout.name}")
             return str(resp.json()["spec"].get("podCIDR", "")) or None if resp.status_code == 200 else None
 
-        return str(_wait(allocated, timeout_s, f"node {self.layout.name}'s pod CIDR", ref))
+        return str(_wait(allocated, timeout_s, f"node {self.layout.name}'s pod CIDR", ref, self._log("kubelet")))
 
     # ---- measurements ------------------------------------------------------------------------------------
 
@@ -326,6 +341,7 @@ def teardown(cp: ControlPlane, state: Mapping[str, Any]) -> None:
     for cached in _cni_cache(layout):
         cached.unlink()
     shutil.rmtree(layout.root, ignore_errors=True)
+    (cp.workdir / "nodes" / layout.name).unlink(missing_ok=True)
     cp.extras.get("real_nodes", {}).pop(layout.name, None)
     cp.save()
     log.info("node %s torn down", layout.name)
@@ -482,11 +498,15 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def _wait(check: Callable[[], Any], timeout_s: float, what: str, ref: ProcRef | None = None) -> Any:
+def _wait(
+    check: Callable[[], Any], timeout_s: float, what: str, ref: ProcRef | None = None, log_path: Path | None = None
+) -> Any:
+    """Until `check()` gives something; the error names what `ref` (a daemon) last logged if it exited."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if ref is not None and not is_running(ref):
-            raise RuntimeError(f"{ref.name} exited while waiting for {what}")
+            tail = log_path.read_text(errors="replace").splitlines()[-10:] if log_path and log_path.exists() else []
+            raise RuntimeError(f"{ref.name} exited while waiting for {what}; its log ends:\n" + "\n".join(tail))
         if result := check():
             return result
         time.sleep(0.3)

@@ -337,10 +337,11 @@ class Stack:
         network = self.cp.extras["node_network"]
         subnet = ipaddress.IPv4Network(network["subnet"])
         network["nodes"] += 1
+        run_id = secrets.token_hex(2)
         layout = NodeLayout(
             name=node,
-            run_id=secrets.token_hex(2),
-            root=str(self.cp.workdir / "nodes" / node),
+            run_id=run_id,
+            root=str(real_node.node_root(run_id)),
             node_ip=str(list(subnet.hosts())[network["nodes"]]),
             gateway=str(next(subnet.hosts())),
             prefix=subnet.prefixlen,
