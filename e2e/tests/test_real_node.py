@@ -14,10 +14,13 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from e2e import real_node
@@ -25,6 +28,7 @@ from e2e.cluster import REPO_ROOT, ControlPlane
 from e2e.node_config import NodeLayout
 from e2e.stack import NODE_NAME, OPERATOR_NAMESPACE, Stack, pool_placement
 from e2e.tests.kube import (
+    Background,
     Obj,
     apply,
     condition,
@@ -33,11 +37,16 @@ from e2e.tests.kube import (
     is_true,
     pod,
     pods,
+    proxy_status,
+    serving_pod,
+    simulated_example,
+    stream_completion,
     wait_for,
     wait_pdd_ready,
 )
 
 RUNTIME_IMAGE = "ghcr.io/pd-serving/pd-runtime:0.1.0"
+STREAM_TOKENS = 1500  # about 6 s from the simulated engines at timeScale 10
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +195,56 @@ def test_the_simulated_2p1d_example_is_ready_with_goodput_and_a_verified_kv_tran
     assert len(_containerd_ids(serving)) == 4
     for found in pods(real, ns):  # the serving pod and the goodput probe's Job pod
         assert all(cid.startswith("containerd://") for cid in _containerd_ids(found)), found["metadata"]["name"]
+
+
+def test_a_stream_in_flight_when_the_pod_is_deleted_ends_whole_as_the_engines_wait_for_the_proxy(
+    real: ControlPlane, ns: str
+) -> None:
+    """The engines' preStop hook (`pdctl wait-proxy-gone`) under the real kubelet: the kubelet sends the
+    proxy SIGTERM and runs the engines' hooks, which hold the engines up (listening: they get SIGTERM only
+    when the hook returns) while the proxy drains, so a request the proxy still takes in its drain delay is
+    served, and a stream running when the proxy was told to leave gets every token."""
+    obj = simulated_example("sim-drain")
+    obj["spec"]["goodputProbe"] = {"enabled": False}
+    obj["spec"]["terminationGracePeriodSeconds"] = 30
+    apply(real, json.dumps(obj), ns)
+    wait_pdd_ready(real, ns, "sim-drain", timeout_s=180)
+    serving = serving_pod(real, ns, "sim-drain")
+    with _Stream(serving["status"]["podIP"], max_tokens=STREAM_TOKENS) as stream:
+        wait_for(lambda: stream.chunks or None, 30, "the stream's first token")
+        real.kubectl("delete", "pod", "-n", ns, serving["metadata"]["name"], "--wait=false")
+        wait_for(lambda: proxy_status(real, serving)["leaving"] or None, 30, "the kubelet's SIGTERM to the proxy")
+        at_leaving = len(stream.chunks)
+        assert stream_completion(serving["status"]["podIP"])  # a new request, through engines still listening
+        assert stream.finished.wait(60), "the stream did not end"
+    assert stream.error is None, stream.error
+    assert stream.chunks[-1] == "[DONE]" and len(stream.chunks) == STREAM_TOKENS + 1
+    assert len(stream.chunks) - at_leaving >= STREAM_TOKENS // 4  # served while the proxy was leaving
+
+
+@dataclass
+class _Stream(Background):
+    """A streamed completion through a pod's proxy, read in a thread of its own."""
+
+    pod_ip: str
+    max_tokens: int
+    chunks: list[str] = field(default_factory=list)
+    error: str | None = None
+    finished: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        base = f"http://{self.pod_ip}:8000"
+        try:
+            model = httpx.get(f"{base}/v1/models", timeout=10, trust_env=False).json()["data"][0]["id"]
+            body = {"model": model, "prompt": "Drain, then go.", "max_tokens": self.max_tokens, "stream": True}
+            body |= {"ignore_eos": True}
+            with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60, trust_env=False) as resp:
+                resp.raise_for_status()
+                self.chunks.extend(line[len("data: ") :] for line in resp.iter_lines() if line.startswith("data: "))
+        except httpx.HTTPError as err:
+            self.error = repr(err)
+        finally:
+            self.finished.set()
 
 
 def test_a_second_node_reaches_the_first_ones_pods_and_leaves_nothing_when_torn_down(
