@@ -7,7 +7,6 @@ directory, a network namespace or a cgroup, and teardown can find everything by 
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -17,9 +16,9 @@ CNI_BIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
 RUNC = "/usr/sbin/runc"  # Debian's runc; crun refuses this machine's hybrid cgroups
 KUBELET_PORT = 10250
 DNS_READY_PORT = 8181
-# containerd 1.6 puts every shim's socket here, whatever its own state directory (named by a hash of
-# containerd's address, the namespace and the shim's id; a shim killed with its node leaves it behind).
-SHIM_SOCKET_DIR = "/run/containerd/s"
+# The kubelet's root inside the node's mount namespace: its fixed paths (the device-plugin socket
+# directory, /var/lib/kubelet/device-plugins, above all) are there, whatever --root-dir says.
+NODE_KUBELET_ROOT = "/var/lib/kubelet"
 # cgroup v1 hierarchies the node's daemons (containerd and its shims, kubelet, kube-proxy, CoreDNS) join:
 # freezer stops the whole node at once, pids lists every process of it, memory counts its RSS.
 DAEMON_HIERARCHIES = ("freezer", "memory", "pids")
@@ -92,22 +91,25 @@ class NodeLayout:
 
     @property
     def kubelet_root(self) -> str:
-        """The kubelet's --root-dir: pods' volumes, its certificates, the plugin sockets."""
+        """The kubelet's root as the machine sees it: bound at NODE_KUBELET_ROOT in the node's mount
+        namespace (pods' volumes, its certificates, the plugin sockets)."""
         return f"{self.root}/kubelet"
 
     @property
     def device_plugin_dir(self) -> str:
-        """Where device plugins find the kubelet's Registration socket (kubelet.sock) and put theirs."""
+        """Where device plugins find the kubelet's Registration socket (kubelet.sock) and put theirs, as
+        the machine sees it (/var/lib/kubelet/device-plugins in the node)."""
         return f"{self.kubelet_root}/device-plugins"
 
     @property
     def plugin_registry_dir(self) -> str:
-        """Where DRA drivers (and CSI) put their registration sockets for the kubelet's plugin watcher."""
+        """Where DRA drivers (and CSI) put their registration sockets for the kubelet's plugin watcher
+        (/var/lib/kubelet/plugins_registry in the node)."""
         return f"{self.kubelet_root}/plugins_registry"
 
     @property
     def plugins_dir(self) -> str:
-        """Where DRA drivers keep their service sockets."""
+        """Where DRA drivers keep their service sockets (/var/lib/kubelet/plugins in the node)."""
         return f"{self.kubelet_root}/plugins"
 
     @property
@@ -322,9 +324,3 @@ def _user_binding(name: str, role: str, user: str) -> dict[str, Any]:
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
     }
-
-
-def shim_socket(containerd_address: str, namespace: str, shim_id: str) -> str:
-    """Where containerd 1.6 puts the socket of the shim `shim_id` (runtime/v2/shim SocketAddress)."""
-    digest = hashlib.sha256(f"{containerd_address}/{namespace}/{shim_id}".encode()).hexdigest()
-    return f"{SHIM_SOCKET_DIR}/{digest}"

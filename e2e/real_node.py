@@ -1,11 +1,17 @@
-"""A real node: containerd, a kubelet, kube-proxy and CoreDNS in a network namespace and a cgroup of their own.
+"""A real node: containerd, a kubelet, kube-proxy and CoreDNS in a network namespace, a mount namespace and
+a cgroup tree of their own.
 
 The harness makes the node's network namespace (a veth to the cluster bridge, the node's address and a
 default route via the bridge, where the API server listens), a cgroup tree (the kubelet's cgroupRoot:
-pods under kubepods, the node's daemons under system) and a directory. Every daemon is started inside
-the namespace (`nsenter --net`) and the cgroup, so the node is torn down from its recorded layout alone:
-freeze the cgroup tree, kill everything in it, unmount what is under its directory, remove the cgroups,
-the namespace, its routes and files (`teardown`). docs/e2e-real-node.md has the whole picture.
+pods under kubepods, the node's daemons under system) and a directory. containerd starts in a new mount
+namespace (`unshare --mount --propagation slave`) where /var/lib, /var/log and /run are the node's own:
+the kubelet's fixed paths (/var/lib/kubelet: its root, certificates, device-plugin and DRA sockets; the
+links in /var/log/containers), libcni's cache and the shims' and runc's state live there, and so do every
+mount the node makes. The other daemons join both namespaces (`nsenter`) and the cgroup. Nothing of a
+node is in the machine's mount table or fixed paths, and teardown works from the recorded layout alone:
+freeze the cgroup tree and kill everything in it (the mount namespace and its mounts go with the last
+process), then remove the cgroups, the network namespace, its route and the directory (`teardown`).
+docs/e2e-real-node.md has the whole picture.
 """
 
 from __future__ import annotations
@@ -35,8 +41,14 @@ from e2e.procs import ProcRef, is_running, spawn, stop
 log = logging.getLogger(__name__)
 
 CGROUP_FS = Path("/sys/fs/cgroup")
-CNI_RESULTS = Path("/var/lib/cni/results")  # libcni's cache, named by network
-CONTAINER_LOG_LINKS = Path("/var/log/containers")  # the kubelet's links to pods' logs (a fixed path)
+# The node's own /var/lib, /var/log and /run (tmpfs in its mount namespace), and its kubelet directory
+# bound at the kubelet's fixed root; "$0" is the host path of the node's kubelet directory.
+NODE_MOUNTS = (
+    "set -e; "
+    'for dir in /var/lib /var/log /run; do mount -t tmpfs -o mode=755,size=64m pd-node "$dir"; done; '
+    f"mkdir -p {node_config.NODE_KUBELET_ROOT} /var/log/containers; "
+    f'mount --bind "$0" {node_config.NODE_KUBELET_ROOT}; exec "$@"'
+)
 CONTAINERD_NAMESPACE = "k8s.io"
 APISERVER_KUBELET_CLIENT = "kube-apiserver-kubelet-client"  # the CN of pki's kubelet client certificate
 COREDNS_USER = "system:pd-e2e:coredns"
@@ -213,25 +225,37 @@ class RealNode:
         nodes.setdefault(self.layout.name, {"layout": self.layout.as_dict()}).update(state)
         self.cp.save()
 
-    def _start(self, component: str, argv: list[str]) -> ProcRef:
+    def _start(self, component: str, argv: list[str], mount_ns: bool = True) -> ProcRef:
+        """`argv` in the node's namespaces (the mount namespace of its containerd unless `mount_ns` is
+        False, for containerd itself, which makes it) and its daemons' cgroup."""
         layout = self.layout
         cgroups = [
             h / layout.daemon_cgroup.lstrip("/") / "cgroup.procs"
             for h in hierarchies()
             if h.name in node_config.DAEMON_HIERARCHIES
         ]
-        wrapped = ["nsenter", f"--net=/run/netns/{layout.netns}", "--", *argv]
+        enter = ["nsenter", f"--net=/run/netns/{layout.netns}"]
+        if mount_ns:
+            enter.append(f"--mount=/proc/{self._containerd().pid}/ns/mnt")
+        wrapped = [*enter, "--", *argv]
         ref, _ = spawn(
             proc_name(component, layout.name), wrapped, self._log(component), detach=self.detach, cgroups=cgroups
         )
         self.cp.register(ref)
         return ref
 
+    def _containerd(self) -> ProcRef:
+        return next(p for p in self.cp.procs if p.name == proc_name("containerd", self.layout.name))
+
     def _log(self, component: str) -> Path:
         return Path(self.layout.logs_dir) / f"{component}.log"
 
     def _start_containerd(self) -> None:
-        ref = self._start("containerd", ["containerd", f"--config={self.layout.config_file('containerd.toml')}"])
+        kubelet_dir = Path(self.layout.kubelet_root)
+        kubelet_dir.mkdir()
+        containerd = ["containerd", f"--config={self.layout.config_file('containerd.toml')}"]
+        own_mounts = ["unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", NODE_MOUNTS, str(kubelet_dir)]
+        ref = self._start("containerd", [*own_mounts, *containerd], mount_ns=False)
         socket = Path(self.layout.containerd_socket)
         _wait(lambda: socket.exists() and self._ctr_ok(), 60, "containerd's socket", ref, self._log("containerd"))
 
@@ -260,7 +284,6 @@ class RealNode:
             self.cp.tool("kubelet"),
             f"--config={layout.config_file('kubelet.yaml')}",
             f"--kubeconfig={layout.config_file('kubelet.kubeconfig')}",
-            f"--root-dir={layout.kubelet_root}",
             f"--hostname-override={layout.name}",
             f"--node-ip={layout.node_ip}",
         ]
@@ -322,24 +345,15 @@ def teardown(cp: ControlPlane, state: Mapping[str, Any]) -> None:
     layout = NodeLayout.from_dict(state["layout"])
     for ref in [p for p in cp.procs if p.name.endswith(f"-{layout.name}") and _is_kubelet_side(p.name)]:
         stop(ref, grace_s=5)  # the kubelet first, so it restarts nothing
-    shim_sockets = [_shim_socket(pid) for pid in _cgroup_pids(layout)]
-    _kill_cgroup_tree(layout)
+    _kill_cgroup_tree(layout)  # the node's mount namespace, and every mount in it, goes with it
     for ref in [p for p in cp.procs if p.name.endswith(f"-{layout.name}")]:
         stop(ref, grace_s=1)  # gone already: reaps them
         cp.procs.remove(ref)
-    for socket in filter(None, shim_sockets):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(socket)
-    unmount_under(Path(layout.root))
     _remove_cgroups(layout, state.get("created_cgroups", []))
     if layout.pod_cidr:
         _ip("route", "del", layout.pod_cidr, "via", layout.node_ip, check=False)
     _ip("netns", "del", layout.netns, check=False)  # its veth pair, bridge, iptables rules go with it
     _ip("link", "del", layout.veth_host, check=False)
-    for link in _log_links(Path(layout.pod_logs_dir)):
-        link.unlink()
-    for cached in _cni_cache(layout):
-        cached.unlink()
     shutil.rmtree(layout.root, ignore_errors=True)
     (cp.workdir / "nodes" / layout.name).unlink(missing_ok=True)
     cp.extras.get("real_nodes", {}).pop(layout.name, None)
@@ -379,30 +393,6 @@ def _kill_cgroup_tree(layout: NodeLayout, timeout_s: float = 30) -> None:
         time.sleep(0.1)
 
 
-def _shim_socket(pid: int) -> str | None:
-    """The socket of a containerd shim (by its command line), to remove once the shim is killed."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-    except OSError:
-        return None
-    if not argv[0].endswith("containerd-shim-runc-v2") or "-id" not in argv or "-address" not in argv:
-        return None
-    namespace = argv[argv.index("-namespace") + 1] if "-namespace" in argv else CONTAINERD_NAMESPACE
-    return node_config.shim_socket(argv[argv.index("-address") + 1], namespace, argv[argv.index("-id") + 1])
-
-
-def unmount_under(root: Path) -> None:
-    """Unmount everything below `root`, deepest first (containers' rootfs, pods' volumes and netns)."""
-    prefix = str(root.resolve()) + os.sep
-    for _ in range(5):  # a mount stacked over another reveals it
-        with open("/proc/self/mountinfo") as mountinfo:
-            targets = [line.split()[4] for line in mountinfo if line.split()[4].startswith(prefix)]
-        if not targets:
-            return
-        for target in sorted(set(targets), key=len, reverse=True):
-            subprocess.run(["umount", "-l", target], capture_output=True)
-
-
 def _remove_cgroups(layout: NodeLayout, created: Iterable[str]) -> None:
     """The node's cgroups in every hierarchy (deepest first), then the parents it created for them."""
     for top in CGROUP_FS.iterdir():
@@ -415,22 +405,6 @@ def _remove_cgroups(layout: NodeLayout, created: Iterable[str]) -> None:
     for parent in sorted(created, key=len, reverse=True):
         with contextlib.suppress(OSError):
             Path(parent).rmdir()
-
-
-def _cni_cache(layout: NodeLayout) -> list[Path]:
-    """libcni's cached results of the node's sandboxes: `<network>-<sandbox>-eth0` of its own network, and
-    `cni-loopback-<sandbox>-lo` of the loopback network containerd adds to each."""
-    ours = list(CNI_RESULTS.glob(f"{layout.cni_network}-*-eth0"))
-    sandboxes = [path.name.removeprefix(f"{layout.cni_network}-").removesuffix("-eth0") for path in ours]
-    return ours + [path for s in sandboxes if (path := CNI_RESULTS / f"cni-loopback-{s}-lo").exists()]
-
-
-def _log_links(pod_logs: Path) -> list[Path]:
-    if not CONTAINER_LOG_LINKS.is_dir():
-        return []
-    prefix = str(pod_logs) + os.sep
-    links = [link for link in CONTAINER_LOG_LINKS.iterdir() if link.is_symlink()]
-    return [link for link in links if os.readlink(link).startswith(prefix)]
 
 
 def leftovers(layout: NodeLayout) -> list[str]:
@@ -448,8 +422,6 @@ def leftovers(layout: NodeLayout) -> list[str]:
     found += [f"link {name}" for name in (layout.veth_host, layout.veth_node) if f" {name}@" in links]
     if layout.pod_cidr and layout.pod_cidr in subprocess.run(["ip", "route"], capture_output=True, text=True).stdout:
         found.append(f"route {layout.pod_cidr}")
-    found += [f"log link {link}" for link in _log_links(Path(layout.pod_logs_dir))]
-    found += [f"cni cache {path}" for path in _cni_cache(layout)]
     found += [f"directory {layout.root}"] if Path(layout.root).exists() else []
     for pid in _all_pids():
         with contextlib.suppress(OSError):

@@ -4,7 +4,6 @@ that would make one see or undo the other, and each file says what this kind of 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import tomllib
 
@@ -104,11 +103,6 @@ def test_coredns_answers_on_the_node_address_from_the_api_and_forwards_nothing()
     assert "kubernetes cluster.local in-addr.arpa ip6.arpa" in corefile
     assert "kubeconfig /coredns.kubeconfig" in corefile
     assert "forward" not in corefile
-
-
-def test_the_shim_socket_is_containerds_hash_of_its_address_namespace_and_id() -> None:
-    digest = hashlib.sha256(b"/n/containerd.sock/k8s.io/abc").hexdigest()
-    assert node_config.shim_socket("/n/containerd.sock", "k8s.io", "abc") == f"/run/containerd/s/{digest}"
 
 
 def test_rbac_lets_the_api_server_reach_kubelets_and_coredns_read_services() -> None:
