@@ -78,6 +78,8 @@ class ImageManifest:
     def load(cls) -> ImageManifest:
         """The manifest named by $PD_E2E_IMAGE_MANIFEST, else the one images/build.sh builds or reuses."""
         path = os.environ.get("PD_E2E_IMAGE_MANIFEST")
+        if not path and not IMAGES_BUILD.exists():
+            raise FileNotFoundError(f"{IMAGES_BUILD} is missing: set PD_E2E_IMAGE_MANIFEST to an image manifest")
         if not path:
             out = subprocess.run(["bash", str(IMAGES_BUILD)], check=True, stdout=subprocess.PIPE, text=True).stdout
             path = out.strip().splitlines()[-1]
