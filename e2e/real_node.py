@@ -153,11 +153,13 @@ class RealNode:
         self._make_cgroups()
         self._start_containerd()
         self._start_kubelet(labels or {}, taints)
-        config = self.layout.config_file
+        layout, config = self.layout, self.layout.config_file
         self._start("kube-proxy", [self.cp.tool("kube-proxy"), f"--config={config('kube-proxy.yaml')}"])
         self._start("coredns", [self.cp.tool("coredns"), "-conf", config("Corefile")])
+        for directory in (layout.device_plugin_dir, layout.plugin_registry_dir, layout.plugins_dir):
+            Path(directory).mkdir(exist_ok=True)  # a plugin may start before the kubelet made them
         for name, argv in (plugins or {}).items():
-            self._start(f"plugin-{name}", argv(self.layout))
+            self._start(f"plugin-{name}", argv(layout))
         for image in images:  # while the kubelet registers; nothing is scheduled here before start returns
             self.import_image(image)
 

@@ -3,8 +3,9 @@
 The node reports kubelet v1.36.3 and containerd 1.6; the operator runs in-cluster from its image; a pod's
 probes, lifecycle hooks, restarts, downward API and `$(VAR)` expansion, `kubectl logs` and `exec`,
 Service DNS through CoreDNS and kube-proxy, and the simulated 2P1D example with its goodput probe and KV
-canary all run for real, every container a `containerd://` one. A second node reaches the first's pods,
-and tearing a node (or a whole `make cluster-up` cluster) down leaves nothing of it on the machine.
+canary all run for real, every container a `containerd://` one. A second node, whose fake MI300X device
+plugins register with its own kubelet, reaches the first's pods, and tearing a node (or a whole
+`make cluster-up` cluster) down leaves nothing of it on the machine.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from typing import Any
 import httpx
 import pytest
 
-from e2e import real_node
+from e2e import device_plugins, real_node
 from e2e.cluster import REPO_ROOT, ControlPlane
 from e2e.node_config import NodeLayout
-from e2e.stack import NODE_NAME, OPERATOR_NAMESPACE, Stack, pool_placement
+from e2e.stack import NODE_NAME, OPERATOR_NAMESPACE, POOL_KEY, Stack, pool_placement
 from e2e.tests.kube import (
     Background,
     Obj,
@@ -247,14 +248,17 @@ class _Stream(Background):
             self.finished.set()
 
 
-def test_a_second_node_reaches_the_first_ones_pods_and_leaves_nothing_when_torn_down(
+def test_a_second_node_with_device_plugins_reaches_the_first_ones_pods_and_leaves_nothing_when_torn_down(
     real_stack: Stack, ns: str
 ) -> None:
     real = real_stack.cp
     iptables_before = _machine_iptables()
-    (extra,) = real_stack.start_real_pool("extra", 1)
+    extra, devices = "extra-0", {"devices": device_plugins.real_node_plugin()}
+    images = real_node.ImageManifest.load().node_images(("pause", "runtime"))
+    real_stack.start_real_node(extra, images, {POOL_KEY: "extra"}, (f"{POOL_KEY}=extra:NoSchedule",), devices)
     placed = _web("far")
     placed["spec"] |= pool_placement("extra")
+    placed["spec"]["containers"][0]["resources"] = {"limits": {"amd.com/gpu": "1"}}  # from the node's plugin
     for manifest in (_web("near"), _service("far"), placed, _pod("client", ["sleep", "3600"])):
         apply(real, json.dumps(manifest), ns)
     far = _ready(real, ns, "far")
@@ -264,6 +268,7 @@ def test_a_second_node_reaches_the_first_ones_pods_and_leaves_nothing_when_torn_
     assert _fetch(real, ns, "client", f"http://{far['status']['podIP']}:8080/") == "200"  # across nodes by IP
     _answers(real, ns, "client", "http://far/")  # and through the Service
     assert _fetch(real, ns, "far", f"http://{near_ip}:8080/") == "200"  # and back
+    assert _exec(real, ns, "far", "ls", "/dev/kfd").strip() == "/dev/kfd"  # the plugin's Allocate, by the kubelet
 
     state = real.extras["real_nodes"][extra]
     layout = NodeLayout.from_dict(state["layout"])
