@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export GOTOOLCHAIN := local
 
-.PHONY: test venv lint images unit live-sim e2e test-vllm test-live demo cluster-up cluster-down control-plane generate
+.PHONY: test venv lint images unit live-sim e2e test-vllm test-live demo cluster-up cluster-down control-plane node generate
 
 test: venv lint images unit live-sim e2e test-vllm test-live
 
@@ -55,15 +55,20 @@ live-sim: venv
 control-plane:
 	bash e2e/build-control-plane.sh
 
+# What a real node runs besides containerd and runc (Debian's): kubelet and kube-proxy from the control
+# plane's module graph, CoreDNS (docs/e2e-real-node.md).
+node:
+	bash e2e/build-control-plane.sh --node
+
 # e2e/tests/test_real_vllm.py runs the operator on real vLLM (the live tier's venv, made here when missing).
-e2e: venv control-plane
+e2e: venv control-plane node images
 	@bash live/venv.sh $(VLLM_VERSION) >/dev/null
 	$(VENV)/bin/pytest -q e2e/tests
 
-demo: venv control-plane
+demo: venv node images
 	$(PY) -m e2e.demo $(DEMO_ARGS)
 
-cluster-up: venv control-plane
+cluster-up: venv node images
 	$(PY) -m e2e.cluster_cli up
 
 cluster-down: venv

@@ -1,4 +1,7 @@
-"""A real Kubernetes control plane on 127.0.0.1: etcd, kube-apiserver, kube-controller-manager, kube-scheduler.
+"""A real Kubernetes control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler.
+
+The API server listens on 127.0.0.1, or, for a cluster of real nodes, on the cluster bridge's address
+that the nodes' network namespaces and their pods reach (`address`); the rest stays on 127.0.0.1.
 
 Used as a pytest session fixture, and under the stack (e2e/stack.py) that `make demo` and `make cluster-up`
 start (e2e/demo.py, e2e/cluster_cli.py). Every process is recorded (pid and start time) in a state file
@@ -37,11 +40,13 @@ SERVICE_CIDR = "10.0.0.0/24"
 CLUSTER_CIDR_PREFIX = 20  # 16 nodes of /24 each (--node-cidr-mask-size)
 
 
-def binaries_dir() -> Path:
-    """The directory with etcd, kube-*, kubectl and helm: $PD_E2E_BIN, or built/reused by the build script."""
+def binaries_dir(*components: str) -> Path:
+    """The directory with etcd, kube-*, kubectl and helm: $PD_E2E_BIN, or built/reused by the build script;
+    `components` asks for more ("--node": kubelet, kube-proxy, CoreDNS; "--kwok")."""
     if env_bin := os.environ.get("PD_E2E_BIN"):
         return Path(env_bin)
-    out = subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True).stdout.strip()
+    argv = ["bash", str(BUILD_SCRIPT), *components]
+    out = subprocess.run(argv, check=True, stdout=subprocess.PIPE, text=True).stdout.strip()
     return Path(out.splitlines()[-1])
 
 
@@ -54,6 +59,7 @@ class ControlPlane:
     api_port: int = 0
     admin_token: str = ""
     cluster_cidr: str = ""  # pods of all nodes; each node gets a /24 of it as spec.podCIDR
+    address: str = "127.0.0.1"  # where the API server listens and what it advertises (kubernetes Service)
     procs: list[ProcRef] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
     audit_groups: list[str] = field(default_factory=list)  # audit requests of these groups (benchmarks)
@@ -62,7 +68,7 @@ class ControlPlane:
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.api_port}"
+        return f"https://{self.address}:{self.api_port}"
 
     @property
     def ca_file(self) -> Path:
@@ -95,6 +101,7 @@ class ControlPlane:
             "api_port": self.api_port,
             "admin_token": self.admin_token,
             "cluster_cidr": self.cluster_cidr,
+            "address": self.address,
             "procs": [p.as_dict() for p in self.procs],
             "extras": self.extras,
         }
@@ -109,6 +116,7 @@ class ControlPlane:
             api_port=state["api_port"],
             admin_token=state["admin_token"],
             cluster_cidr=state.get("cluster_cidr", ""),
+            address=state.get("address", "127.0.0.1"),
             procs=[ProcRef.from_dict(p) for p in state["procs"]],
             extras=state.get("extras", {}),
         )
@@ -142,7 +150,7 @@ class ControlPlane:
     def start(self, detach: bool = False) -> None:
         """Start all four components and wait until the cluster accepts pods."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        material = pki_mod.generate(self.workdir / "pki")
+        material = pki_mod.generate(self.workdir / "pki", [self.address])
         self.admin_token = material.admin_token
         self.api_port = self.ports.port()
         self.cluster_cidr = str(netns.choose_subnet(CLUSTER_CIDR_PREFIX))
@@ -183,8 +191,10 @@ class ControlPlane:
         argv = [
             self.tool("kube-apiserver"),
             f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={self.address}",
+            f"--advertise-address={self.address}",
+            # logs, exec, port-forward: the API server dials a real node's kubelet at its InternalIP
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             f"--secure-port={self.api_port}",
             f"--cert-dir={self.workdir / 'pki'}",
             f"--tls-cert-file={material.server_cert}",

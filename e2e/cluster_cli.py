@@ -1,6 +1,8 @@
 """`make cluster-up` / `make cluster-down` for people (`python -m e2e.cluster_cli up|down|status`): the
-stack of `make demo` (control plane, node agent, chart and operator) started and left running, its state in
-a directory, so that `down` stops exactly what `up` started."""
+stack of `make demo` (control plane, a real node, the chart and the operator from its image) started and
+left running, its state in a directory, so that `down` stops exactly what `up` started and removes what it
+made (processes, mounts, network namespaces, cgroups, the bridge and files). `--node-agent` runs the
+node emulation (e2e/node_agent.py) and the operator as a process instead."""
 
 from __future__ import annotations
 
@@ -19,22 +21,30 @@ def _cmd_up(args: argparse.Namespace) -> int:
     if (state_dir / "state.json").exists():
         sys.stderr.write(f"a cluster is already up (state in {state_dir}); run `make cluster-down` first\n")
         return 1
-    stack = Stack(ControlPlane(workdir=state_dir, bin_dir=binaries_dir()), detach=True)
+    real = not args.node_agent
+    stack = Stack(ControlPlane(workdir=state_dir, bin_dir=binaries_dir(*(["--node"] if real else []))), detach=True)
     try:
-        stack.up(operator=not args.no_operator, agent=not args.no_agent)
+        stack.up(operator=not args.no_operator, agent=not args.no_agent, real=real)
         for name, count in args.pool:
-            stack.start_pool(name, count)
+            (stack.start_real_pool if real else stack.start_pool)(name, count)
     except BaseException:
         stack.down()
         raise
     cp = stack.cp
+    if real:
+        where = (
+            f"  control-plane logs: {cp.workdir / 'logs'}, each node's: {cp.workdir / 'nodes' / 'NODE' / 'logs'}\n"
+            "  nodes: kubectl get nodes -o wide; operator: kubectl -n pd-system logs deploy/pd-operator\n"
+        )
+    else:
+        port = cp.extras.get("operator_ports", {}).get("metrics-port", "-")
+        where = f"  logs: {cp.workdir / 'logs'}\n  operator metrics: http://127.0.0.1:{port}/metrics\n"
     sys.stdout.write(
         f"control plane up at {cp.server}\n"
         f"  export KUBECONFIG={cp.kubeconfig}\n"
         f"  export PATH={cp.bin_dir}:$PATH   # kubectl and helm of the matching version\n"
-        f"  logs: {cp.workdir / 'logs'}\n"
-        f"  operator metrics: http://127.0.0.1:{cp.extras.get('operator_ports', {}).get('metrics-port', '-')}/metrics\n"
-        f"  stop: make cluster-down\n"
+        f"{where}"
+        "  stop: make cluster-down\n"
     )
     return 0
 
@@ -72,16 +82,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.cluster_cli", description=__doc__)
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
     sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="start control plane, node agent and operator; leave them running")
+    up = sub.add_parser("up", help="start control plane, a node and the operator; leave them running")
     up.add_argument("--no-operator", action="store_true", help="do not install the chart or run the operator")
-    up.add_argument("--no-agent", action="store_true", help="do not start the node agent")
+    up.add_argument("--no-agent", action="store_true", help="start no node")
+    up.add_argument(
+        "--node-agent",
+        action="store_true",
+        help="the node emulation (e2e/node_agent.py) instead of a real node, the operator as a process",
+    )
     up.add_argument(
         "--pool",
         action="append",
         default=[],
         type=_pool,
         metavar="NAME=COUNT",
-        help="also start COUNT GPU nodes NAME-0.. labelled and tainted pd.serving.dev/e2e-pool=NAME (repeatable)",
+        help="also start COUNT nodes NAME-0.. labelled and tainted pd.serving.dev/e2e-pool=NAME (repeatable)",
     )
     sub.add_parser("down", help="stop everything `up` started and remove its files")
     sub.add_parser("status", help="show the recorded processes")

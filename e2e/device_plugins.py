@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from e2e.node_config import NODE_KUBELET_ROOT, NodeLayout
 from e2e.procs import ProcRef, spawn
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -71,3 +73,12 @@ def start(
     argv = [str(binary()), *(spec or NodeDevicesSpec()).argv(kubelet_root, devices_root)]
     ref, _ = spawn("device-plugins", argv, log_path, detach=detach)
     return ref
+
+
+def real_node_plugin(spec: NodeDevicesSpec | None = None) -> Callable[[NodeLayout], list[str]]:
+    """The plugins as a real node's plugin (`Stack.start_real_node(plugins={"devices": ...})`): in the node's
+    mount namespace its kubelet directory is at the fixed path (no `kubelet_wrapper`), and the device
+    tree goes into the node's directory, so it goes with the node."""
+    path = str(binary())
+    devices = spec or NodeDevicesSpec()
+    return lambda layout: [path, *devices.argv(Path(NODE_KUBELET_ROOT), Path(layout.root) / "devices")]

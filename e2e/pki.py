@@ -57,11 +57,13 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def _builder(subject: str, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey) -> x509.CertificateBuilder:
+def _builder(
+    subject: str | x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey
+) -> x509.CertificateBuilder:
     now = datetime.datetime.now(datetime.UTC)
     return (
         x509.CertificateBuilder()
-        .subject_name(_name(subject))
+        .subject_name(_name(subject) if isinstance(subject, str) else subject)
         .issuer_name(issuer)
         .public_key(public_key)
         .serial_number(x509.random_serial_number())
@@ -73,7 +75,7 @@ def _builder(subject: str, issuer: x509.Name, public_key: ec.EllipticCurvePublic
 def _serving_names(extra_ips: list[str]) -> x509.SubjectAlternativeName:
     dns = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
     dns.append("kubernetes.default.svc.cluster.local")
-    ips = ["127.0.0.1", SERVICE_CLUSTER_IP, *extra_ips]
+    ips = list(dict.fromkeys(["127.0.0.1", SERVICE_CLUSTER_IP, *extra_ips]))
     names: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
     names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
     return x509.SubjectAlternativeName(names)
@@ -159,6 +161,26 @@ def self_signed_serving_cert(directory: Path, name: str, ips: list[str]) -> tupl
     names = x509.SubjectAlternativeName([x509.DNSName(name), *[x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]])
     cert = _builder(name, _name(name), key.public_key()).add_extension(names, critical=False).sign(key, hashes.SHA256())
     cert_path, key_path = directory / f"{name}.crt", directory / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(key_path, key)
+    return cert_path, key_path
+
+
+def client_cert(pki_dir: Path, name: str, common_name: str, groups: tuple[str, ...] = ()) -> tuple[Path, Path]:
+    """A client certificate signed by the cluster's CA (in `pki_dir`), for user `common_name` in `groups`
+    (a real node's kubelet as system:node:NAME in system:nodes, its kube-proxy, its CoreDNS)."""
+    ca_cert = x509.load_pem_x509_certificate((pki_dir / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((pki_dir / "ca.key").read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, group) for group in groups]
+    subject.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
+    cert = (
+        _builder(x509.Name(subject), ca_cert.subject, key.public_key())
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    cert_path, key_path = pki_dir / f"{name}.crt", pki_dir / f"{name}.key"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     _write_key(key_path, key)
     return cert_path, key_path

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,12 +65,21 @@ def spawn(
     log_path: Path,
     env: dict[str, str] | None = None,
     detach: bool = False,
+    cgroups: Sequence[Path] = (),
 ) -> tuple[ProcRef, subprocess.Popen[bytes]]:
-    """Start `argv` in its own session with output to `log_path`.
+    """Start `argv` in its own session with output to `log_path`, in `cgroups` (their cgroup.procs files)
+    from its first instruction on, so everything it forks is there too.
 
     detach=False ties the child's life to ours (pytest); detach=True leaves it running (make cluster-up).
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def before_exec() -> None:
+        for procs in cgroups:
+            procs.write_text(str(os.getpid()))
+        if not detach:
+            die_with_parent()
+
     with log_path.open("ab") as log:
         popen = subprocess.Popen(
             argv,
@@ -78,7 +88,7 @@ def spawn(
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
-            preexec_fn=None if detach else die_with_parent,
+            preexec_fn=before_exec,
         )
     ticks = start_ticks(popen.pid)
     return ProcRef(name=name, pid=popen.pid, start_ticks=ticks or 0), popen

@@ -1,6 +1,10 @@
-"""The whole local stack on top of a ControlPlane: node agents, operator install (chart), operator process.
+"""The whole local stack on top of a ControlPlane: nodes, operator install (chart), operator process.
 
 Shared by the pytest fixtures, `make demo` and `make cluster-up`, so all three run the same way.
+
+A cluster's nodes are either real (`start_real_control_plane`, then `start_real_node`: a kubelet,
+containerd, kube-proxy and CoreDNS each, e2e/real_node.py; the operator runs in-cluster from its image)
+or node agents (`start_agent`: e2e/node_agent.py emulates a kubelet; the operator runs as our process).
 
 One node (`mi300x-0`) by default; `start_pool` adds a pool of more 8-GPU nodes, labelled and tainted with
 the pool's name so that only workloads placed there on purpose (`pool_placement`) land on them. All
@@ -13,6 +17,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
+import ipaddress
 import json
 import logging
 import os
@@ -25,10 +31,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from e2e import netns
+from e2e import netns, real_node
 from e2e import pki as pki_mod
 from e2e.cluster import REPO_ROOT, ControlPlane
+from e2e.node_config import NodeLayout
 from e2e.procs import ProcRef, is_running, spawn, stop
+from e2e.real_node import NodeImage, NodePlugin, RealNode
 from e2e.sandbox import unmount_leftovers
 
 log = logging.getLogger(__name__)
@@ -131,10 +139,11 @@ class Stack:
         return ref
 
     def wait_node_ready(self, node: str, ref: ProcRef, timeout_s: float = 90) -> None:
+        """Until the Node is Ready and untainted, as long as `ref` (its agent or kubelet) runs."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not is_running(ref):
-                raise RuntimeError(f"node agent exited; see {self.cp.workdir / 'logs' / f'node-agent-{node}.log'}")
+                raise RuntimeError(f"{ref.name} exited; see its log")
             with self.cp.http() as client:
                 resp = client.get(f"/api/v1/nodes/{node}")
             if resp.status_code == 200 and _schedulable(resp.json()):
@@ -167,10 +176,13 @@ class Stack:
         helm_version: int = 3,
         values: dict[str, Any] | None = None,
         policy: dict[str, Any] | None = SUITE_POLICY,
+        in_cluster: bool = False,
     ) -> None:
-        """Install the chart with the operator Deployment scaled to zero: the operator runs as our process.
+        """Install the chart. `in_cluster`: the operator runs from its image, as users run it (real nodes);
+        else the Deployment is scaled to zero and the operator runs as our process (`start_operator`).
         ``policy`` widens the chart's tenancy policy (the suite's by default; None: the chart's defaults)."""
-        sets = {"replicaCount": "0", **{k: str(v) for k, v in (values or {}).items()}}
+        sets = {} if in_cluster else {"replicaCount": "0"}
+        sets |= {k: str(v) for k, v in (values or {}).items()}
         args = ["upgrade", "--install", RELEASE, str(CHART), "-n", OPERATOR_NAMESPACE, "--create-namespace"]
         for key, value in sets.items():
             args += ["--set", f"{key}={value}"]
@@ -295,7 +307,86 @@ class Stack:
 
     # ---- all -----------------------------------------------------------------------------------------------
 
-    def up(self, operator: bool = True, agent: bool = True) -> None:
+    # ---- real nodes --------------------------------------------------------------------------------------
+
+    def start_real_control_plane(self) -> None:
+        """The control plane of a cluster of real nodes: the API server listens on the cluster bridge's address
+        on the node network (a /24 of its own), which the nodes' namespaces and, through the kubernetes
+        Service, their pods reach."""
+        self.cp.workdir.mkdir(parents=True, exist_ok=True)
+        bridge = self.cluster_bridge()
+        subnet = netns.choose_subnet()
+        gateway = next(subnet.hosts())
+        subprocess.run(["ip", "addr", "add", f"{gateway}/{subnet.prefixlen}", "dev", bridge], check=True)
+        self.cp.extras["node_network"] = {"subnet": str(subnet), "nodes": 0}
+        self.cp.address = str(gateway)
+        self.cp.start(detach=self.detach)
+        real_node.node_rbac(self.cp)
+
+    def start_real_node(
+        self,
+        node: str = NODE_NAME,
+        images: list[NodeImage] | None = None,
+        labels: dict[str, str] | None = None,
+        taints: tuple[str, ...] = (),
+        plugins: dict[str, NodePlugin] | None = None,
+    ) -> RealNode:
+        """A node of the cluster (after `start_real_control_plane`), Ready, its pods routed and its DNS
+        answering. `images` default to the pause, operator and runtime images (real_node.node_images);
+        `plugins` start in the node (device plugins, DRA drivers) once its kubelet runs."""
+        network = self.cp.extras["node_network"]
+        subnet = ipaddress.IPv4Network(network["subnet"])
+        network["nodes"] += 1
+        run_id = secrets.token_hex(2)
+        layout = NodeLayout(
+            name=node,
+            run_id=run_id,
+            root=str(real_node.node_root(run_id)),
+            node_ip=str(list(subnet.hosts())[network["nodes"]]),
+            gateway=str(next(subnet.hosts())),
+            prefix=subnet.prefixlen,
+            bridge=self.cluster_bridge(),
+            cgroup_parent=real_node.own_memory_cgroup(),
+        )
+        started = time.monotonic()
+        manifest = real_node.ImageManifest.load()
+        node_images = images if images is not None else manifest.node_images()
+        machine = RealNode(self.cp, layout, self.detach)
+        machine.start(node_images, manifest.role("pause"), labels, taints, plugins)
+        layout = machine.layout = dataclasses.replace(layout, pod_cidr=machine.wait_pod_cidr())
+        self.cp.extras["real_nodes"][node]["layout"] = layout.as_dict()
+        self.cp.save()
+        real_node.route_pods(self.real_node_layouts())
+        kubelet = next(p for p in self.cp.procs if p.name == real_node.proc_name("kubelet", node))
+        self.wait_node_ready(node, kubelet)
+        real_node.wait_dns_ready(layout)
+        took = time.monotonic() - started
+        log.info("real node %s Ready in %.1fs (%s, pods %s)", node, took, layout.node_ip, layout.pod_cidr)
+        return machine
+
+    def start_real_pool(self, pool: str, count: int) -> list[str]:
+        """`count` more real nodes `<pool>-<i>`, one after another, with the pool's label and NoSchedule
+        taint; they hold the pause and runtime images (serving pods, not the operator)."""
+        images = real_node.ImageManifest.load().node_images(("pause", "runtime"))
+        nodes = [f"{pool}-{i}" for i in range(count)]
+        for node in nodes:
+            self.start_real_node(node, images, {POOL_KEY: pool}, (f"{POOL_KEY}={pool}:NoSchedule",))
+        return nodes
+
+    def real_node_layouts(self) -> list[NodeLayout]:
+        return [NodeLayout.from_dict(s["layout"]) for s in self.cp.extras.get("real_nodes", {}).values()]
+
+    # ---- all -----------------------------------------------------------------------------------------------
+
+    def up(self, operator: bool = True, agent: bool = True, real: bool = False) -> None:
+        """Control plane, one node (real, or a node agent) and the operator (in-cluster on a real node)."""
+        if real:
+            self.start_real_control_plane()
+            if agent:
+                self.start_real_node()
+            if operator:
+                self.install_operator(in_cluster=True)
+            return
         self.cp.start(detach=self.detach)
         if agent:
             self.start_agent()
@@ -304,7 +395,10 @@ class Stack:
             self.start_operator()
 
     def down(self, remove: bool = True) -> None:
-        """Stop every process (newest first), sweep what agents may have left, remove the files."""
+        """Tear the real nodes down, stop every other process (newest first), sweep what agents may have
+        left, remove the files."""
+        for state in list(self.cp.extras.get("real_nodes", {}).values()):
+            real_node.teardown(self.cp, state)
         agents = self.cp.workdir / "agents"
         self.cp.stop(remove=False)
         if agents.exists():

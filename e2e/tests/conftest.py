@@ -39,16 +39,34 @@ def _require_host_support() -> None:
 
 @pytest.fixture(scope="session")
 def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
+    """The node-agent cluster most tests run on: control plane and one node agent."""
+    yield from _session_stack(request, Stack(ControlPlane(workdir=new_workdir(), bin_dir=binaries_dir())))
+
+
+@pytest.fixture(scope="session")
+def real_stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
+    """A cluster of its own on a real node (kubelet, containerd, kube-proxy, CoreDNS; docs/e2e-real-node.md),
+    the chart installed with the operator running in-cluster from its image; started on first use."""
+    cp = ControlPlane(workdir=new_workdir("pd-e2e-real-"), bin_dir=binaries_dir("--node"))
+    yield from _session_stack(request, Stack(cp), real=True)
+
+
+def _session_stack(request: pytest.FixtureRequest, st: Stack, real: bool = False) -> Iterator[Stack]:
+    """`st` up (a real node and the operator in-cluster, or one node agent) for the session, then down;
+    the logs of a failed session on stderr."""
     _require_host_support()
-    cp = ControlPlane(workdir=new_workdir(), bin_dir=binaries_dir())
-    st = Stack(cp)
+    cp = st.cp
     try:
-        cp.start()
-        st.start_agent()
+        if real:
+            st.up(real=True)
+        else:
+            cp.start()
+            st.start_agent()
         yield st
     finally:
         if request.session.testsfailed:
-            _dump_logs(cp.workdir / "logs")
+            for logs in [cp.workdir / "logs", *cp.workdir.glob("nodes/*/logs")]:
+                _dump_logs(logs)
         keep = os.environ.get("PD_E2E_KEEP") == "1"
         st.down(remove=not keep)
         if keep:
