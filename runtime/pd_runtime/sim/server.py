@@ -241,7 +241,8 @@ async def debug_requests(request: web.Request) -> web.Response:
 
 
 async def version(request: web.Request) -> web.Response:
-    return web.json_response({"version": "pd-sim-engine"})
+    """vLLM's /version, with the release the simulator reproduces (what the proxy reports as running)."""
+    return web.json_response({"version": request.app[ENGINE_KEY].config.vllm_version})
 
 
 def build_app(engine: SimEngine) -> web.Application:
