@@ -42,7 +42,7 @@ def test_disconnect_during_prefill(pair: Pair) -> None:
 
 
 def test_disconnect_during_kv_wait(pair: Pair, faults: Faults) -> None:
-    """Both legs are aborted. In write mode vLLM 0.31's decode then keeps the request's KV blocks for good
+    """Both legs are aborted. In write mode vLLM's decode (0.31, 0.32) then keeps the request's KV blocks for good
     (nothing running or waiting, ``vllm:kv_cache_usage_perc`` above 0 long after the late write landed):
     a vLLM bug, asserted here so that a release without it fails this test; the pair's later tests accept
     what it leaked (``pair.leaked``)."""

