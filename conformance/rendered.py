@@ -7,6 +7,7 @@ transfer modes, colocated, TP/DP shapes, the xgmi backend, custom ports).
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import yaml
 
 from pd_operator import layout, render
 from pd_operator.validation import SpecError, validate_spec
+from pd_runtime.vllm_pin import PINNED_VLLM_VERSION
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
@@ -116,9 +118,21 @@ def seed_cases() -> list[EngineCase]:
     return [EngineCase(f"seed/{name}", args, env) for name, (env, args) in seed_sections().items()]
 
 
+def installed_release(default: str = PINNED_VLLM_VERSION) -> str:
+    """The vLLM release installed here (its local build label, such as +cpu, dropped), else ``default``."""
+    try:
+        return importlib.metadata.version("vllm").split("+")[0]
+    except importlib.metadata.PackageNotFoundError:
+        return default
+
+
 def example_spec(name: str) -> dict[str, Any]:
+    """An example's spec declaring the vLLM release installed here, so the generated variants are rendered
+    for the release whose parser and connector judge them (the examples themselves go through the CLI as
+    written, for the image's release)."""
     doc: dict[str, Any] = yaml.safe_load((REPO / "examples" / name).read_text())
     spec: dict[str, Any] = doc["spec"]
+    spec.setdefault("engineVersion", installed_release())
     return spec
 
 

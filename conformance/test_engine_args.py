@@ -6,14 +6,17 @@ KVTransferConfig it builds) and by the MoRIIOConnector's own config reading.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 from vllm import envs
+from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.moriio import moriio_common
 
 from conformance.rendered import EngineCase, example_cases, seed_cases, variant_cases
 from conformance.vllm_code import (
+    VLLM_VERSION,
     ServeArgsRejected,
     connector_is_registered,
     cpu_platform_is_active,
@@ -23,6 +26,7 @@ from conformance.vllm_code import (
     serve_option_dests,
     side_channel_ports,
 )
+from pd_runtime.vllm_releases import release
 
 VARIANTS, REFUSED = variant_cases()
 CASES = example_cases() + seed_cases() + VARIANTS
@@ -139,3 +143,16 @@ def test_an_extra_config_key_the_connector_ignores_is_caught(monkeypatch: pytest
     args[args.index("--kv-transfer-config") + 1] = json.dumps(config)
     with pytest.raises(AssertionError, match="never reads \\['defer_timeout_seconds'\\]"):
         test_every_extra_config_key_is_one_the_connector_reads(EngineCase("stray-key", args), monkeypatch)
+
+
+def test_the_release_table_holds_this_releases_kv_transfer_config_fields() -> None:
+    """pd_runtime.vllm_releases (what the operator renders per release) against this vLLM's own config."""
+    assert release(VLLM_VERSION).kv_transfer_config_fields == {f.name for f in dataclasses.fields(KVTransferConfig)}
+
+
+def test_a_field_this_release_does_not_have_is_refused_by_it() -> None:
+    """KVTransferConfig forbids unknown fields: a key the table leaves out would fail the engine at start."""
+    gone = release("0.31.0").kv_transfer_config_fields - release(VLLM_VERSION).kv_transfer_config_fields
+    for name in gone | {"no_such_field"}:
+        with pytest.raises(ValueError, match=name):
+            KVTransferConfig(**{name: 1})

@@ -69,7 +69,17 @@ def test_each_word_the_guard_refuses_sets_a_guarded_destination_in_vllm(words: t
         return
     dest = DESTS[canonical[0]]
     assert outcome(canonical, dest) != outcome((), dest), f"{canonical} does not change {dest}"
+    if _ambiguous_here(words[0]):  # a newer release's flag shares the prefix: vLLM refuses it as the guard does
+        assert outcome(words, dest) == REFUSED_BY_VLLM
+        return
     assert outcome(words, dest) == outcome(canonical, dest)
+
+
+def _ambiguous_here(word: str) -> bool:
+    """Whether ``word`` abbreviates more than one option of this release's parser (0.34 added the hidden
+    ``--headless-client-handshake-address``, so ``--headl`` no longer means ``--headless`` alone)."""
+    option = word.split("=", 1)[0]
+    return word.startswith("--") and option not in DESTS and len({o for o in DESTS if o.startswith(option)}) > 1
 
 
 def test_a_config_file_sets_managed_flags_past_any_guard_on_words(tmp_path: Path, monkeypatch: Any) -> None:

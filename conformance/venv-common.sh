@@ -45,6 +45,33 @@ fetch() {
   ) 8>"$wheels_lock"
 }
 
+# ARGS...: pip install from the wheels; what is missing there is downloaded first (under the wheels' lock).
+install_or_fetch() {
+  "${pip[@]}" install "${offline[@]}" "$@" 2>/dev/null && return
+  echo "downloading into $wheels: $*" >&2
+  fetch "$@"
+  "${pip[@]}" install "${offline[@]}" "$@" >&2
+}
+
+# DIST SKIP...: DIST's requirements on this machine (markers evaluated, no extras) less the SKIP names, one a
+# line (needs packaging in the venv).
+requirements_of() {
+  "$py" - "$@" <<'PY'
+import importlib.metadata
+import sys
+
+from packaging.requirements import Requirement
+
+dist, skip = sys.argv[1], set(sys.argv[2:])
+for line in importlib.metadata.requires(dist) or []:
+    req = Requirement(line)
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+    if req.name not in skip:
+        print(req)
+PY
+}
+
 # LABEL: "LABEL: venv made in N s, SIZE" on stderr, and the venv marked complete.
 vllm_venv_made() {
   echo "$1: venv made in $(($(date +%s) - venv_start)) s, $(du -sh "$venv" | cut -f1)" >&2

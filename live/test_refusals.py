@@ -1,7 +1,8 @@
 """Requests vLLM refuses come back through the proxy as vLLM's own 4xx, in OpenAI's error form.
 
-Each case also names what vLLM 0.31 itself answers (status, ``param`` and message, read in its code and
-seen in this tier), so the simulated engine's refusals are held to vLLM's words too.
+Each case also names what vLLM itself answers (status, ``param`` and message, read in its code and seen in
+this tier; the length refusal changed its words in 0.32), so the simulated engine's refusals are held to
+vLLM's words too.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from live.client import completion_body, post
-from live.cluster import MAX_MODEL_LEN, Pair, wait_idle
+from live.cluster import ENGINE_RELEASE, MAX_MODEL_LEN, Pair, wait_idle
+from pd_runtime.vllm_releases import release
 
 MODES = ["write"]
 
@@ -20,10 +22,18 @@ MODES = ["write"]
         pytest.param(
             {"prompt": "word " * (MAX_MODEL_LEN + 50)},
             "input_tokens",
-            f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, you requested 4 output "
-            f"tokens and your prompt contains at least {MAX_MODEL_LEN - 3} input tokens, for a total of at least "
-            f"{MAX_MODEL_LEN + 1} tokens. Please reduce the length of the input prompt or the number of requested "
-            f"output tokens. (parameter=input_tokens, value={MAX_MODEL_LEN - 3})",
+            (
+                f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, your prompt contains at "
+                f"least {MAX_MODEL_LEN + 1} input tokens, which exceeds this limit even without any output tokens. "
+                f"Please reduce the length of the input prompt. (parameter=input_tokens, value={MAX_MODEL_LEN + 1})"
+            )
+            if release(ENGINE_RELEASE).prompt_limit_is_the_context
+            else (
+                f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, you requested 4 output "
+                f"tokens and your prompt contains at least {MAX_MODEL_LEN - 3} input tokens, for a total of at "
+                f"least {MAX_MODEL_LEN + 1} tokens. Please reduce the length of the input prompt or the number of "
+                f"requested output tokens. (parameter=input_tokens, value={MAX_MODEL_LEN - 3})"
+            ),
             id="prompt-longer-than-max-model-len",
         ),
         pytest.param(

@@ -46,6 +46,8 @@ def test_connector_changes_by_line() -> None:
     assert (r32.write_failed, r33.write_failed) == (False, True)
     assert (r32.heterogeneous_tp_write, r33.heterogeneous_tp_write) == (False, True)
     assert release("0.34.0").write_failed and release("0.34.0").heterogeneous_tp_write
+    assert (r31.streams_error_before_first_token, r32.streams_error_before_first_token) == (False, True)
+    assert (r31.prompt_limit_is_the_context, r32.prompt_limit_is_the_context) == (False, True)
 
 
 def test_the_same_release_ignores_local_labels_but_not_the_patch() -> None:

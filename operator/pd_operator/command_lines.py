@@ -23,7 +23,9 @@ from pd_operator.api.spec import PDDeploymentSpec
 from pd_operator.rules import gpu_indices
 from pd_operator.vllm_flags import sets_compilation_config
 from pd_runtime import protocol
+from pd_runtime.sim import versions as sim_versions
 from pd_runtime.vllm_pin import DEFAULT_MAX_NUM_SEQS
+from pd_runtime.vllm_releases import Release
 
 EngineRoleName = Literal["prefill", "decode", "engine"]
 EnvEntry = dict[str, Any]
@@ -116,8 +118,9 @@ def kv_transfer_config(spec: PDDeploymentSpec, eng: EngineContainer) -> dict[str
     """``--kv-transfer-config`` of a prefill (kv_producer) or decode (kv_consumer) engine.
 
     Port values are strings, as in the seed's appendix (vLLM calls int() on them). Every key of the
-    extra config is one vLLM 0.29's MoRI-IO connector reads (``MoRIIOConfig.from_vllm_config``,
-    ``get_moriio_mode``, ``resolve_host_ip``); ``read_mode`` is how 0.29 learns the transfer mode.
+    extra config is one the MoRI-IO connector reads in every supported line (``MoRIIOConfig.from_vllm_config``,
+    ``get_moriio_mode``, ``resolve_host_ip``); ``read_mode`` is how it learns the transfer mode. Every
+    top-level key must be a ``KVTransferConfig`` field of the spec's vLLM line, which forbids the others.
     """
     kv = spec.kv_transfer
     extra: dict[str, Any] = {
@@ -133,11 +136,21 @@ def kv_transfer_config(spec: PDDeploymentSpec, eng: EngineContainer) -> dict[str
     }
     if kv.transfer_mode == "read":
         extra["read_mode"] = True
-    return {
+    config = {
         "kv_connector": kv.connector,
         "kv_role": "kv_producer" if eng.role == "prefill" else "kv_consumer",
         "kv_connector_extra_config": extra,
     }
+    return accepted_by(spec.vllm_release, config)
+
+
+def accepted_by(release: Release, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` itself; ValueError for a key the release's KVTransferConfig would refuse (admission must
+    refuse the spec that asks for it first)."""
+    unknown = sorted(set(config) - release.kv_transfer_config_fields)
+    if unknown:
+        raise ValueError(f"vLLM {release.name}'s KVTransferConfig has no field {', '.join(unknown)}")
+    return config
 
 
 def vllm_serve_args(spec: PDDeploymentSpec, eng: EngineContainer) -> list[str]:
@@ -187,7 +200,10 @@ def _launcher_args(spec: PDDeploymentSpec, eng: EngineContainer) -> list[str]:
     backend = spec.kv_transfer.backend if real and eng.role != "engine" else "none"
     gpus = len(eng.gpus) if real else 0
     ports = ",".join(str(p) for p in eng.ports)
-    return ["pdctl", "engine", "--role", eng.role, "--gpus", str(gpus), "--backend", backend, "--ports", ports]
+    return [
+        *("pdctl", "engine", "--role", eng.role, "--gpus", str(gpus), "--backend", backend, "--ports", ports),
+        *("--vllm-version", spec.vllm_version),
+    ]
 
 
 def engine_command(spec: PDDeploymentSpec, eng: EngineContainer) -> list[str]:
@@ -243,6 +259,8 @@ def engine_env(spec: PDDeploymentSpec, eng: EngineContainer, credentials: str) -
         _literal("VLLM_ENGINE_READY_TIMEOUT_S", str(spec.model_storage.load_timeout_seconds)),
         _secret_ref(ENGINE_API_KEY_ENV, credentials, ENGINE_KEY),
     ]
+    if spec.engine == "simulated":  # what the simulated image runs; an env entry of the user's replaces it
+        env.append(_literal(sim_versions.VERSION_ENV, spec.vllm_version))
     if spec.host_network:  # the preStop hook's /status read comes from the node's loopback
         env.append(_secret_ref(PROXY_ADMIN_KEY_ENV, credentials, ADMIN_KEY))
     storage = spec.model_storage

@@ -61,6 +61,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     },
     {"name": "Goodput", "type": "string", "jsonPath": ".status.goodput.summary", "description": "Latest probe"},
     {
+        "name": "vLLM",
+        "type": "string",
+        "jsonPath": ".status.engineVersion",
+        "description": "vLLM release the engines run",
+        "priority": 1,
+    },
+    {
         "name": "Capacity",
         "type": "string",
         "jsonPath": ".status.capacity.summary",

@@ -25,6 +25,7 @@ from pd_operator.api import (
     PDDeploymentStatus,
     ProbeState,
 )
+from pd_operator.command_lines import engine_containers
 from pd_operator.conditions import SCALING_ACTIVE
 from pd_operator.layout import Layout
 from pd_operator.observe import Event, Observation
@@ -59,25 +60,26 @@ def children_refused(stored_status: Mapping[str, Any]) -> bool:
 def proxy_urls(snap: Snapshot) -> dict[str, str]:
     """Pod name -> the proxy admin /status to read before deciding: disaggregated replicas whose pod has
     an IP and has not verified a KV transfer yet, and with the canary on all of them (a KV path that
-    breaks later is noticed: its canary reports a mismatch)."""
+    breaks later is noticed: its canary reports a mismatch); any replica whose engines' vLLM releases are
+    not all known yet, once its proxy is ready."""
     spec = snap.deployment.valid_spec
     if spec is None:
         return {}
     previous, live, owner = observe.parse(snap.deployment.status), controlled_pods(snap), snap.deployment.owner
     spec = autotune.spec_in_force(spec, previous.autotune)
     scaling = spec.autoscaling.enabled
-    if not spec.disaggregated and not scaling:
-        return {}
+    engines = len(engine_containers(spec))
     urls = {}
     for index in range(spec.replicas):
         pod = live.get(render.pod_name(owner, index))
         if pod is None or not pod.ip:
             continue
+        prior = observe.previous_replica(previous, index)
         check_kv = spec.disaggregated and (
-            spec.proxy.canary_interval_seconds > 0
-            or not observe.kv_transfer_verified(observe.previous_replica(previous, index), pod)
+            spec.proxy.canary_interval_seconds > 0 or not observe.kv_transfer_verified(prior, pod)
         )
-        if check_kv or (scaling and _proxy_ready(pod)):
+        versions_unknown = not observe.engine_versions_known(engines, prior, pod) and _proxy_ready(pod)
+        if check_kv or versions_unknown or (scaling and _proxy_ready(pod)):
             urls[pod.name] = f"http://{pod.ip}:{spec.proxy.admin_port}/status"
     return urls
 

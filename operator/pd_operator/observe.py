@@ -75,6 +75,7 @@ CHILD_REFUSED = "ChildRefused"  # the Event of a refused child (ChildrenAdmitted
 # `pdctl engine` exits with this code (EX_CONFIG) when its preflight refuses to start the engine; its
 # reason is the container's termination message (pd_runtime.launcher.EXIT_PREFLIGHT_FAILED).
 PREFLIGHT_EXIT_CODE = 78
+RELEASE_LIMIT = 64  # a vLLM release as the engine names it, e.g. 0.31.0+rocm723 (status' ReleaseText)
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,7 @@ def preflight_refusals(pod: PodView | None) -> dict[str, str]:
     }
 
 
-def role_statuses(layout: Layout, pod: PodView | None) -> list[RoleStatus]:
+def role_statuses(layout: Layout, pod: PodView | None, versions: Mapping[str, str] | None = None) -> list[RoleStatus]:
     out = []
     for name, role in _members(layout):
         cs = (pod.container(name) if pod else None) or ContainerView(name)
@@ -224,6 +225,7 @@ def role_statuses(layout: Layout, pod: PodView | None) -> list[RoleStatus]:
                 reason=cs.reason,
                 message=cs.message,
                 gpus=_gpus(layout, name),
+                engine_version=(versions or {}).get(name),
             )
         )
     return out
@@ -381,6 +383,31 @@ def kv_transfer_verified(prior: ReplicaStatus | None, pod: PodView | None) -> bo
     """Already verified for this very pod: no need to ask its proxy again."""
     kept = _kept_kv(prior, pod)
     return kept is not None and kept.status == "True"
+
+
+def engine_versions(layout: Layout, rep: ReplicaObservation, prior: ReplicaStatus | None) -> dict[str, str]:
+    """Engine container -> the vLLM release it runs, as the replica's proxy read it (each instance's
+    ``vllm_version`` in its /status, matched by HTTP port); what this very pod showed before for those the
+    proxy did not report this time (it is read only while something is left to verify)."""
+    versions = dict(prior.engine_versions) if _same_pod(prior, rep.pod) and prior is not None else {}
+    status = rep.proxy.status if rep.proxy is not None else None
+    instances = status.get("instances") if status is not None else None
+    by_port: dict[str, str] = {}
+    for inst in instances if isinstance(instances, list) else ():
+        address = inst.get("http_address") if isinstance(inst, Mapping) else None
+        version = inst.get("vllm_version") if isinstance(inst, Mapping) else None
+        if isinstance(address, str) and isinstance(version, str) and version:
+            by_port[address.rsplit(":", 1)[-1]] = version[:RELEASE_LIMIT]
+    for eng in layout.engines:
+        version = by_port.get(str(eng.ports[0][1]))  # its HTTP port comes first (EngineContainer.named_ports)
+        if version is not None:
+            versions[eng.name] = version
+    return versions
+
+
+def engine_versions_known(layout_engines: int, prior: ReplicaStatus | None, pod: PodView | None) -> bool:
+    """Every engine of this very pod has shown its release: no need to ask its proxy for it again."""
+    return _same_pod(prior, pod) and prior is not None and len(prior.engine_versions) >= layout_engines
 
 
 def kv_mismatch(report: ProxyReport | None) -> Mapping[str, Any] | None:
@@ -587,11 +614,13 @@ def replica_facts(
     spec: PDDeploymentSpec, layout: Layout, rep: ReplicaObservation, previous: PDDeploymentStatus
 ) -> ReplicaFacts:
     pod = rep.pod
-    roles = role_statuses(layout, pod)
+    prior = previous_replica(previous, rep.index)
+    versions = engine_versions(layout, rep, prior)
+    roles = role_statuses(layout, pod, versions)
     role_conds = _role_conditions(roles, _pod_not_usable(rep), preflight_refusals(pod))
     valid = condition(SPEC_VALID, True, "Valid", "the spec passed validation")
     phase, message = phase_of(rep, roles, ready_set(layout).satisfied([valid, *role_conds]))
-    kv = kv_transfer_condition(spec, rep, previous_replica(previous, rep.index))
+    kv = kv_transfer_condition(spec, rep, prior)
     ready = pod is not None and not pod.deleting and not pod.ended and all(r.ready for r in roles)
     status = ReplicaStatus(
         index=rep.index,
@@ -605,6 +634,7 @@ def replica_facts(
         current=rep.current and pod is not None and not pod.deleting,
         available=replica_available(spec, ready, kv),
         kv_transfer=kv.model_copy(update={"last_transition_time": None, "observed_generation": None}),
+        engine_versions=versions,
     )
     return ReplicaFacts(rep, roles, role_conds, phase, message, kv, ready, status)
 
@@ -686,6 +716,7 @@ def status(obs: Observation) -> PDDeploymentStatus:
             "selector": selector_string(layout.owner),
             "replica_statuses": [f.status for f in per],
             "transfer": spec.transfer_in_effect,
+            "engine_version": ", ".join(sorted({v for f in per for v in f.status.engine_versions.values()})),
             "pod_name": pod.name if pod else None,
             "pod_uid": pod.uid if pod else None,
             "pod_ip": pod.ip if pod else None,

@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="minimum /dev/shm size (default: 1024 when --gpus > 1, else no check)",
     )
     parser.add_argument(
+        "--vllm-version",
+        default=None,
+        help="the vLLM release the engine must run (the spec's engineVersion); refused when the command "
+        "runs another (the installed vllm distribution's version, or the simulated engine's); unset: no check",
+    )
+    parser.add_argument(
         "--check-only",
         action="store_true",
         help="print the observed facts and problems as JSON and exit (0 or 78); exec nothing",
@@ -89,6 +95,7 @@ def parse(argv: Sequence[str]) -> tuple[EngineNeeds, list[str], bool]:
         backend=cast(Backend, args.backend),
         ports=args.ports,
         min_shm_mib=effective_min_shm_mib(args.gpus, args.min_shm_mib),
+        vllm_version=args.vllm_version,
     )
     return needs, command, bool(args.check_only)
 
@@ -110,7 +117,7 @@ def fail(message: str, code: int) -> int:
 def main(argv: Sequence[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     needs, command, check_only = parse(argv)
-    facts = hostfacts.gather(needs.ports, os.environ)
+    facts = hostfacts.gather(needs.ports, os.environ, command=command)
     problems = preflight(needs, facts)
     if check_only:
         report = {"ok": not problems, "needs": asdict(needs), "problems": problems, "facts": asdict(facts)}
@@ -120,10 +127,11 @@ def main(argv: Sequence[str]) -> int:
         return fail(failure_message(needs, problems), EXIT_PREFLIGHT_FAILED)
     aiter_cache.prepare(os.environ)
     logger.info(
-        "preflight passed for the %s engine (%d GPU(s), backend %s); exec %s",
+        "preflight passed for the %s engine (%d GPU(s), backend %s, vLLM %s); exec %s",
         needs.role,
         needs.gpus,
         needs.backend,
+        facts.engine_version or f"unknown: {facts.engine_version_source}",
         command[0],
     )
     sys.stdout.flush()

@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pd_runtime.vllm_releases import same_release
+
 Role = Literal["prefill", "decode", "engine"]
 Backend = Literal["rdma", "xgmi", "none"]
 
@@ -41,6 +43,7 @@ class EngineNeeds:
     backend: Backend
     ports: tuple[int, ...] = ()
     min_shm_mib: int = 0
+    vllm_version: str | None = None  # the release the spec declares (engineVersion); None: not checked
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ class HostFacts:
     rdma_devices: tuple[str, ...] = ()
     uverbs_nodes: tuple[str, ...] = ()
     busy_ports: Mapping[int, str] = field(default_factory=dict)
+    engine_version: str | None = None  # the vLLM release the engine command runs
+    engine_version_source: str = ""  # where that was read
 
 
 def effective_min_shm_mib(gpus: int, requested: int | None) -> int:
@@ -205,12 +210,32 @@ def check_ports(needs: EngineNeeds, facts: HostFacts) -> list[str]:
     return problems
 
 
+def check_engine_version(needs: EngineNeeds, facts: HostFacts) -> list[str]:
+    """The engine must run the release the spec declares: the operator rendered that release's flags and
+    kv-transfer keys (which another release may refuse or read otherwise) and admitted what its connector
+    supports."""
+    declared, installed = needs.vllm_version, facts.engine_version
+    if declared is None or installed is None:
+        return []
+    try:
+        if same_release(declared, installed):
+            return []
+    except ValueError:
+        pass
+    return [
+        f"the spec declares vLLM {declared} (spec.engineVersion, or the default image's when unset) but this "
+        f"container runs vLLM {installed} ({facts.engine_version_source}): set spec.engineVersion to "
+        f"{installed}, or use an image of vLLM {declared}"
+    ]
+
+
 CHECKS: tuple[Callable[[EngineNeeds, HostFacts], list[str]], ...] = (
     check_gpus,
     check_partitions,
     check_shm,
     check_rdma,
     check_ports,
+    check_engine_version,
 )
 
 

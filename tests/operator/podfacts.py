@@ -52,6 +52,9 @@ KV_MISMATCH = {
 }
 
 
+ENGINE_RELEASE = "0.31.0+rocm723"
+
+
 def proxy_status(transfer: bool = True, mismatch: bool = False) -> dict[str, Any]:
     last = {
         "transfer_id": "tx-1",
@@ -63,7 +66,10 @@ def proxy_status(transfer: bool = True, mismatch: bool = False) -> dict[str, Any
     return {
         "mode": "disaggregated",
         "transfer_mode": "write",
-        "instances": [],
+        "instances": [  # the default layout's engines, with the release their GET /version answered
+            {"role": "P", "http_address": "10.1.2.3:20005", "vllm_version": ENGINE_RELEASE},
+            {"role": "D", "http_address": "10.1.2.3:40005", "vllm_version": ENGINE_RELEASE},
+        ],
         "counts": {},
         "last_transfer": last if transfer else None,
         "canary": {"enabled": True, "kv_mismatch": KV_MISMATCH} if mismatch else {"enabled": False},

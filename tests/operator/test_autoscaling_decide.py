@@ -9,9 +9,11 @@ from prometheus_client import generate_latest
 
 from pd_operator import autoscale, decide, handlers, metrics
 from pd_operator.actions import Decision, Scale
+from pd_operator.command_lines import engine_containers
 from pd_operator.goodput import rfc3339
 from pd_operator.observe import ProxyReport, find, parse
 from pd_operator.refusals import ApiFailure
+from pd_operator.validation import validate_spec
 from tests.operator.podfacts import proxy_status
 from tests.operator.test_autoscale import goodput_status
 from tests.operator.test_decide import T0, merged
@@ -62,8 +64,16 @@ def test_every_ready_replica_proxy_is_read_for_its_demand() -> None:
     urls = decide.proxy_urls(snapshot(spec, pods, stored))
     assert sorted(urls) == [NAME, f"{NAME}-1"]
     assert decide.hpa_read(snapshot(spec, pods, stored))
+
+
+def test_without_autoscaling_a_colocated_proxy_is_read_only_until_its_engines_releases_are_known() -> None:
     plain = {"model": "m", "engine": "simulated", "mode": "colocated"}
-    assert decide.proxy_urls(snapshot(plain, pods_of(plain, count=1))) == {}
+    [pod] = pods_of(plain, count=1)
+    assert list(decide.proxy_urls(snapshot(plain, [pod]))) == [NAME]
+    names = [c.name for c in engine_containers(validate_spec(plain))]
+    known = {"index": 0, "podName": NAME, "podUid": pod["metadata"]["uid"], "phase": "Ready"}
+    stored = {"replicaStatuses": [known | {"engineVersions": dict.fromkeys(names, "0.31.0")}]}
+    assert decide.proxy_urls(snapshot(plain, [pod], stored)) == {}
 
 
 def test_demand_past_capacity_scales_up_through_the_scale_subresource_with_an_event() -> None:

@@ -97,6 +97,7 @@ def test_names_subresource_and_printer_columns() -> None:
         ".status.containersReady",
         ".status.availableReplicas",
         ".status.router.ready",
+        ".status.engineVersion",
         ".status.capacity.summary",
         ".status.demand.summary",
     ]

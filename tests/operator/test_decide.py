@@ -15,7 +15,7 @@ from pd_operator.refusals import ApiFailure
 from pd_operator.snapshot import Deployment, Snapshot
 from pd_operator.validation import validate_spec
 from pd_operator.views import job_view, pod_view
-from tests.operator.podfacts import finished_job, proxy_status, running_pod, summary
+from tests.operator.podfacts import ENGINE_RELEASE, finished_job, proxy_status, running_pod, summary
 
 NS, NAME, UID = "ns1", "demo", "uid-1"
 SPEC: dict[str, Any] = {"model": "m", "engine": "simulated", "goodputProbe": {"enabled": True}}
@@ -166,6 +166,18 @@ def test_without_the_canary_the_proxy_is_read_until_the_transfer_is_verified_for
     ready = decide.decide(snapshot(spec, pods=[pod], proxies=one_proxy(status=proxy_status())))
     assert cond(ready.patch, "KVTransferVerified")["status"] == "True"
     assert not decide.proxy_urls(snapshot(spec, status=stored({}, ready), pods=[pod]))
+
+
+def test_the_status_shows_the_release_each_engine_runs_and_keeps_it_while_the_proxy_is_not_read() -> None:
+    spec = {"model": "m", "engine": "simulated", "proxy": {"canaryIntervalSeconds": 0}}
+    pod = serving(spec)
+    ready = decide.decide(snapshot(spec, pods=[pod], proxies=one_proxy(status=proxy_status())))
+    both, status = {"prefill": ENGINE_RELEASE, "decode": ENGINE_RELEASE}, stored({}, ready)
+    assert status["replicaStatuses"][0]["engineVersions"] == both
+    assert {r["name"]: r.get("engineVersion") for r in status["roles"]} == both | {"proxy": None}
+    assert status["engineVersion"] == ENGINE_RELEASE
+    later = decide.decide(snapshot(spec, status=stored({}, ready), pods=[pod]))
+    assert stored(stored({}, ready), later)["engineVersion"] == ENGINE_RELEASE
 
 
 def test_with_the_canary_a_verified_kv_path_that_breaks_later_turns_false_with_an_event() -> None:

@@ -15,6 +15,7 @@ from pd_operator import api, layout, render
 from pd_operator.command_lines import engine_command, engine_containers
 from pd_operator.commands import render as render_command
 from pd_operator.validation import validate_spec
+from pd_runtime.vllm_pin import PINNED_VLLM_VERSION
 from tests.operator.conftest import DRA, EXAMPLES, load_example, render_argv
 
 GOLDEN = Path(__file__).with_name("golden") / "seed_appendix.sh"
@@ -217,6 +218,8 @@ def test_launcher_wraps_vllm_with_preflight_flags() -> None:
         "rdma",
         "--ports",
         "20005,6301,6302,6303,6304,6105,6106,6107,6108",
+        "--vllm-version",
+        PINNED_VLLM_VERSION,
         "--",
         "vllm",
         "serve",

@@ -108,6 +108,7 @@ class FakeEngine:
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_post("/v1/chat/completions", self._completion)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/version", self._version)
         app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
@@ -122,6 +123,9 @@ class FakeEngine:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="")
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": "0.33.0+rocm723" if self.role == "P" else "0.33.0"})
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})

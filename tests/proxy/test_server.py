@@ -56,7 +56,8 @@ async def test_health_ready_and_status_follow_contract_3(pd_setup: SetupFactory)
     prefill, decode = by_role["P"], by_role["D"]
     assert set(prefill) == {
         "role", "http_address", "zmq_address", "heartbeat_age_s", "healthy",
-        "dp_size", "tp_size", "transfer_mode", "generation", "in_flight", "routed", "load", "load_age_s", "circuit",
+        "dp_size", "tp_size", "transfer_mode", "vllm_version", "generation", "in_flight", "routed", "load",
+        "load_age_s", "circuit",
     }  # fmt: skip
     assert prefill["circuit"] == {"state": "closed", "reason": None, "failures": 0}
     assert prefill["http_address"] == setup.prefill.http_address
@@ -64,6 +65,11 @@ async def test_health_ready_and_status_follow_contract_3(pd_setup: SetupFactory)
     assert isinstance(prefill["heartbeat_age_s"], float) and prefill["healthy"] is True
     assert (prefill["dp_size"], prefill["tp_size"], prefill["transfer_mode"]) == (1, 4, "WRITE")
     assert (prefill["generation"], decode["generation"]) == ("G2", "G1")
+    # each engine's GET /version, read once it answered /health: the release it runs
+    await wait_for(lambda: all(i.vllm_version for i in setup.proxy.registry.instances.values()), what="versions")
+    _, doc = await _get_json(setup.client, setup.admin_url + "/status")
+    versions = {inst["role"]: inst["vllm_version"] for inst in doc["instances"]}
+    assert versions == {"P": "0.33.0+rocm723", "D": "0.33.0"}
 
     status, _ = await setup.post("/v1/completions", BODY)
     assert status == 200

@@ -42,9 +42,12 @@ def sse_events(raw: str) -> list[Any]:
 
 
 async def test_health_models_metrics_and_version(start_engine: EngineFactory, http: aiohttp.ClientSession) -> None:
-    eng = await start_engine(["my/model", "--port", str(TEST_PORTS.port()), "--served-model-name", "a", "b"])
+    port = str(TEST_PORTS.port())
+    eng = await start_engine(["my/model", "--port", port, "--served-model-name", "a", "b", "--vllm-version", "0.33.0"])
     async with http.get(eng.url + "/health") as resp:
         assert resp.status == 200
+    async with http.get(eng.url + "/version") as resp:
+        assert await resp.json() == {"version": "0.33.0"}  # vLLM's answer, with the release it reproduces
     async with http.get(eng.url + "/v1/models") as resp:
         assert [m["id"] for m in (await resp.json())["data"]] == ["a", "b"]
     text = await scrape(http, eng.url)

@@ -10,6 +10,7 @@ from pd_operator.api.shared import MAX_REPLICAS, MAX_ROLE_INSTANCES, RUN_PROBE_A
 from pd_operator.api.spec import PDDeploymentSpec
 
 Timestamp = Annotated[str, StringConstraints(max_length=64)]
+ReleaseText = Annotated[str, StringConstraints(max_length=64)]
 
 
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded", "Failed"]
@@ -53,6 +54,11 @@ class RoleStatus(ApiModel):
         "", description="Last termination message (e.g. a failed preflight) or waiting message."
     )
     gpus: RoleGpus | None = Field(None, description="GPUs of this container (engines only).")
+    engine_version: ReleaseText | None = Field(
+        None,
+        description="The vLLM release this engine runs (engines only), as its GET /version answers it to the "
+        "pod's proxy, e.g. 0.31.0+rocm723; unset until the proxy has read it.",
+    )
 
 
 class AllocatedDevice(ApiModel):
@@ -218,6 +224,11 @@ class ReplicaStatus(ApiModel):
         False, description="Ready and, when disaggregated, KVTransferVerified: counts as serving for rollouts."
     )
     kv_transfer: Condition | None = Field(None, description="This pod's KVTransferVerified condition.")
+    engine_versions: dict[Annotated[str, StringConstraints(max_length=63)], ReleaseText] = Field(
+        default_factory=dict,
+        max_length=2 * MAX_ROLE_INSTANCES,
+        description="Engine container -> the vLLM release it runs, as its proxy read it (GET /version).",
+    )
 
 
 class RouterStatus(ApiModel):
@@ -320,6 +331,12 @@ class PDDeploymentStatus(ApiModel):
     )
     transfer: Annotated[str, StringConstraints(max_length=16)] = Field(
         "", description="KV transfer mode in effect: write, read, or none (colocated)."
+    )
+    engine_version: Annotated[str, StringConstraints(max_length=256)] = Field(
+        "",
+        description="The vLLM releases the engines run, over every replica, as their proxies read them, e.g. "
+        '"0.31.0+rocm723" (several, comma-separated, while a rollout changes it; column VLLM, -o wide); empty '
+        "until read. spec.engineVersion is what they must run (the launcher refuses another).",
     )
     pod_name: Annotated[str, StringConstraints(max_length=253)] | None = Field(
         None, description="Serving pod of the first replica (every replica: replicaStatuses)."

@@ -286,7 +286,10 @@ class Housekeeping:
     async def _probe_one(self, key: str) -> None:
         inst = self.registry.instances.get(key)
         if inst is not None:
-            self._record(inst, await self._probe(inst))
+            ok = await self._probe(inst)
+            self._record(inst, ok)
+            if ok and inst.vllm_version is None:
+                await self._read_version(inst)
 
     def sweep_interval(self) -> float:
         """A quarter of the shortest TTL (at most 1 s), so an eviction lands well within the TTL."""
@@ -316,6 +319,8 @@ class Housekeeping:
         results = await asyncio.gather(*(self._probe(inst) for inst in instances))
         for inst, ok in zip(instances, results, strict=True):
             self._record(inst, ok)
+        unread = [inst for inst, ok in zip(instances, results, strict=True) if ok and inst.vllm_version is None]
+        await asyncio.gather(*(self._read_version(inst) for inst in unread))
 
     def _record(self, inst: Instance, ok: bool) -> None:
         was_healthy = inst.healthy
@@ -358,6 +363,18 @@ class Housekeeping:
                     return body if resp.status == 200 else None
         except (TimeoutError, aiohttp.ClientError, UnicodeDecodeError):
             return None
+
+    async def _read_version(self, inst: Instance) -> None:
+        """The release the engine runs, from vLLM's GET /version (``{"version": "0.31.0"}``), for /status."""
+        try:
+            async with asyncio.timeout(self.health_timeout_s):
+                async with self.session.get(f"{inst.base_url}/version", headers=self.headers) as resp:
+                    body = await resp.json(content_type=None) if resp.status == 200 else None
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            return
+        version = body.get("version") if isinstance(body, dict) else None
+        if isinstance(version, str) and version:
+            self.registry.record_version(inst.key, version)
 
     async def _probe(self, inst: Instance) -> bool:
         try:

@@ -64,6 +64,7 @@ class Instance:
     load_at: float | None = None  # monotonic time of that report
     breaker: Breaker = field(default_factory=Breaker)  # open: out of rotation after failed or timed-out legs
     dial_host: str = ""  # --engine-host: its HTTP server is reached there, not at the registered host
+    vllm_version: str | None = None  # the release its GET /version answers, read once it is healthy
     key: str = field(init=False)  # http_address, computed once: routing reads it on every request
 
     def __post_init__(self) -> None:
@@ -182,6 +183,7 @@ class Registry:
         if known is not None:
             fresh.health_failures, fresh.last_health_ok = known.health_failures, known.last_health_ok
             fresh.load, fresh.load_at, fresh.breaker = known.load, known.load_at, known.breaker
+            fresh.vllm_version = known.vllm_version
         self.instances[reg.http_address] = fresh
         return Observation("added")
 
@@ -240,6 +242,11 @@ class Registry:
             if inst.breaker.probed(ok, inst.last_heartbeat):
                 log.info("circuit half-open, one trial request next role=%s http=%s", inst.role, inst.key)
         return inst
+
+    def record_version(self, key: str, version: str) -> None:
+        inst = self.instances.get(key)
+        if inst is not None:
+            inst.vllm_version = version
 
     def record_load(self, key: str, load: dict[int, EngineLoad], now: float) -> None:
         inst = self.instances.get(key)

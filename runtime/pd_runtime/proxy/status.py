@@ -72,6 +72,7 @@ def instance_json(registry: Registry, router: Router, inst: Instance, now: float
         "dp_size": inst.registration.dp_size,
         "tp_size": inst.registration.tp_size,
         "transfer_mode": inst.transfer_mode,
+        "vllm_version": inst.vllm_version,
         "generation": inst.generation,
         "in_flight": router.in_flight(inst.key),
         "routed": router.routed(inst.key),

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pd_runtime import protocol
+from pd_runtime.sim.versions import VERSION_ENV, VERSION_FLAG, simulated_version
 from pd_runtime.vllm_pin import DEFAULT_MAX_NUM_SEQS, PINNED_VLLM_VERSION
 from pd_runtime.vllm_releases import release
 
@@ -162,10 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(least recently used out) and computes only a prompt's uncached rest; 0: off (the default)",
     )
     sim.add_argument(
-        "--vllm-version",
+        VERSION_FLAG,
         default=None,
         help=f"reproduce this vLLM release's connector behaviours (default {PINNED_VLLM_VERSION}, the image's; "
-        "also PD_SIM_VLLM_VERSION)",
+        f"also {VERSION_ENV})",
     )
     faults = parser.add_argument_group("fault knobs (also PD_SIM_<NAME>, e.g. PD_SIM_CRASH_AFTER=10)")
     faults.add_argument("--sim-no-register", action="store_true", default=None)
@@ -229,7 +230,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Eng
     if not 0.0 <= faults.drop_notify <= 1.0:
         raise ConfigError(f"--sim-drop-notify is a fraction in [0, 1], got {faults.drop_notify}")
     registration: protocol.Generation = "G1" if knob("registration", str, "g2").lower() == "g1" else "G2"
-    vllm_version = ns.vllm_version or env.get(ENV_PREFIX + "VLLM_VERSION") or PINNED_VLLM_VERSION
+    vllm_version = simulated_version(args, env)
     try:
         release(vllm_version)
     except ValueError as exc:

@@ -145,10 +145,11 @@ async def _stream(
                 chunk["usage"] = openai.usage(req.prompt_tokens, out.index)
             await send(chunk)
     except openai.RequestError as exc:
-        # vLLM 0.31's completions stream skips a choice that has neither text nor tokens yet before it
-        # checks for a failed request (completion/serving.py, "don't return empty chunks"), so a request
+        # Before 0.32 vLLM's completions stream skips a choice that has neither text nor tokens yet before
+        # it checks for a failed request (completion/serving.py, "don't return empty chunks"), so a request
         # whose KV failed to load before its first token ends with [DONE] alone: HTTP 200, no error.
-        if not (handle.kv_load_failed and not env.chat):
+        silent = not request.app[ENGINE_KEY].behaviour.release.streams_error_before_first_token
+        if not (handle.kv_load_failed and not env.chat and silent):
             await send(openai.error_body(exc.status, exc.message, exc.err_type, exc.param))
     else:
         if req.include_usage:
@@ -241,7 +242,8 @@ async def debug_requests(request: web.Request) -> web.Response:
 
 
 async def version(request: web.Request) -> web.Response:
-    return web.json_response({"version": "pd-sim-engine"})
+    """vLLM's /version, with the release the simulator reproduces (what the proxy reports as running)."""
+    return web.json_response({"version": request.app[ENGINE_KEY].config.vllm_version})
 
 
 def build_app(engine: SimEngine) -> web.Application:

@@ -1,12 +1,30 @@
-"""Pure: the MoRIIOConnector behaviours of a vLLM version that matter to the proxy, as the simulated
-engine reproduces them (the facts and their sources: ``pd_runtime.vllm_releases``)."""
+"""Pure: which vLLM release a simulated engine reproduces, and the MoRIIOConnector behaviours of that
+release that matter to the proxy (the facts and their sources: ``pd_runtime.vllm_releases``).
+
+No dependency of the sim extra: the engine launcher reads the release of a ``pdctl sim-engine`` command
+here, on any install.
+"""
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pd_runtime.vllm_pin import PINNED_VLLM_VERSION
 from pd_runtime.vllm_releases import Release, release
+
+VERSION_FLAG = "--vllm-version"
+VERSION_ENV = "PD_SIM_VLLM_VERSION"
+
+
+def simulated_version(argv: Sequence[str], env: Mapping[str, str]) -> str:
+    """The release ``pdctl sim-engine ARGV`` reproduces: its --vllm-version, else PD_SIM_VLLM_VERSION, else
+    the image pin."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument(VERSION_FLAG, "--vllm_version", default=None)
+    ns, _ = parser.parse_known_args(list(argv))
+    return str(ns.vllm_version or env.get(VERSION_ENV) or PINNED_VLLM_VERSION)
 
 
 @dataclass(frozen=True)
