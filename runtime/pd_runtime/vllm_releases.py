@@ -17,8 +17,10 @@ docs/vllm-versions.md says the same in prose, with what the project does about e
   #57705); 0.32 moved the heartbeat into a subprocess (``moriio/moriio_heartbeat.py``).
 - 0.33: a write-mode prefill that gives up waiting for decode's blocks (``defer_timeout``) tells decode
   (``moriio/moriio_engine.py`` ``_notify_write_failed``), which fails the request or recomputes it per
-  ``kv_load_failure_policy``; prefill and decode TP may differ in write mode (``moriio/moriio_tp_mapping.py``);
-  read mode releases prefill's blocks for a request aborted before decode allocated.
+  ``kv_load_failure_policy``; prefill and decode TP may differ in write mode (``moriio/moriio_tp_mapping.py``).
+- From 0.31 (read in 0.31.0, 0.32.0, 0.33.0 and 0.34.0, not in 0.29): read mode releases prefill's blocks for a
+  request aborted before decode allocated (``moriio/moriio_connector.py`` ``request_finished`` queues it with
+  no local blocks, ``_read_blocks`` then sends only ``release``: ``if not any(local_block_ids)``).
 - 0.31, measured in the live tier (``live/test_faults.py``): a write-mode decode request aborted while it
   waits for its KV keeps its blocks for good; seen on 0.31 only, other lines not checked.
 """
@@ -95,8 +97,8 @@ class Release:
 RELEASES: tuple[Release, ...] = (
     # The previous pin: the simulator reproduces it; its fields as 0.31's (the keys we render passed there).
     Release((0, 29), False, _KV_FIELDS_0_31, False, False, False, False, False, False, False, False, False),
-    Release((0, 31), True, _KV_FIELDS_0_31, True, False, False, False, False, False, False, False, True),
-    Release((0, 32), True, _KV_FIELDS_0_32, True, True, False, True, True, False, False, False, False),
+    Release((0, 31), True, _KV_FIELDS_0_31, True, False, False, False, False, False, False, True, True),
+    Release((0, 32), True, _KV_FIELDS_0_32, True, True, False, True, True, False, False, True, False),
     Release((0, 33), True, _KV_FIELDS_0_32, True, True, True, True, True, True, True, True, False),
     Release((0, 34), True, _KV_FIELDS_0_32, True, True, True, True, True, True, True, True, False),
 )
