@@ -91,7 +91,7 @@ def plan_trials(spec: PDDeploymentSpec) -> list[AutotuneTrial]:
     """The trials for the spec's workload: the node's layouts the API runs and the model fits, ranked by the
     planner at the probe's rate. Raises ValueError when the model has no calibrated profile."""
     model, wanted = get_model(spec.model), demand(spec)
-    feasible = [lay for lay in layouts(spec.node.gpus_per_node) if emit.supported(lay) and fits(model, lay, wanted)]
+    feasible = [lay for lay in _layouts(spec) if emit.supported(lay) and fits(model, lay, wanted)]
     ranked = rank(
         [assemble(lay, wanted, [], sample(model.profile, lay, wanted, wanted.rate)) for lay in feasible], wanted.target
     )
@@ -110,8 +110,13 @@ def plan_trials(spec: PDDeploymentSpec) -> list[AutotuneTrial]:
 # ---- the spec in force ------------------------------------------------------------------------------------
 
 
+def _layouts(spec: PDDeploymentSpec) -> list[NodeLayout]:
+    """The node's layouts the spec's vLLM runs: a TP change between prefill and decode only from 0.33."""
+    return layouts(spec.node.gpus_per_node, mixed_tp=spec.vllm_release.heterogeneous_tp_write)
+
+
 def _plan_layout(spec: PDDeploymentSpec, name: str) -> NodeLayout:
-    found = {lay.name: lay for lay in layouts(spec.node.gpus_per_node)}
+    found = {lay.name: lay for lay in _layouts(spec)}
     if name not in found:
         raise ValueError(f"layout {name!r} does not use the node's {spec.node.gpus_per_node} GPUs")
     return found[name]
@@ -126,7 +131,7 @@ def _engine_base(wire: Obj) -> Obj:
 def layout_spec(spec: PDDeploymentSpec, name: str) -> PDDeploymentSpec:
     """The spec with its layout replaced by the planner's layout ``name`` (write mode when disaggregated);
     everything else (image, probe, proxy, simulation, per-engine resources and arguments) stays."""
-    planned = emit.manifest(_plan_layout(spec, name), spec.model, demand(spec))["spec"]
+    planned = emit.manifest(_plan_layout(spec, name), spec.model, demand(spec), vllm_version=spec.vllm_version)["spec"]
     wire = spec.model_dump(by_alias=True, mode="json")
     base = _engine_base(wire)
     wire["mode"] = planned["mode"]

@@ -136,11 +136,13 @@ def kv_transfer_config(spec: PDDeploymentSpec, eng: EngineContainer) -> dict[str
     }
     if kv.transfer_mode == "read":
         extra["read_mode"] = True
-    config = {
+    config: dict[str, Any] = {
         "kv_connector": kv.connector,
         "kv_role": "kv_producer" if eng.role == "prefill" else "kv_consumer",
         "kv_connector_extra_config": extra,
     }
+    if kv.load_failure_policy is not None:  # a KVTransferConfig field in every supported line
+        config["kv_load_failure_policy"] = kv.load_failure_policy
     return accepted_by(spec.vllm_release, config)
 
 

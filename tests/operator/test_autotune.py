@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -132,13 +133,25 @@ def test_a_colocated_trial_replaces_the_layout_and_keeps_the_engine_settings() -
 
 
 def test_an_xpyd_trial_runs_instances_in_write_mode() -> None:
-    spec = validate_spec({**tuned_spec(), "kvTransfer": {"transferMode": "read", "rdma": RDMA}})
+    spec = validate_spec(
+        {**tuned_spec(), "engineVersion": "0.34.0", "kvTransfer": {"transferMode": "read", "rdma": RDMA}}
+    )
     xpyd = autotune.layout_spec(spec, "2P TP2 + 1D TP4")
     assert xpyd.kv_transfer.transfer_mode == "write"
     assert [i.gpus for i in xpyd.prefill.instances] == ["0-1", "2-3"]
     assert (xpyd.decode.gpus, xpyd.decode.tensor_parallel_size, xpyd.decode.instances) == ("4-7", 4, [])
     names = [c["name"] for c in render.pod(layout.build(layout.Owner("d", "n", "u", 1), xpyd))["spec"]["containers"]]
     assert names == ["prefill-0", "prefill-1", "decode", "proxy"]
+
+
+def test_before_vllm_0_33_no_trial_changes_tp_between_prefill_and_decode() -> None:
+    """0.31 cannot write KV between TP sizes: its trials never try such a layout, 0.34's may."""
+    pinned = validate_spec(tuned_spec(trials=8))
+    assert all(len(set(re.findall(r"TP(\d+)", t.layout))) == 1 for t in autotune.plan_trials(pinned))
+    with pytest.raises(ValueError, match="does not use"):
+        autotune.layout_spec(pinned, "2P TP2 + 1D TP4")
+    newer = validate_spec({**tuned_spec(trials=8), "engineVersion": "0.34.0"})
+    assert "2P TP2 + 1D TP4" in [t.layout for t in autotune.plan_trials(newer)]
 
 
 def test_the_layout_in_force_is_the_spec_s_without_autotune_state() -> None:
@@ -264,7 +277,7 @@ def test_without_autotune_there_is_no_tuned_condition_nor_autotune_status() -> N
 
 
 def test_accept_pins_the_tuned_layout_into_the_spec_and_turns_autotuning_off() -> None:
-    stored = tuned_spec(kvTransfer={"transferMode": "read", "rdma": RDMA})
+    stored = tuned_spec(engineVersion="0.34.0", kvTransfer={"transferMode": "read", "rdma": RDMA})
     stored["prefill"] = {
         **stored["prefill"],
         "instances": [{"gpus": "0-3", "ports": {"http": 1, "handshake": 2, "notify": 9}}],

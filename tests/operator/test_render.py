@@ -264,7 +264,7 @@ def test_simulated_pod_requests_no_gpus_unless_asked() -> None:
 @pytest.mark.parametrize(("tp", "dp"), [(4, 1), (1, 4)])
 def test_engines_reserve_every_rank_port_the_connector_binds(tp: int, dp: int) -> None:
     prefill = {"gpus": "0-3", "tensorParallelSize": tp, "dataParallelSize": dp}
-    c = container(spec_of("qwen3-235b-write.yaml", prefill=prefill), "prefill")
+    c = container(spec_of("qwen3-235b-write.yaml", prefill=prefill, engineVersion="0.34.0"), "prefill")
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {
         "p-http": 20005,
@@ -449,6 +449,7 @@ def test_host_devices_pin_ranges_and_reserve_the_whole_node() -> None:
         gpuAllocation={"strategy": "hostDevices"},
         prefill={"gpus": "0-1", "tensorParallelSize": 2},
         decode={"gpus": "4-7"},
+        engineVersion="0.34.0",
     )
     pod = render.pod(lay(spec))
     prefill, decode = pod["spec"]["containers"][:2]
@@ -482,7 +483,12 @@ def test_dra_renders_a_claim_template_selecting_by_pci_address() -> None:
 def test_a_changed_claim_template_gets_a_new_name_and_rolls_the_pod() -> None:
     """A ResourceClaimTemplate's spec is immutable: a change is a new template, and the pod follows it."""
     before = render.children(lay(spec_of("qwen3-235b-write.yaml", gpuAllocation=DRA)))
-    moved = spec_of("qwen3-235b-write.yaml", gpuAllocation=DRA, prefill={"gpus": "0-1", "tensorParallelSize": 2})
+    moved = spec_of(
+        "qwen3-235b-write.yaml",
+        gpuAllocation=DRA,
+        prefill={"gpus": "0-1", "tensorParallelSize": 2},
+        engineVersion="0.34.0",
+    )
     after = render.children(lay(moved))
     names = [c.applied[0]["metadata"]["name"] for c in (before, after)]
     assert names[0] != names[1]
@@ -634,3 +640,14 @@ def test_the_rendered_proxy_never_discovers_engines(path: Path) -> None:
     cmd = rendered.proxy.argv
     named = [cmd[i + 1] for i, word in enumerate(cmd) if word in ("--expected-engine", "--engine")]
     assert len(named) == len(rendered.engines) > 0
+
+
+@pytest.mark.parametrize("policy", [None, "fail", "recompute"])
+def test_the_load_failure_policy_is_a_top_level_kv_transfer_key_only_when_set(policy: str | None) -> None:
+    kv = {"kvTransfer": {"loadFailurePolicy": policy}} if policy else {}
+    spec = validate_spec({"model": "m", "engine": "simulated", **kv})
+    for role in ("prefill", "decode"):
+        argv = container(spec, role)["command"]
+        config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+        assert config.get("kv_load_failure_policy") == policy
+        assert "kv_load_failure_policy" not in config["kv_connector_extra_config"]

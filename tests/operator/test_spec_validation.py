@@ -98,6 +98,7 @@ def test_one_parallel_dimension_per_role_is_accepted(tp: int, dp: int) -> None:
         {
             "model": "m",
             "engine": "simulated",
+            "engineVersion": "0.34.0",  # decode stays TP4: write mode between TP sizes
             "prefill": {"gpus": gpus, "tensorParallelSize": tp, "dataParallelSize": dp},
         }
     )

@@ -101,6 +101,7 @@ def test_one_prefill_tp4_and_two_decode_tp2() -> None:
     raw = {
         "model": "Qwen/Qwen3-235B-A22B-FP8",
         "engine": "simulated",
+        "engineVersion": "0.34.0",
         "decode": {
             "tensorParallelSize": 2,
             "instances": [
@@ -130,6 +131,7 @@ def test_tensor_parallel_must_divide_the_attention_heads_of_a_known_model_only()
         "model": "Qwen/Qwen3-235B-A22B-FP8",
         "engine": "simulated",
         "prefill": {"gpus": "0-2", "tensorParallelSize": 3},
+        "decode": {"gpus": "4-6", "tensorParallelSize": 3},
     }
     with pytest.raises(SpecError) as err:
         validate_spec(raw)

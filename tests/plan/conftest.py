@@ -25,4 +25,6 @@ def plan(tmp: Path, rate: float, prompt: int, *extra: str) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def seed_plan(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("seed-plan")
-    return tmp, plan(tmp, 8, 2000, "--emit-yaml", str(tmp / "best.yaml"), "--report", str(tmp / "plan.html"))
+    # vLLM 0.34: write mode between TP sizes (the layouts that change TP are priced from 0.33 on)
+    emitted = ("--emit-yaml", str(tmp / "best.yaml"), "--report", str(tmp / "plan.html"))
+    return tmp, plan(tmp, 8, 2000, "--vllm-version", "0.34.0", *emitted)

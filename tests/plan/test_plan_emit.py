@@ -20,8 +20,8 @@ EXPRESSIBLE = [
 
 @pytest.mark.parametrize("layout", EXPRESSIBLE, ids=lambda layout: f"{layout.name} {layout.backend}")
 def test_expressible_layouts_render(layout: NodeLayout) -> None:
-    doc = yaml.safe_load(to_yaml(manifest(layout, MODEL, DEMAND)))
-    assert doc == manifest(layout, MODEL, DEMAND)  # the YAML writer round-trips
+    doc = yaml.safe_load(to_yaml(manifest(layout, MODEL, DEMAND, vllm_version="0.34.0")))
+    assert doc == manifest(layout, MODEL, DEMAND, vllm_version="0.34.0")  # the YAML writer round-trips
     # hostDevices for XGMI, the host network for RDMA (docs/security.md)
     tenancy = TenancyPolicy(allow_privileged=layout.backend == "xgmi", allow_host_network=layout.backend == "rdma")
     pod = next(o for o in objects_for(doc, None, tenancy) if o["kind"] == "Pod")
@@ -57,3 +57,16 @@ def test_manifest_carries_the_layout_and_the_workload() -> None:
     assert spec["goodputProbe"]["slo"] == {"ttftMs": 1000, "itlMs": 50}
     engines = manifest(NodeLayout("colocated", engines=1, engine_tp=8), MODEL, DEMAND)["spec"]["colocated"]["engines"]
     assert [(e["gpus"], e["tensorParallelSize"]) for e in engines] == [("0-7", 8)]
+
+
+def test_a_layout_that_changes_tp_declares_the_vllm_it_was_planned_for() -> None:
+    """Write mode between TP sizes needs vLLM 0.33; admission refuses it for the image's 0.31 otherwise."""
+    mixed = manifest(NodeLayout("disaggregated", 2, 2, 1, 4), MODEL, DEMAND, vllm_version="0.34.0")["spec"]
+    assert mixed["engineVersion"] == "0.34.0"
+    assert "engineVersion" not in manifest(NodeLayout("disaggregated", 1, 4, 1, 4), MODEL, DEMAND)["spec"]
+
+
+def test_before_vllm_0_33_no_layout_changes_tp_between_prefill_and_decode() -> None:
+    names = {layout.name for layout in layouts(8, mixed_tp=False)}
+    assert "1P TP4 + 1D TP4" in names and "2P TP2 + 2D TP2" in names
+    assert not {"2P TP2 + 1D TP4", "1P TP4 + 2D TP2"} & names

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -351,3 +352,81 @@ async def test_write_mode_producer_drops_a_transfer_whose_blocks_come_after_defe
     text = await scrape(http, p.url)
     assert metric(text, "pd_sim_kv_transfers_total", outcome="expired") == 1
     assert metric(text, "pd_sim_kv_blocks_held") == 0
+
+
+@pytest.mark.parametrize(("version", "tells"), [("0.31.0", False), ("0.33.0", True)])
+async def test_a_producer_that_gives_up_on_the_block_list_tells_decode_from_0_33(
+    start_engine: EngineFactory, peer: FakePeer, http: aiohttp.ClientSession, version: str, tells: bool
+) -> None:
+    """0.33 moriio_engine.py ``_notify_write_failed``: {"type": "write_failed", "transfer_id"} to decode."""
+    ports = engine_ports()
+    argv = [*engine_argv("kv_producer", ports, defer_timeout="0.3"), "--vllm-version", version]
+    p = await start_engine(argv)
+    tid = transfer_id()
+    xid = g2_request_id(zmq_address(ports.handshake, ports.notify), peer.zmq)
+    params = {"do_remote_decode": True, "remote_tp_size": 1, "remote_dp_size": 1, "transfer_id": tid}
+    status, _ = await post(http, p.url, {"prompt": [5] * 50, "max_tokens": 1, "kv_transfer_params": params}, xid)
+    assert status == 200
+    if tells:
+        assert await peer.next_notify(timeout=10) == {"type": "write_failed", "transfer_id": tid}
+    else:
+        await until_metric(http, p.url, "pd_sim_kv_transfers_total", 1, outcome="expired")
+        with pytest.raises(TimeoutError):
+            await peer.next_notify(timeout=0.5)
+
+
+@pytest.mark.parametrize("policy", ["fail", "recompute"])
+async def test_write_failed_ends_decodes_wait_by_its_load_failure_policy(
+    start_engine: EngineFactory, peer: FakePeer, http: aiohttp.ClientSession, policy: str
+) -> None:
+    """0.33: a write_failed for a request waiting for KV fails it (500, as vLLM's finish reason "error" is
+    answered) or has decode compute it; one for a request not allocated yet (max_num_seqs reached) is kept
+    and ends that request once it gets its blocks."""
+    ports = engine_ports()
+    kv = json.loads(kv_config("kv_consumer", ports)) | {"kv_load_failure_policy": policy}
+    argv = ["sim", "--port", str(ports.http), "--kv-transfer-config", json.dumps(kv), "--vllm-version", "0.33.0"]
+    d = await start_engine([*argv, "--max-num-seqs", "1", "--profile", "qwen3-235b-mi300x"])
+    xid = g2_request_id(peer.zmq, zmq_address(ports.handshake, ports.notify))
+    first, second = transfer_id(), transfer_id()
+    running = asyncio.create_task(post(http, d.url, _remote_body(first), xid))
+    assert (await peer.next_notify())["transfer_id"] == first
+    queued = asyncio.create_task(post(http, d.url, _remote_body(second), xid))
+    await until_metric(http, d.url, "pd_sim_requests_waiting_for_kv", 2)
+    await peer.send_notify(ports.notify, msgpack.dumps({"type": "write_failed", "transfer_id": second}))
+    await peer.send_notify(ports.notify, msgpack.dumps({"type": "write_failed", "transfer_id": first}))
+    results = [await asyncio.wait_for(task, timeout=20) for task in (running, queued)]
+    if policy == "fail":
+        assert [status for status, _ in results] == [500, 500]
+        assert results[0][1]["error"]["message"] == "Internal server error"
+    else:
+        assert [status for status, _ in results] == [200, 200]
+        text = await scrape(http, d.url)
+        assert metric(text, "vllm:prompt_tokens_by_source_total", source="local_compute") == 200
+    assert (await peer.next_notify())["transfer_id"] == second  # its block list once allocated, as vLLM's
+
+
+async def test_a_read_mode_request_aborted_before_allocation_releases_prefills_blocks(
+    start_engine: EngineFactory, peer: FakePeer, http: aiohttp.ClientSession
+) -> None:
+    """0.31-0.34 ``request_finished`` + ``_read_blocks``: no local blocks, so decode only sends release."""
+    ports = engine_ports()
+    argv = [*engine_argv("kv_consumer", ports, read=True), "--max-num-seqs", "1", "--profile", "qwen3-235b-mi300x"]
+    d = await start_engine(argv)
+    xid = g2_request_id(peer.zmq, zmq_address(ports.handshake, ports.notify))
+    first, second = transfer_id(), transfer_id()
+    read = {"remote_engine_id": "127.0.0.1:1", "remote_block_ids": [1, 2], "remote_dp_size": 1}
+
+    def body(tid: str, max_tokens: int) -> dict[str, Any]:
+        base = _remote_body(tid, max_tokens)
+        return base | {"kv_transfer_params": base["kv_transfer_params"] | read}
+
+    running = asyncio.create_task(post(http, d.url, body(first, 200), xid))
+    assert await peer.next_notify() == {"type": "release", "transfer_id": first, "consumer_tp_size": 1}
+    queued = asyncio.create_task(post(http, d.url, body(second, 4), xid))
+    await until_metric(http, d.url, "pd_sim_requests_waiting_for_kv", 1)
+    queued.cancel()  # the client goes away while the request waits for a slot
+    await asyncio.gather(queued, return_exceptions=True)
+    assert await peer.next_notify() == {"type": "release", "transfer_id": second, "consumer_tp_size": 1}
+    assert not running.done()  # released long before the running request freed the slot
+    running.cancel()
+    await asyncio.gather(running, return_exceptions=True)

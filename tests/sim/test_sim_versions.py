@@ -7,6 +7,7 @@ import pytest
 from pd_runtime.sim.config import ConfigError, parse_args
 from pd_runtime.sim.versions import ConnectorBehaviour, decode_alone_refusal
 from pd_runtime.vllm_pin import PINNED_VLLM_VERSION
+from pd_runtime.vllm_releases import parse_version
 
 
 @pytest.mark.parametrize(
@@ -47,3 +48,19 @@ def test_decode_alone_is_refused_where_decode_does_not_compute_a_plain_request(
     refusal = decode_alone_refusal(version, read)
     assert (refusal is not None) is refused
     assert refusal is None or f"vLLM {version}" in refusal
+
+
+@pytest.mark.parametrize(
+    ("name", "read", "first"),
+    [
+        ("write_failed_notice", False, "0.33.0"),
+        ("mixed_tp_write", False, "0.33.0"),
+        ("unallocated_read_releases", True, "0.31.0"),
+    ],
+)
+def test_the_033_behaviours_start_at_their_release(name: str, read: bool, first: str) -> None:
+    for version in ("0.29.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"):
+        expected = parse_version(version) >= parse_version(first)
+        assert getattr(ConnectorBehaviour.of(version, read), name) is expected, version
+    other_mode = getattr(ConnectorBehaviour.of("0.34.0", not read), name)
+    assert other_mode is (name == "mixed_tp_write")  # a release property, not a mode's

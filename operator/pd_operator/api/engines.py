@@ -353,6 +353,16 @@ class KVTransferSpec(ApiModel):
         le=86400,
         description="defer_timeout: seconds before un-acknowledged KV blocks held for a peer are freed.",
     )
+    load_failure_policy: Literal["fail", "recompute"] | None = Field(
+        None,
+        description=(
+            "kv_load_failure_policy: what a decode engine does with a request whose KV cannot load (a failed "
+            "read; from vLLM 0.33 in write mode also a transfer prefill gave up on after deferTimeoutSeconds, "
+            "write_failed): fail it at once (the proxy answers 502 decode_failed) or recompute its prompt on "
+            "decode (the client is served, decode pays the prefill). Unset: vLLM's default, fail. Rendered "
+            "into --kv-transfer-config for the releases whose KVTransferConfig has the key (0.31 - 0.34 all do)."
+        ),
+    )
     rdma: RdmaSpec = Field(default_factory=RdmaSpec, description="NIC access for backend rdma.")
 
     _rules = (

@@ -268,6 +268,37 @@ def _divides_attention_heads_rule() -> Rule:
     )
 
 
+def _mixed_tp_write_ok(spec: PDDeploymentSpec) -> bool:
+    a, b = spec.prefill.tensor_parallel_size, spec.decode.tensor_parallel_size
+    if not spec.disaggregated or spec.kv_transfer.transfer_mode != "write" or a == b:
+        return True
+    return spec.vllm_release.heterogeneous_tp_write and max(a, b) % min(a, b) == 0
+
+
+def _mixed_tp_write_rule() -> Rule:
+    """Write mode between prefill and decode of different TP sizes needs vLLM 0.33's TP mapping.
+
+    Before it each prefill rank writes one decode rank and each decode rank completes on one write_done
+    (0.31 ``get_moriio_remote_tp_rank``), so decode ranks without a writer wait for good; 0.33's
+    ``moriio_tp_mapping.validate_write_tp_topology`` needs one TP size to be a multiple of the other.
+    """
+    lines = [r.name for r in SUPPORTED if r.heterogeneous_tp_write]
+    regex = "^(" + "|".join(line.replace(".", "[.]") for line in lines) + ")[.]"
+    pinned = str(release(PINNED_VLLM_VERSION).heterogeneous_tp_write).lower()
+    a, b = "self.prefill.tensorParallelSize", "self.decode.tensorParallelSize"
+    return Rule(
+        cel=f"self.mode != 'disaggregated' || self.kvTransfer.transferMode != 'write' || {a} == {b} || "
+        f"((has(self.engineVersion) ? self.engineVersion.matches('{regex}') : {pinned}) && "
+        f"({a} % {b} == 0 || {b} % {a} == 0))",
+        message="write mode with prefill.tensorParallelSize != decode.tensorParallelSize needs vLLM "
+        f"{lines[0]} or later (engineVersion; unset: the image's {PINNED_VLLM_VERSION}) and one TP size a "
+        "multiple of the other: earlier releases write each prefill rank's KV into one decode rank only, and "
+        "the decode ranks without a writer wait for good",
+        check=_mixed_tp_write_ok,
+        field_path=".decode.tensorParallelSize",
+    )
+
+
 _CEL_RESOURCES = ("self.prefill.resources", "self.decode.resources", "self.proxy.resources")
 
 
@@ -429,6 +460,7 @@ class PDDeploymentSpec(ApiModel):
             field_path=".decode.gpus",
         ),
         _divides_attention_heads_rule(),
+        _mixed_tp_write_rule(),
         Rule(
             cel=f"self.mode != 'colocated' || ({_CEL_COLOC_GPUS})",
             message="colocated.engines[*].gpus must lie within 0 .. node.gpusPerNode - 1 and must not overlap",

@@ -28,6 +28,7 @@ from pd_runtime.plan.report import render_plan
 from pd_runtime.plan.table import render_table
 from pd_runtime.report_page import package_version
 from pd_runtime.vllm_pin import PINNED_VLLM_VERSION
+from pd_runtime.vllm_releases import release
 
 log = logging.getLogger(__name__)
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -66,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", type=positive_int, default=4, help="arrival sequences per rate")
     parser.add_argument("--backend", choices=["rdma", "xgmi"], default="rdma", help="KV transfer of P/D layouts")
     parser.add_argument(
+        "--vllm-version",
+        default=PINNED_VLLM_VERSION,
+        help="the vLLM release the engines run: from 0.33 write mode moves KV between prefill and decode of "
+        "different TP sizes, so such layouts are ranked (default: the image's)",
+    )
+    parser.add_argument(
         "--ignore-eos",
         action="store_true",
         help="every request produces --output-tokens tokens (default: outputs end at the model's EOS draw, "
@@ -87,6 +94,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         model = get_model(args.model)
         rates = tuple(parse_sweep(args.rates))
+        mixed_tp = release(args.vllm_version).heterogeneous_tp_write
     except ValueError as exc:
         parser.error(str(exc))
     demand = Demand(
@@ -104,7 +112,7 @@ def main(argv: Sequence[str]) -> int:
         decode_alone_below=args.disaggregation_threshold or 0,
     )
     started = time.monotonic()
-    fits, excluded, feasible = _feasible(model, layouts(args.gpus, args.backend), demand)
+    fits, excluded, feasible = _feasible(model, layouts(args.gpus, args.backend, mixed_tp), demand)
     if not feasible:
         sys.stderr.write(f"pdctl plan: no layout of {args.gpus} GPUs fits {model.name}\n")
         return EXIT_FAILED
@@ -112,7 +120,7 @@ def main(argv: Sequence[str]) -> int:
     predicted = frozenset(p.layout.name for p in ranked if p.layout.predicted(model))
     found = verdict(ranked, demand.rate, demand.target, predicted)
     emitted = _emitted(ranked, model, demand, args)
-    ctx = Context(model, MI300X, args.gpus, demand, _versions(model), time.monotonic() - started)
+    ctx = Context(model, MI300X, args.gpus, demand, _versions(model, args.vllm_version), time.monotonic() - started)
     doc = plan_document(ctx, ranked, fits, excluded, found, emitted)
     sys.stdout.write(render_table(doc))
     try:
@@ -214,7 +222,7 @@ def _emitted(ranked: list[Priced], model: ModelSpec, demand: Demand, args: argpa
         "path": args.emit_yaml,
         "layout": chosen.layout.name,
         "note": note,
-        "manifest": manifest(chosen.layout, model.name, demand, args.name),
+        "manifest": manifest(chosen.layout, model.name, demand, args.name, args.vllm_version),
     }
 
 
@@ -232,9 +240,9 @@ def _write_outputs(
         Path(args.report).write_text(render_plan(doc, ranked))
 
 
-def _versions(model: ModelSpec) -> dict[str, str]:
+def _versions(model: ModelSpec, vllm_version: str) -> dict[str, str]:
     return {
         "pd-operator": package_version(),
         "simulator profile": model.profile.name,
-        "simulated vLLM": PINNED_VLLM_VERSION,
+        "simulated vLLM": vllm_version,
     }

@@ -14,6 +14,7 @@ from typing import Any
 
 from pd_runtime.plan.layouts import COLOCATED_ENGINE, DISAGGREGATED_ENGINE, NodeLayout
 from pd_runtime.plan.price import Demand
+from pd_runtime.vllm_pin import PINNED_VLLM_VERSION
 
 API_VERSION = "pd.serving.dev/v1alpha1"
 COLOCATED_PORTS = (8100, 8200)
@@ -34,10 +35,16 @@ def supported(layout: NodeLayout) -> bool:
     return True
 
 
-def manifest(layout: NodeLayout, model: str, demand: Demand, name: str | None = None) -> dict[str, Any]:
+def manifest(
+    layout: NodeLayout, model: str, demand: Demand, name: str | None = None, vllm_version: str = PINNED_VLLM_VERSION
+) -> dict[str, Any]:
+    """``vllm_version``: the release the layout was planned for, declared as ``engineVersion`` when the layout
+    needs it (prefill and decode TP differ: vLLM 0.33 or later)."""
     if not supported(layout):
         raise ValueError(f"layout {layout.name} needs {layout.engines} colocated engines; the API runs one or two")
     spec: dict[str, Any] = {"model": model, "engine": "vllm", "mode": layout.kind}
+    if layout.kind == "disaggregated" and layout.prefill_tp != layout.decode_tp:
+        spec["engineVersion"] = vllm_version
     if layout.kind == "colocated":
         spec["colocated"] = {
             "engines": [

@@ -71,11 +71,13 @@ class NodeLayout:
         return any(tp not in model.measured_tp for _, tp, _ in self.instances)
 
 
-def layouts(gpus: int, backend: Literal["rdma", "xgmi"] = "rdma") -> list[NodeLayout]:
-    """Every homogeneous colocated and every xPyD layout that uses exactly ``gpus`` GPUs."""
+def layouts(gpus: int, backend: Literal["rdma", "xgmi"] = "rdma", mixed_tp: bool = True) -> list[NodeLayout]:
+    """Every homogeneous colocated and every xPyD layout that uses exactly ``gpus`` GPUs; ``mixed_tp``: also
+    those whose prefill and decode TP differ, which write mode moves KV between from vLLM 0.33 on
+    (``vllm_releases.Release.heterogeneous_tp_write``; TP 1, 2, 4, 8 are all multiples of each other)."""
     found = [NodeLayout("colocated", engines=gpus // tp, engine_tp=tp) for tp in TP_SIZES if gpus % tp == 0]
     for a in TP_SIZES:
-        for b in TP_SIZES:
+        for b in TP_SIZES if mixed_tp else (a,):
             for x in range(1, gpus // a + 1):
                 rest = gpus - x * a
                 if rest > 0 and rest % b == 0:

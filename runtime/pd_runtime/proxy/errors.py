@@ -81,7 +81,9 @@ def kv_transfer_timeout(kv_wait: float) -> ApiError:
 def decode_without_output() -> ApiError:
     return upstream_failed(
         "decode engine ended its stream without a token or an error: it failed the request before its first "
-        "token (vLLM 0.31 does so when loading the transferred KV failed)",
+        "token, as vLLM does when the request's KV cannot load (kv_load_failure_policy fail): in write mode "
+        "from vLLM 0.33 when prefill gave up waiting for decode's block list after its defer_timeout "
+        "(write_failed: decode had no room for the request in time), in read mode when the KV read failed",
         "decode_failed",
     )
 

@@ -156,6 +156,12 @@ class ProxyMetrics:
             registry=r,
         )
         self.disaggregation_reasons = {reason: self.disaggregation.labels(reason) for reason in REASONS}
+        self.kv_load_failures = Counter(
+            "pd_proxy_kv_load_failures",
+            "Decode legs that ended without output after prefill answered with KV: decode failed the request "
+            "because its KV never loaded (write_failed from vLLM 0.33 in write mode, a failed read in read mode)",
+            registry=r,
+        )
         self.in_flight = Gauge("pd_proxy_in_flight", "Client requests in progress", registry=r)
         self.decode_queue = Gauge(
             "pd_proxy_decode_queue", "Requests waiting for a decode DP rank below --decode-max-in-flight", registry=r

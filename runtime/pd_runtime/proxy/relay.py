@@ -149,7 +149,7 @@ class Relay:
         if resp.headers.get("content-type", "").startswith("text/event-stream"):
             chunks = stream_chunks(events)  # parsed once: whether it opens an answer, then the answer
             if not chunks_open_answer(chunks, exchange.request):
-                raise LegFailure("decode", "no_output", decode_without_output())
+                raise self._without_output(exchange, "decode")
             if any(isinstance(c, dict) and "error" in c for c in chunks):
                 # not streamed, vLLM answers a request that failed after its first token with a 500
                 raise LegFailure("decode", "http", upstream_failed("decode engine failed the request", "decode_failed"))
@@ -157,6 +157,13 @@ class Relay:
         if exchange.prompt_details is not None:
             document = merge_usage(document, exchange.prompt_details)
         await sink.whole(200, "application/json", document)
+
+    def _without_output(self, exchange: Exchange, name: str) -> LegFailure:
+        """A decode stream that ended before its answer began; after prefill answered with KV (the kv
+        deadline is set) that is decode failing a request whose KV never loaded, counted on its own."""
+        if exchange.kv_deadline is not None:
+            self.metrics.kv_load_failures.inc()
+        return LegFailure(name, "no_output", decode_without_output())
 
     def _timed_out(
         self, exchange: Exchange, name: str, answered: bool, bounded: bool, first_deadline: float, first_byte_due: float
@@ -234,7 +241,7 @@ class Relay:
                 tail = relay.rewrite(exchange.rewriter.flush(), feed=False)
                 if not streaming:
                     if held is not None and not opens_answer(held + tail, exchange.request):
-                        raise LegFailure(name, "no_output", decode_without_output())
+                        raise self._without_output(exchange, name)
                     await sink.begin_stream(content_type)
                     tail = (held or b"") + tail
                 if tail:

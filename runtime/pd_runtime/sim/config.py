@@ -27,6 +27,7 @@ DEFAULT_MAX_MODEL_LEN = 32768
 DEFAULT_HANDSHAKE_PORT = 6301
 DEFAULT_NOTIFY_PORT = 61005
 
+LoadFailurePolicy = Literal["fail", "recompute"]
 ENV_PREFIX = "PD_SIM_"
 READ_MODE_ENV = "VLLM_MORIIO_CONNECTOR_READ_MODE"
 API_KEY_ENV = "VLLM_API_KEY"  # vLLM's --api-key when the flag is not given
@@ -50,6 +51,9 @@ class ConnectorConfig:
     notify_port: int
     transfer_timeout_s: float
     defer_timeout_s: float
+    load_failure_policy: LoadFailurePolicy = "fail"
+    """``kv_load_failure_policy`` (a KVTransferConfig key, not an extra one): what decode does with a request
+    whose KV cannot load: fail it, or compute it whole itself."""
 
     @property
     def transfer_mode(self) -> protocol.TransferMode:
@@ -289,6 +293,9 @@ def _connector(raw: str, port: int, env: Mapping[str, str]) -> ConnectorConfig:
     extra = config.get("kv_connector_extra_config") or {}
     if not isinstance(extra, dict):
         raise ConfigError("kv_connector_extra_config must be a JSON object")
+    policy = config.get("kv_load_failure_policy", "fail")
+    if policy not in ("fail", "recompute"):
+        raise ConfigError(f"kv_load_failure_policy must be 'recompute' or 'fail', got {policy!r}")
     return ConnectorConfig(
         role=role,
         read_mode=_truthy(extra.get("read_mode")) or _truthy(env.get(READ_MODE_ENV)),
@@ -300,6 +307,7 @@ def _connector(raw: str, port: int, env: Mapping[str, str]) -> ConnectorConfig:
         notify_port=_int(extra, "notify_port", DEFAULT_NOTIFY_PORT),
         transfer_timeout_s=_float(extra, "transfer_timeout", protocol.DEFAULT_TRANSFER_TIMEOUT_S),
         defer_timeout_s=_float(extra, "defer_timeout", protocol.DEFAULT_DEFER_TIMEOUT_S),
+        load_failure_policy=policy,
     )
 
 

@@ -13,6 +13,11 @@ transfer by the side that starts it, P in write mode and D in read mode: ``delay
 thread does; read mode: the D request fails), ``drop`` never completes it (write: P gives up after
 ``transfer_timeout``, D waits on; read: D waits until the request is aborted), and ``corrupt`` completes
 it with wrong bytes (D, whose KV it is, reads the switch when its KV lands).
+
+The version's behaviours (sim/versions.py): from vLLM 0.33 a write-mode P that gives up waiting for D's
+block list tells D (``write_failed``), and D's wait raises ``KvLoadFailed`` (kept for a request D has not
+allocated yet, as vLLM keeps up to 4096 unmatched failures); from 0.33 P writes between different TP
+sizes (``protocol.write_targets``), before it a mixed-TP write never reaches D.
 """
 
 from __future__ import annotations
@@ -31,8 +36,15 @@ from pd_runtime.sim.metrics import EngineMetrics
 from pd_runtime.sim.profiles import Profile
 from pd_runtime.sim.sidechannel import SideChannel
 from pd_runtime.sim.timing import kv_transfer_time, write_tail_time
+from pd_runtime.sim.versions import ConnectorBehaviour
 
 log = logging.getLogger(__name__)
+UNMATCHED_FAILURES_KEPT = 4096
+"""vLLM 0.33's ``_MAX_UNMATCHED_WRITE_FAILURES``: write_failed notices kept for requests not allocated yet."""
+
+
+class KvLoadFailed(RuntimeError):
+    """Prefill told decode that this request's KV will never come (``write_failed``, vLLM 0.33 on)."""
 
 
 @dataclass
@@ -44,6 +56,8 @@ class _Mailbox:
     first_at: float | None = None
     decode_rank: int = 0
     claimed: bool = False
+    failed: bool = False
+    """A ``write_failed`` notice arrived: the KV will never come."""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -56,6 +70,7 @@ class ProducerJob:
     prefill_ended: float
     peer: protocol.PeerAddress | None
     peer_tp: int
+    peer_dp_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -106,9 +121,11 @@ class Connector:
         clock: ScaledClock,
         metrics: EngineMetrics,
         faults: KvFaultSwitch | None = None,
+        behaviour: ConnectorBehaviour | None = None,
     ) -> None:
         self.config = config
         self.faults = faults or KvFaultSwitch()
+        self.behaviour = behaviour or ConnectorBehaviour.of(read_mode=config.read_mode)
         self._tp = tp
         self._profile = profile
         self._clock = clock
@@ -122,6 +139,11 @@ class Connector:
         """Record a notify; a raw string is a G1/G1b completion (write_done on D, release on P)."""
         if isinstance(message, str):
             self._post(message, 0)
+            return
+        if message["type"] == "write_failed":
+            box = self._box(message["transfer_id"])
+            box.failed = True
+            box.changed.set()
             return
         self._post(message["transfer_id"], int(message.get("decode_rank", 0) or 0))
 
@@ -145,6 +167,8 @@ class Connector:
 
         async def wait() -> None:
             while box.count < count:
+                if box.failed:
+                    raise KvLoadFailed(f"prefill gave up waiting for the block list of transfer {transfer_id}")
                 box.changed.clear()
                 await box.changed.wait()
 
@@ -155,9 +179,13 @@ class Connector:
         return box
 
     def sweep(self) -> int:
-        """Drop mailboxes nobody claimed within the defer timeout (stale or unknown transfers)."""
+        """Drop mailboxes nobody claimed within the defer timeout (stale or unknown transfers), but for
+        failure notices of requests not allocated yet, of which the newest ``UNMATCHED_FAILURES_KEPT`` stay."""
         horizon = self._clock.now() - self.config.defer_timeout_s
-        stale = [tid for tid, box in self._mail.items() if box.created < horizon and not box.claimed]
+        unclaimed = [(tid, box) for tid, box in self._mail.items() if not box.claimed]
+        failures = [tid for tid, box in unclaimed if box.failed]
+        stale = [tid for tid, box in unclaimed if box.created < horizon and not box.failed]
+        stale += failures[: max(0, len(failures) - UNMATCHED_FAILURES_KEPT)]
         for tid in stale:
             del self._mail[tid]
         return len(stale)
@@ -196,13 +224,36 @@ class Connector:
             self._metrics.blocks_held.dec(job.blocks)
             self._mail.pop(job.transfer_id, None)
 
+    def _write_targets(self, prefill_tp: int, decode_tp: int) -> list[tuple[int, int]]:
+        """(decode rank, writers) of every write_done a transfer between these TP sizes sends, over all
+        prefill ranks; empty when the version cannot write between them (mixed TP before vLLM 0.33, or
+        neither TP size a multiple of the other)."""
+        if prefill_tp != decode_tp and not self.behaviour.mixed_tp_write:
+            return []
+        heads = self._profile.kv_heads or max(prefill_tp, decode_tp)  # a profile without KV geometry: split heads
+        try:
+            return [t for r in range(prefill_tp) for t in protocol.write_targets(r, prefill_tp, decode_tp, heads)]
+        except ValueError:
+            return []
+
     async def _write(self, job: ProducerJob) -> None:
         if job.peer is None:
             raise RuntimeError("write mode needs the decode engine's address")
         side = self._require_side()
-        box = await self._await_count(job.transfer_id, 1, self.config.defer_timeout_s)
-        ranks = min(self._tp, job.peer_tp)
-        await side.handshake(job.peer.host, self._rank_ports(job.peer.handshake_port, box.decode_rank, ranks))
+        try:
+            box = await self._await_count(job.transfer_id, 1, self.config.defer_timeout_s)
+        except TimeoutError:
+            if self.behaviour.write_failed_notice:
+                await self._notify_write_failed(side, job)
+            raise
+        targets = self._write_targets(self._tp, job.peer_tp)
+        if not targets:
+            raise RuntimeError(
+                f"vLLM {self.behaviour.release.name} writes no KV from TP {self._tp} to TP {job.peer_tp}"
+            )
+        ranks = sorted({rank for rank, _ in targets})
+        handshake = [protocol.side_channel_port(job.peer.handshake_port, box.decode_rank, r) for r in ranks]
+        await side.handshake(job.peer.host, handshake)
         arrived = box.first_at if box.first_at is not None else self._clock.now()
         prefill = job.prefill_ended - job.prefill_started
         done = max(
@@ -211,9 +262,23 @@ class Connector:
         )
         await self._clock.sleep_until(done)
         await self._apply_fault(self.faults.start("write", job.transfer_id))
-        ports = self._rank_ports(job.peer.notify_port, box.decode_rank, ranks)
-        await side.notify(job.peer.host, ports, protocol.write_done_message(job.transfer_id), "write_done")
+        for rank, writers in targets:
+            port = protocol.side_channel_port(job.peer.notify_port, box.decode_rank, rank)
+            frame = protocol.write_done_message(job.transfer_id, writers)
+            await side.notify(job.peer.host, [port], frame, "write_done")
         log.debug("transfer %s written to %s", job.transfer_id, job.peer.host)
+
+    async def _notify_write_failed(self, side: SideChannel, job: ProducerJob) -> None:
+        """vLLM 0.33's ``_notify_write_failed``: decode's DP rank is unknown (no block list came), so every
+        rank of every DP rank is told."""
+        assert job.peer is not None
+        ports = [
+            protocol.side_channel_port(job.peer.notify_port, dp, rank)
+            for dp in range(max(job.peer_dp_size, 1))
+            for rank in range(job.peer_tp)
+        ]
+        failed = protocol.write_failed_message(job.transfer_id)
+        await side.notify(job.peer.host, sorted(set(ports)), failed, "write_failed")
 
     # -- consumer -----------------------------------------------------------------------------------
 
@@ -241,10 +306,10 @@ class Connector:
             switch = self.faults.start("read", job.transfer_id)
             await self._apply_fault(switch)
             await self._clock.sleep_until(self._clock.now() + kv_transfer_time(self._profile, job.prompt_tokens))
-            ports = self._rank_ports(job.peer.notify_port, job.peer_dp_rank, self._tp)
-            await side.notify(job.peer.host, ports, protocol.release_message(job.transfer_id, self._tp), "release")
+            await self.release(job)
         else:
-            waiting = asyncio.ensure_future(self._await_count(job.transfer_id, peer_ranks, None))
+            writes = len(self._write_targets(job.peer_tp, self._tp)) or peer_ranks
+            waiting = asyncio.ensure_future(self._await_count(job.transfer_id, writes, None))
             try:
                 message = protocol.remote_blocks_message(job.req_id, job.transfer_id, job.block_ids, job.dp_rank)
                 ports = self._rank_ports(job.peer.notify_port, job.peer_dp_rank, self._tp)
@@ -256,3 +321,9 @@ class Connector:
             switch = self.faults.read()
         self._metrics.transfers.labels("completed").inc()
         return switch.get("fault") == "corrupt"
+
+    async def release(self, job: ConsumerJob) -> None:
+        """Read mode: tell prefill it may free the request's blocks (read, or aborted before allocation)."""
+        ports = self._rank_ports(job.peer.notify_port, job.peer_dp_rank, self._tp)
+        message = protocol.release_message(job.transfer_id, self._tp)
+        await self._require_side().notify(job.peer.host, ports, message, "release")

@@ -74,6 +74,12 @@ class EngineCore:
             self._scheduler.remote_kv_landed(seq)
             self._wake.set()
 
+    def recompute(self, seq: Sequence) -> None:
+        """Its remote KV will never come: the sequence computes its whole prompt here."""
+        if id(seq) in self._sinks:
+            self._scheduler.remote_kv_failed(seq)
+            self._wake.set()
+
     def hold_blocks(self, blocks: int) -> None:
         """Blocks a finished producer request keeps for its decode engine (negative: given back)."""
         self._scheduler.transfer_blocks += blocks

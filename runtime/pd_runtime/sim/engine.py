@@ -18,7 +18,7 @@ import secrets
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
@@ -62,6 +62,8 @@ class RequestRecord:
     """Prompt tokens found in the prefix cache (--sim-prefix-cache-blocks)."""
     finish_reason: str | None = None
     error: str | None = None
+    kv_recomputed: bool = False
+    """Its KV never loaded and decode computed the prompt itself (``kv_load_failure_policy: recompute``)."""
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -133,9 +135,15 @@ class RequestHandle:
             try:
                 corrupt = await connector.consume(job)
             except Exception as exc:
-                # vLLM 0.31 fails the request (kv_load_failure_policy "fail"): finish reason "error", which
-                # its API server answers as a 500 "Internal server error" (generate/base/serving.py).
                 log.warning("request %s: KV handoff %s failed: %s", self.record.id, job.transfer_id, exc)
+                if connector.config.load_failure_policy == "recompute":
+                    # vLLM's scheduler sets num_computed_tokens to 0 and schedules the prompt here
+                    self.record.kv_recomputed = True
+                    self.ready_at = self._engine.clock.now()
+                    self.core.recompute(self.seq)
+                    return
+                # "fail", the default: finish reason "error", which vLLM's API server answers as a 500
+                # "Internal server error" (generate/base/serving.py)
                 self.kv_load_failed = True
                 self._sink.put_nowait("Internal server error")
                 return
@@ -178,9 +186,15 @@ class RequestHandle:
     def close(self) -> None:
         """Free the sequence; a request abandoned before its last token is aborted. A read in flight
         runs to its end and releases prefill's blocks (vLLM's read-mode decode notifies prefill of an
-        aborted request too); a write-mode wait for KV ends with the request."""
-        if self._fetch is not None and not (self._fetch_job is not None and self._fetch_job[0].config.read_mode):
+        aborted request too), one not started yet releases them at once where the version does
+        (``unallocated_read_releases``); a write-mode wait for KV ends with the request."""
+        read_mode = self._fetch_job is not None and self._fetch_job[0].config.read_mode
+        if self._fetch is not None and not read_mode:
             self._fetch.cancel()
+        if self._fetch is None and self._fetch_job is not None and not self._done:
+            connector, job = self._fetch_job
+            if connector.behaviour.unallocated_read_releases:
+                self._engine.spawn(connector.release(job))
         self.core.release(self.seq)
         if not self._done and self.record.error is None:
             self.record.error = "aborted"
@@ -223,6 +237,7 @@ class SimEngine:
                 self.clock,
                 self.metrics,
                 KvFaultSwitch(config.faults.kv_fault_file, config.faults.kv_transfer_log),
+                self.behaviour,
             )
             if config.connector
             else None
@@ -334,6 +349,7 @@ class SimEngine:
                 prefill_ended=0.0,
                 peer=producer_peer,
                 peer_tp=_peer_tp(params, self.config.tp),
+                peer_dp_size=_int_or(params.get("remote_dp_size"), 1),
             )
         return handle
 
@@ -480,6 +496,8 @@ class SimEngine:
         --sim-prefix-cache-blocks; else 0)."""
         prompt = record.prompt_tokens
         read_mode = self.connector is not None and self.connector.config.read_mode
+        if record.kv_recomputed:
+            return {"local_compute": prompt}
         if record.leg == "plain_without_kv" or (record.leg == "consumer" and read_mode):
             return {"external_kv_transfer": prompt - 1, "local_compute": 1}
         if record.leg in ("consumer", "plain_waiting_for_kv"):
@@ -497,7 +515,11 @@ class SimEngine:
         handle.kv_transfer_params = protocol.producer_response_params(
             cfg.host_ip, cfg.handshake_port, cfg.notify_port, blocks, self.config.dp, self.config.tp, job.transfer_id
         )
-        task = asyncio.create_task(self._produce(self.connector, handle.core, job))
+        self.spawn(self._produce(self.connector, handle.core, job))
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run work that outlives its request (a hand-off, a release) until it ends or the engine stops."""
+        task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 

@@ -101,6 +101,13 @@ class Scheduler:
         seq.computed = max(seq.computed, seq.prompt_tokens - 1)
         seq.ready = True
 
+    def remote_kv_failed(self, seq: Sequence) -> None:
+        """The prompt's KV will never land (``kv_load_failure_policy: recompute``): vLLM sets the request's
+        computed tokens to 0 and schedules it as a local prefill, so it is no remote-KV sequence any more."""
+        seq.computed = 0
+        seq.remote = False
+        seq.ready = True
+
     def abort(self, seq: Sequence) -> None:
         """Forget a sequence wherever it is, also while a planned step that holds it runs."""
         seq.released = True

@@ -14,9 +14,10 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import aiohttp
 
@@ -92,7 +93,9 @@ def _engine_args(shape: EngineShape, port: int, profile: str, time_scale: float)
     ]  # fmt: skip
 
 
-def _kv_config(role: str, port: int, handshake: int, notify: int, registration: int, read: bool) -> str:
+def _kv_config(
+    role: str, port: int, handshake: int, notify: int, registration: int, read: bool, keys: Mapping[str, Any]
+) -> str:
     extra = {
         "proxy_ip": "127.0.0.1",
         "proxy_ping_port": str(registration),
@@ -103,7 +106,8 @@ def _kv_config(role: str, port: int, handshake: int, notify: int, registration: 
     }
     if read:
         extra["read_mode"] = "true"
-    return json.dumps({"kv_connector": "MoRIIOConnector", "kv_role": role, "kv_connector_extra_config": extra})
+    config = {"kv_connector": "MoRIIOConnector", "kv_role": role, "kv_connector_extra_config": extra, **keys}
+    return json.dumps(config)
 
 
 def _instance(role: str, index: int, count: int) -> str:
@@ -118,8 +122,12 @@ def launch(
     log_dir: Path,
     extra_engine_args: tuple[str, ...] = (),
     extra_proxy_args: tuple[str, ...] = (),
+    role_args: Mapping[str, tuple[str, ...]] | None = None,
+    kv_transfer_keys: Mapping[str, Any] | None = None,
 ) -> LocalStack:
-    """Start the proxy and the engines of ``topology``; call ``wait_ready`` before sending traffic."""
+    """Start the proxy and the engines of ``topology``; call ``wait_ready`` before sending traffic.
+    ``role_args`` adds arguments to the engines of one role ("prefill", "decode"); ``kv_transfer_keys``
+    adds top-level keys to every engine's --kv-transfer-config (e.g. ``kv_load_failure_policy``)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     ports = PortReservation()
     api, admin, registration = ports.port(), ports.port(), ports.port()
@@ -150,10 +158,10 @@ def launch(
         )
         for name, role, shape in roles:
             port, handshake, notify = ports.port(), ports.block(shape.tp), ports.block(shape.tp)
-            kv = _kv_config(role, port, handshake, notify, registration, read)
+            kv = _kv_config(role, port, handshake, notify, registration, read, kv_transfer_keys or {})
             commands[name] = _pdctl(
                 "sim-engine", *_engine_args(shape, port, profile, time_scale), "--kv-transfer-config", kv,
-                *extra_engine_args,
+                *extra_engine_args, *(role_args or {}).get(name.split("-")[0], ()),
             )  # fmt: skip
             stack.engine_urls[name] = f"http://127.0.0.1:{port}"
         proxy += ["--mode", "disaggregated", "--transfer-mode", topology.kind]

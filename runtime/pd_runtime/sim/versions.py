@@ -57,6 +57,23 @@ class ConnectorBehaviour:
         """A write-mode decode request aborted while waiting for its KV keeps its blocks (a leak)."""
         return not self.read_mode and self.release.kv_wait_abort_leak_seen
 
+    @property
+    def write_failed_notice(self) -> bool:
+        """A write-mode prefill that gives up waiting for decode's block list tells decode (``write_failed``),
+        and decode ends the request by its ``kv_load_failure_policy`` instead of waiting."""
+        return not self.read_mode and self.release.write_failed
+
+    @property
+    def mixed_tp_write(self) -> bool:
+        """Write mode moves KV between a prefill and a decode engine of different TP sizes (fan-out/fan-in),
+        whichever mode this engine runs (the operator asks it of a write-mode layout)."""
+        return self.release.heterogeneous_tp_write
+
+    @property
+    def unallocated_read_releases(self) -> bool:
+        """A read-mode decode request aborted before its blocks were allocated releases prefill's blocks."""
+        return self.read_mode and self.release.read_abort_releases_blocks
+
 
 def decode_alone_refusal(version: str, read_mode: bool) -> str | None:
     """Why the proxy may not serve requests on a decode engine of vLLM ``version`` alone (selective
