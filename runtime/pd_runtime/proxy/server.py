@@ -276,6 +276,7 @@ class ProxyServer:
         except asyncio.CancelledError:
             if not served:  # the client left while queued (a served request is counted by handle)
                 self.metrics.request_done(endpoint, "cancelled")
+                self.metrics.failed("client_gone", "before_headers")
             raise
 
     async def _models(self, request: HttpRequest, sink: ResponseSink) -> None:
