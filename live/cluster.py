@@ -227,6 +227,8 @@ class Pair:
     workdir: Path
     prefills: int = 1
     engine: str = "vllm"
+    sim_args: tuple[str, ...] = ()
+    """Added to the simulated engines' command lines (``engine`` sim only)."""
     engines: list[Engine] = field(init=False)
     """Every engine: the prefills in order (containers prefill or prefill-0, prefill-1, ...), then decode."""
     proxy: Process = field(init=False)
@@ -290,7 +292,8 @@ class Pair:
                 "PD_SIM_KV_TRANSFER_LOG": str(self.faults.log),
                 SIM_VERSION_ENV: ENGINE_RELEASE,
             }
-            argv = [*serve, *cpu_args(case.serve_args, self.model), *(SIM_FLAGS if self.engine == "sim" else [])]
+            sim = [*SIM_FLAGS, *self.sim_args] if self.engine == "sim" else []
+            argv = [*serve, *cpu_args(case.serve_args, self.model), *sim]
             http = argv[argv.index("--port") + 1]
             self.engines.append(
                 Engine(role, argv, self.workdir / f"{role}.log", os.environ | env, url=f"http://127.0.0.1:{http}")
@@ -380,8 +383,10 @@ def wait_until(ready: Any, deadline: float, process: Process) -> None:
 
 
 @contextlib.contextmanager
-def running_pair(mode: str, model: Path, workdir: Path, prefills: int = 1, engine: str = "vllm") -> Iterator[Pair]:
-    pair = Pair(mode, model, workdir, prefills, engine)
+def running_pair(
+    mode: str, model: Path, workdir: Path, prefills: int = 1, engine: str = "vllm", sim_args: tuple[str, ...] = ()
+) -> Iterator[Pair]:
+    pair = Pair(mode, model, workdir, prefills, engine, sim_args)
     try:
         pair.start()
         yield pair

@@ -13,12 +13,16 @@ Fixtures other tests build on:
   pod of two prefill engines and one decode (xPyD), started after the other pairs stopped like any mode.
   Tests leave the pair as they found it (no fault set, nothing running: ``wait_idle``); a test that must
   break an engine starts its own with ``running_pair``.
+- ``own_pair``: a pair of the test's own, started for it and stopped after it, for a test that kills an
+  engine; parametrized as ``pair`` is (engines, ``MODES``); a module's ``SIM_ARGS`` are added to the
+  simulated engines' command lines (e.g. a timing profile, so that a stream lasts long enough to be cut).
 - ``faults``: the pair's ``mori.io`` fault switch (``faults.set("corrupt")``, ``"drop"``, ``"fail"``,
   ``"delay", seconds=...``), cleared after the test; ``faults.transfers()`` lists the transfers made.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -52,21 +56,35 @@ def engines() -> list[str]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    modes = getattr(metafunc.module, "MODES", ["write", "read"])
+    kinds = [e for e in engines() if e in getattr(metafunc.module, "ENGINES", ENGINES)]
+    params = [f"{engine}-{mode}" for engine in kinds for mode in modes]
     if "pair" in metafunc.fixturenames:
-        modes = getattr(metafunc.module, "MODES", ["write", "read"])
-        kinds = [e for e in engines() if e in getattr(metafunc.module, "ENGINES", ENGINES)]
-        params = [f"{engine}-{mode}" for engine in kinds for mode in modes]
         metafunc.parametrize("pair", params, indirect=True, scope="session")
+    if "own_pair" in metafunc.fixturenames:
+        metafunc.parametrize("own_pair", params, indirect=True)
 
 
-@pytest.fixture(scope="session")
-def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+@contextlib.contextmanager
+def _started(request: pytest.FixtureRequest, workdir: Path, sim_args: tuple[str, ...] = ()) -> Iterator[Pair]:
     engine, _, spec = request.param.partition("-")
     mode, _, shape = spec.partition("-")
     # The simulated engine loads no model: it only needs the served name.
     model = request.getfixturevalue("tiny_model") if engine == "vllm" else Path(MODEL_NAME)
-    workdir = tmp_path_factory.mktemp(f"pair-{request.param}")
-    with running_pair(mode, model, workdir, prefills=int(shape[0]) if shape else 1, engine=engine) as started:
+    prefills = int(shape[0]) if shape else 1
+    with running_pair(mode, model, workdir, prefills=prefills, engine=engine, sim_args=sim_args) as started:
+        yield started
+
+
+@pytest.fixture(scope="session")
+def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    with _started(request, tmp_path_factory.mktemp(f"pair-{request.param}")) as started:
+        yield started
+
+
+@pytest.fixture
+def own_pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pair]:
+    with _started(request, tmp_path, tuple(getattr(request.module, "SIM_ARGS", ()))) as started:
         yield started
 
 

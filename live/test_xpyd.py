@@ -208,5 +208,5 @@ def test_a_decode_killed_mid_stream_ends_it_with_an_error_then_comes_back(pair: 
     pair.decode.start()  # same command line and ports, as a restarted container
     # Back in rotation once it heartbeats and passes a probe. (Serving through it again is not asserted: in
     # the one run that tried, the first request after the restart got no KV from the surviving prefill and
-    # ended at the proxy's KV wait, 504 kv_transfer_timeout; docs/live-tier.md, known failures.)
+    # ended at the proxy's KV wait, 502 kv_transfer_timeout; docs/live-tier.md, known failures.)
     wait_until(lambda: pair.status()["counts"]["decode"] == 1, time.monotonic() + START_TIMEOUT_S, pair.decode)

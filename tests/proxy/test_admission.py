@@ -16,6 +16,7 @@ import pytest
 
 from pd_runtime.proxy.admission import RETRY_AFTER_MAX_S, Admission
 from pd_runtime.proxy.admission_gate import AdmissionGate
+from pd_runtime.proxy.deadline import Deadline
 from pd_runtime.proxy.errors import ApiError, unavailable
 from pd_runtime.proxy.metrics import ProxyMetrics
 from pd_runtime.proxy.registry import Registry
@@ -114,7 +115,7 @@ def _gate(limit: int, max_queued: int, timeout_s: float = 30.0) -> tuple[Admissi
 
 
 async def _hold(gate: AdmissionGate, release: asyncio.Event, served: list[str], name: str) -> None:
-    async with gate.admitted():
+    async with gate.admitted(Deadline.after(asyncio.get_running_loop().time(), 600)):
         served.append(name)
         await release.wait()
 
@@ -160,7 +161,7 @@ async def test_a_wait_past_the_queue_timeout_is_refused_with_429() -> None:
     first = asyncio.create_task(_hold(gate, done, [], "first"))
     await asyncio.sleep(0)
     with pytest.raises(ApiError) as refused:
-        async with gate.admitted():
+        async with gate.admitted(Deadline.after(asyncio.get_running_loop().time(), 600)):
             raise AssertionError("admitted past a held slot")
     assert refused.value.status == 429 and refused.value.code == "rate_limit_exceeded"
     assert "waited 0.05 s in the queue" in refused.value.message

@@ -88,7 +88,7 @@ async def test_a_lone_prefill_that_never_answers_gives_a_clear_error_at_once_not
     setup.prefill.hang = True
     setup.decode.first_chunk_delay = 30  # as a real decode engine waiting for KV that never comes
     status, body = await setup.stream(BODY)
-    assert status == 504 and "prefill engine timed out" in body
+    assert status == 502 and "prefill engine hung" in body
     assert circuit(setup, setup.prefill)["state"] == "open"
     assert circuit(setup, setup.decode) == {"state": "closed", "reason": None, "failures": 0}
     status, answer = await setup.post("/v1/completions", {**BODY, "stream": True})

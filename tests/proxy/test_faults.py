@@ -49,7 +49,8 @@ async def test_a_decode_stream_without_a_token_or_an_error_is_a_502(
     body = {**BODY, **messages, "stream": True, "stream_options": {"include_usage": True}}
     status, answer = await setup.post(path, body)
     assert status == 502, answer
-    assert answer["error"]["code"] == "decode_failed" and "without a token" in answer["error"]["message"]
+    assert answer["error"]["type"] == "kv_transfer_error" and answer["error"]["code"] == "kv_load_failed"
+    assert "without a token" in answer["error"]["message"]
     assert setup.proxy.metrics.upstream_errors.labels("decode", "no_output")._value.get() == 1
     assert setup.proxy.core.last_transfer is None
     setup.decode.fail_before_token = False  # the same engine's next stream is relayed whole
@@ -146,10 +147,9 @@ async def test_a_transfer_that_never_completes_is_aborted_after_the_kv_wait(pd_s
 
     setup = await pd_setup(mode="WRITE", timeouts=Timeouts(first_byte=600, kv_wait=0.3))
     setup.decode.first_chunk_delay = 600
-    started = time.monotonic()
     status, body = await setup.post("/v1/completions", {**BODY, "stream": True})
-    assert status == 504 and body["error"]["code"] == "kv_transfer_timeout"
-    assert time.monotonic() - started < 60  # the first-byte timeout would be 600 s; 60 is slack for load
+    assert status == 502 and body["error"]["code"] == "kv_transfer_timeout"  # not the first-byte bound's 502
+    assert body["error"]["type"] == "kv_transfer_error"
     await wait_for(lambda: setup.decode.requests[0].cancelled, what="decode leg aborted")
     errors = setup.proxy.metrics.upstream_errors.labels("decode", "kv_timeout")._value.get()
     assert errors == 1
@@ -162,10 +162,8 @@ async def test_a_request_not_streamed_is_bounded_by_the_kv_wait_too(pd_setup: Se
 
     setup = await pd_setup(mode="READ", timeouts=Timeouts(response=600, kv_wait=0.3))
     setup.decode.first_chunk_delay = 600
-    started = time.monotonic()
     status, body = await setup.post("/v1/completions", BODY)
-    assert status == 504 and body["error"]["code"] == "kv_transfer_timeout"
-    assert time.monotonic() - started < 60  # the response timeout would be 600 s; 60 is slack for load
+    assert status == 502 and body["error"]["code"] == "kv_transfer_timeout"  # not the deadline's 504
     await wait_for(lambda: setup.decode.requests[0].cancelled, what="decode leg aborted")
     assert setup.decode.requests[0].body["stream"] is True
     setup.decode.first_chunk_delay = 0
@@ -175,7 +173,7 @@ async def test_a_request_not_streamed_is_bounded_by_the_kv_wait_too(pd_setup: Se
 
 async def test_decode_engines_get_at_most_their_limit_in_flight(pd_setup: SetupFactory) -> None:
     """One request per decode rank (its max_num_seqs), one more waits in the proxy before either leg starts,
-    the next gets 503 + Retry-After."""
+    the next gets 429 + Retry-After (overloaded)."""
     setup = await pd_setup(mode="WRITE", decode_max_in_flight=1)
     setup.decode.first_chunk_delay = 0.5
     first = asyncio.create_task(setup.stream(BODY))
@@ -184,7 +182,7 @@ async def test_decode_engines_get_at_most_their_limit_in_flight(pd_setup: SetupF
     await wait_for(lambda: setup.proxy.core.decode_queue == 1, what="second request queued")
     assert len(setup.prefill.requests) == 1, "a queued request starts no leg"
     async with setup.client.post(setup.url + "/v1/completions", json=BODY) as resp:
-        assert resp.status == 503 and resp.headers["Retry-After"] == "1"
+        assert resp.status == 429 and resp.headers["Retry-After"] == "1"
         assert (await resp.json())["error"]["code"] == "decode_at_capacity"
     assert (await first)[0] == 200 and (await queued)[0] == 200
     assert max(r.received for r in setup.decode.requests[1:]) >= setup.decode.requests[0].answered  # type: ignore[operator]
@@ -207,7 +205,7 @@ async def test_first_byte_and_idle_timeouts(pd_setup: SetupFactory) -> None:
     setup = await pd_setup(mode="READ", timeouts=Timeouts(first_byte=0.3))
     setup.decode.first_chunk_delay = 10
     status, body = await setup.post("/v1/completions", {**BODY, "stream": True})
-    assert status == 504 and body["error"]["code"] == "upstream_timeout"
+    assert status == 502 and body["error"]["code"] == "decode_failed" and "hung" in body["error"]["message"]
     # the only decode timed out: its circuit is open, the next request gets a 503 at once
     status, body = await setup.post("/v1/completions", {**BODY, "stream": True})
     assert status == 503 and body["error"]["code"] == "no_decode_instance"
@@ -217,7 +215,7 @@ async def test_first_byte_and_idle_timeouts(pd_setup: SetupFactory) -> None:
     idle.decode.chunk_interval, idle.decode.chunks = 10, 5
     status, text = await idle.stream(BODY)
     events = _sse_events(text)
-    assert status == 200 and json.loads(events[-2])["error"]["code"] == "upstream_timeout"
+    assert status == 200 and json.loads(events[-2])["error"]["code"] == "decode_failed"
 
 
 async def test_no_live_prefill_or_decode_gets_503_at_once(pd_setup: SetupFactory) -> None:

@@ -6,13 +6,15 @@ import asyncio
 
 import pytest
 
+from pd_runtime.proxy.deadline import Deadline
 from pd_runtime.proxy.legs import ClientRequest, TransferIds
 from pd_runtime.proxy.relay import Exchange
 
 
 def _exchange() -> Exchange:
     request = ClientRequest("completions", {"model": "m", "prompt": "p", "stream": True})
-    return Exchange(request, TransferIds(uid="u", transfer_id="t", request_id="r"), "request")
+    ids = TransferIds(uid="u", transfer_id="t", request_id="r")
+    return Exchange(request, ids, "request", deadline=Deadline.after(0.0, 1e9))
 
 
 async def test_prefill_answering_moves_a_running_legs_deadline_forward() -> None:

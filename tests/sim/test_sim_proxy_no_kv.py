@@ -75,20 +75,18 @@ async def test_an_eos_first_token_is_sampled_by_decode(stacks: list[LocalStack],
     assert metric(proxy, "pd_proxy_no_kv_total") == 0
 
 
-async def test_a_transfer_that_never_completes_ends_with_504_and_leaves_decode_idle(
+async def test_a_transfer_that_never_completes_ends_with_a_kv_transfer_error_and_leaves_decode_idle(
     stacks: list[LocalStack], tmp_path: Path
 ) -> None:
     """Every notify is dropped, so prefill never writes and decode never gets its KV."""
     stack = await _start(stacks, tmp_path, "write", ("--sim-drop-notify", "1"), ("--kv-wait-timeout", "1"))
     async with aiohttp.ClientSession() as session:
-        started = time.monotonic()
         async with session.post(stack.proxy_url + "/v1/completions", json={**BODY, "stream": True}) as resp:
             status, body = resp.status, await resp.json()
-        elapsed = time.monotonic() - started
         decode = await _decode_metrics_once_idle(session, stack.engine_urls["decode"])
         async with session.get(stack.admin_url + "/metrics") as resp:
             proxy = await resp.text()
-    assert status == 504 and body["error"]["code"] == "kv_transfer_timeout"
-    assert elapsed < 60  # the 1 s kv wait, not the first-byte timeout (300 s); 60 s is slack for load
+    # the 1 s kv wait ended it, not the first-byte bound (300 s, a 502 decode_failed)
+    assert status == 502 and body["error"]["code"] == "kv_transfer_timeout"
     assert metric(decode, "pd_sim_requests_waiting_for_kv") == 0
     assert metric(proxy, "pd_proxy_upstream_errors_total", leg="decode", kind="kv_timeout") == 1

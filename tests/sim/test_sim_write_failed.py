@@ -4,7 +4,7 @@ Prefill drops every notify it receives, so decode's block list never reaches it:
 ``defer_timeout`` (2 s here: 60 model seconds at ``--time-scale 30``). From vLLM 0.33 it tells decode,
 which fails the request at once (``kv_load_failure_policy: fail``) or computes it itself (``recompute``);
 before 0.33 decode waits until the proxy's kv wait aborts it. The proxy's kv wait is ``defer_timeout`` +
-1 s, so a ``decode_failed`` answer (rather than the kv wait's 504) is itself the proof that the client
+1 s, so a ``kv_load_failed`` answer (rather than the kv wait's ``kv_transfer_timeout``) is itself the proof that the client
 heard within a second past ``defer_timeout``: the proxy's own deadline bounds it, not a test clock.
 """
 
@@ -62,7 +62,7 @@ async def test_write_failed_is_a_clear_error_within_a_second_of_defer_timeout(
         proxy = await scrape(session, stack.admin_url)
         decode = await scrape(session, stack.engine_urls["decode"])
         prefill = await scrape(session, stack.engine_urls["prefill"])
-    assert status == 502 and body["error"]["code"] == "decode_failed", body
+    assert status == 502 and body["error"]["code"] == "kv_load_failed", body
     assert "write_failed" in body["error"]["message"]
     assert metric(proxy, "pd_proxy_kv_load_failures_total") == 1
     assert metric(proxy, "pd_proxy_upstream_errors_total", kind="kv_timeout") == 0
@@ -72,13 +72,13 @@ async def test_write_failed_is_a_clear_error_within_a_second_of_defer_timeout(
 
 
 async def test_before_0_33_decode_waits_for_the_kv_wait(stacks: list[LocalStack], tmp_path: Path) -> None:
-    """The same fault on 0.31: prefill tells nobody, the proxy's kv wait ends the request (504)."""
+    """The same fault on 0.31: prefill tells nobody, the proxy's kv wait ends the request (502 kv_transfer_timeout)."""
     stack = await _stack(stacks, tmp_path, "0.31.0", "fail")
     async with aiohttp.ClientSession() as session:
         status, body = await _post(session, stack.proxy_url, {**BODY, "stream": True})
         proxy = await scrape(session, stack.admin_url)
         prefill = await scrape(session, stack.engine_urls["prefill"])
-    assert status == 504 and body["error"]["code"] == "kv_transfer_timeout", body
+    assert status == 502 and body["error"]["code"] == "kv_transfer_timeout", body
     assert metric(proxy, "pd_proxy_kv_load_failures_total") == 0
     assert metric(prefill, "pd_sim_kv_notify_messages_total", direction="sent", type="write_failed") == 0
 
@@ -115,4 +115,4 @@ async def test_write_mode_between_tp2_prefill_and_tp4_decode(
         assert status == 200, body
         assert metric(decode, "pd_sim_kv_notify_messages_total", direction="received", type="write_done") == 4
     else:
-        assert status == 504 and body["error"]["code"] == "kv_transfer_timeout", body
+        assert status == 502 and body["error"]["code"] == "kv_transfer_timeout", body

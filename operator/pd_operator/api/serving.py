@@ -156,12 +156,19 @@ class RouterSpec(ApiModel):
 
 
 class ProxyTimeouts(ApiModel):
-    """Proxy timeouts in seconds; unset ones keep the proxy's defaults (which never cut a healthy stream)."""
+    """Proxy timeouts in seconds; unset ones keep the proxy's defaults (which never cut a healthy stream).
+    responseSeconds is each request's one deadline; the others end a phase inside it sooner."""
 
     connect_seconds: float | None = Field(None, gt=0, le=3600, description="Connecting to an engine.")
-    prefill_seconds: float | None = Field(None, gt=0, le=86400, description="Whole prefill leg.")
+    prefill_seconds: float | None = Field(
+        None, gt=0, le=86400, description="Whole prefill leg; past it the engine is taken as hung (502)."
+    )
     decode_first_byte_seconds: float | None = Field(
-        None, gt=0, le=86400, description="Until the decode leg's first byte."
+        None,
+        gt=0,
+        le=86400,
+        description="Until the decode leg's first byte (and the longest wait for a decode slot); past it the "
+        "engine is taken as hung (502).",
     )
     kv_wait_seconds: float | None = Field(
         None,
@@ -176,7 +183,14 @@ class ProxyTimeouts(ApiModel):
         ),
     )
     idle_seconds: float | None = Field(None, gt=0, le=86400, description="Longest gap between streamed chunks.")
-    response_seconds: float | None = Field(None, gt=0, le=86400, description="Whole non-streaming decode answer.")
+    response_seconds: float | None = Field(
+        None,
+        gt=0,
+        le=86400,
+        description="Each request's one deadline (default 1800): from its arrival through the admission queue, "
+        "routing, both legs, a failover and the whole answer, streamed or not; past it 504, or an error event "
+        "once the stream has begun.",
+    )
 
 
 class ProxyAdmission(ApiModel):

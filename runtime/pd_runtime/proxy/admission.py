@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-from pd_runtime.proxy.errors import ApiError
+from pd_runtime.proxy.errors import ApiError, overloaded
 
 Decision = Literal["admitted", "queued", "full"]
 RETRY_AFTER_MAX_S = 60
@@ -112,4 +112,4 @@ class Admission:
 
 def too_many_requests(message: str, retry_after: int) -> ApiError:
     """OpenAI's rate-limit answer: 429, ``code: rate_limit_exceeded``, with when to come back."""
-    return ApiError(429, message, type="rate_limit_error", code="rate_limit_exceeded", retry_after=retry_after)
+    return overloaded(message, "rate_limit_exceeded", retry_after)

@@ -1,5 +1,5 @@
 """The asyncio shell of admission (``admission.Admission`` decides): the API handlers hold a slot with
-``async with gate.admitted()``; queued requests wait on a future each (docs/proxy.md, "Admission")."""
+``async with gate.admitted(deadline)``; queued requests wait on a future each (docs/proxy.md, "Admission")."""
 
 from __future__ import annotations
 
@@ -9,14 +9,15 @@ from collections.abc import AsyncIterator, Callable
 from typing import Literal
 
 from pd_runtime.proxy.admission import Admission, too_many_requests
-from pd_runtime.proxy.errors import ApiError
+from pd_runtime.proxy.deadline import Deadline
+from pd_runtime.proxy.errors import ApiError, deadline_exceeded
 from pd_runtime.proxy.metrics import ProxyMetrics
 
 RejectReason = Literal["queue_full", "queue_timeout"]
 
 
 class AdmissionGate:
-    """The asyncio shell over ``Admission``: ``async with gate.admitted(): serve``.
+    """The asyncio shell over ``Admission``: ``async with gate.admitted(deadline): serve``.
 
     A waiter's future is resolved when a released slot is handed to it; a client that leaves while queued
     (its handler is cancelled) leaves the queue, and a slot handed to it just then goes on to the next
@@ -69,8 +70,9 @@ class AdmissionGate:
             state.retry_after(),
         )
 
-    async def _wait(self, ticket: int) -> None:
-        """Until a slot is handed to ``ticket`` (it then holds it) or a refusal is raised."""
+    async def _wait(self, ticket: int, deadline: Deadline) -> None:
+        """Until a slot is handed to ``ticket`` (it then holds it) or a refusal is raised: 429 after
+        --queue-timeout, 504 when the request's deadline comes first."""
         waiter = asyncio.get_running_loop().create_future()
         self._waiters[ticket] = waiter
         self._metrics.admission_queue.set(self.state.queued)
@@ -79,11 +81,14 @@ class AdmissionGate:
             left = self.state.leave(ticket)
             return not left and waiter.done() and not waiter.cancelled() and waiter.exception() is None
 
+        until = deadline.bound(asyncio.get_running_loop().time() + self.timeout_s)
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with asyncio.timeout_at(until):
                 await waiter
         except TimeoutError:
             if not holds_slot():
+                if deadline.ended(until):
+                    raise deadline_exceeded(deadline.describe("in the admission queue")) from None
                 raise self._refuse("queue_timeout") from None
             # admitted at the very deadline: serve it
         except BaseException:
@@ -95,8 +100,9 @@ class AdmissionGate:
             self._metrics.admission_queue.set(self.state.queued)
 
     @contextlib.asynccontextmanager
-    async def admitted(self) -> AsyncIterator[None]:
-        """Hold a slot for the body of the block; raises the 429 ApiError when refused."""
+    async def admitted(self, deadline: Deadline) -> AsyncIterator[None]:
+        """Hold a slot for the body of the block; raises the 429 ApiError when refused, the 504 one when the
+        request's deadline passed while it waited."""
         self._tickets += 1
         ticket = self._tickets
         decision = self.state.arrive(ticket)
@@ -104,7 +110,7 @@ class AdmissionGate:
             raise self._refuse("queue_full")
         if decision == "queued":
             arrived = self._clock()
-            await self._wait(ticket)
+            await self._wait(ticket, deadline)
             self._metrics.admission_wait.observe(self._clock() - arrived)
         started = self._clock()
         try:

@@ -65,18 +65,25 @@ def flag_name(item: Field[Any], suffix: str = "") -> str:
 
 @dataclass(frozen=True)
 class Timeouts:
-    """Seconds (flags ``--<name>-timeout``). The defaults never cut a healthy stream: a 1000-token answer
-    at a slow 200 ms per token is 200 s of streaming, but only the gap between chunks is bounded once it
-    has started."""
+    """Seconds (flags ``--<name>-timeout``). ``response`` is the request's one deadline; the others bound a
+    phase inside it, each to find a hung engine or a lost transfer sooner (``deadline``). The defaults never
+    cut a healthy stream: a 1000-token answer at a slow 200 ms per token is 200 s of streaming."""
 
     connect: float = field(default=5.0, metadata=flag("connecting to an engine", parse=positive_float, reload=True))
     prefill: float = field(
-        default=300.0, metadata=flag("whole prefill leg (queueing + a long prompt)", parse=positive_float, reload=True)
+        default=300.0,
+        metadata=flag(
+            "whole prefill leg (queueing + a long prompt); past it the engine is taken as hung (502)",
+            parse=positive_float,
+            reload=True,
+        ),
     )
     first_byte: float = field(
         default=300.0,
         metadata=flag(
-            "streaming decode: until the first body byte (write mode waits for P too)",
+            "decode: until its first body byte (write mode waits for P too), streamed or assembled for a client "
+            "that asked for no stream; past it the engine is taken as hung (502); also the longest wait for a "
+            "decode slot",
             parse=positive_float,
             reload=True,
         ),
@@ -94,12 +101,17 @@ class Timeouts:
     )
     idle: float = field(
         default=60.0,
-        metadata=flag("streaming decode: longest gap between two chunks", parse=positive_float, reload=True),
+        metadata=flag(
+            "streaming decode: longest gap between two chunks; past it the engine is taken as hung",
+            parse=positive_float,
+            reload=True,
+        ),
     )
     response: float = field(
         default=1800.0,
         metadata=flag(
-            "non-streaming request: the whole decode answer (its first byte within --kv-wait-timeout too)",
+            "the request's one deadline: from its arrival through the admission queue, routing, both legs, a "
+            "failover and the whole answer, streamed or not; past it 504 (an error event once streaming)",
             parse=positive_float,
             reload=True,
         ),

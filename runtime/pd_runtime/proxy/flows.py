@@ -25,14 +25,16 @@ import aiohttp
 from pd_runtime.protocol import check_prefill_response
 from pd_runtime.proxy.circuits import Circuits
 from pd_runtime.proxy.config import ProxyConfig
+from pd_runtime.proxy.contract import after_failure, phase
+from pd_runtime.proxy.deadline import Deadline
 from pd_runtime.proxy.demand import DemandWindow, reported_prompt_tokens
 from pd_runtime.proxy.errors import (
     ApiError,
     LegFailure,
     NoKvTransfer,
+    deadline_exceeded,
+    engine_failed,
     unavailable,
-    upstream_failed,
-    upstream_timeout,
 )
 from pd_runtime.proxy.legs import ClientRequest, Target, decode_leg, plain_leg, prefill_leg
 from pd_runtime.proxy.metrics import ProxyMetrics
@@ -136,52 +138,71 @@ class ProxyCore:
 
     # -- entry point ---------------------------------------------------------------------------
 
-    async def handle(self, request: ClientRequest, sink: Sink, source: Source = "request") -> Result:
-        """Serve one request; every failure ends as an OpenAI-style error on the sink, never a raise
-        (except cancellation: the client went away, and the upstream legs are closed on the way out).
-        With tracing on, inside the request's span (docs/proxy.md, "Trace context")."""
+    async def handle(
+        self, request: ClientRequest, sink: Sink, source: Source = "request", deadline: Deadline | None = None
+    ) -> Result:
+        """Serve one request by ``deadline`` (its one deadline, set when it arrived; the canary's starts
+        here); every failure ends as an OpenAI-style error on the sink, never a raise (except cancellation:
+        the client went away, and the upstream legs are closed on the way out). With tracing on, inside the
+        request's span (docs/proxy.md, "Trace context")."""
+        if deadline is None:
+            deadline = Deadline.after(asyncio.get_running_loop().time(), self.config.timeouts.response)
         if self.tracing is None:
-            return await self._handle(request, sink, source)
+            return await self._handle(request, sink, source, deadline)
         with self.tracing.request(request.path, request.trace, {"pd.source": source}) as span:
-            result = await self._handle(request, sink, source)
+            result = await self._handle(request, sink, source, deadline)
             ids = {} if result.exchange is None else {"pd.transfer_id": result.exchange.ids.transfer_id}
             self.tracing.finished(span, result.outcome, ids)
             return result
 
-    async def _handle(self, request: ClientRequest, sink: Sink, source: Source) -> Result:
+    async def _handle(self, request: ClientRequest, sink: Sink, source: Source, deadline: Deadline) -> Result:
         self.in_flight += 1
         self.metrics.in_flight.inc()
         exchange: Exchange | None = None
         try:
-            exchange = await self._exchange(request, source)
+            exchange = await self._exchange(request, source, deadline)
             try:
                 verified = await self._serve(exchange, sink)
             except LegFailure as failure:
-                if not self._fail_over(exchange, failure, sink):
+                if not self._after_failure(exchange, failure, sink):
                     raise
-                exchange = await self._exchange(request, source)  # a new transfer id; both legs again
+                exchange = await self._exchange(request, source, deadline)  # a new transfer id; both legs again
                 verified = await self._serve(exchange, sink)
             return self._finish(request, exchange, "ok", verified)
-        except ApiError as err:
-            await sink.error(err)
-            return self._finish(
-                request, exchange, "unavailable" if err.status == 503 else "rejected", False, err.message
-            )
+        except ApiError as err:  # placement's: no instance, decode at capacity, the deadline while waiting
+            return await self._failed(request, exchange, err, sink, err.outcome, err.message)
         except LegFailure as failure:
             self.metrics.upstream_errors.labels(failure.leg, failure.kind).inc()
-            try:
-                await sink.error(failure.error)
-            except ClientGone:
-                return self._finish(request, exchange, "cancelled", False)
-            return self._finish(request, exchange, f"{failure.leg}_{failure.kind}", False, str(failure))
+            return await self._failed(
+                request, exchange, failure.error, sink, f"{failure.leg}_{failure.kind}", str(failure)
+            )
         except ClientGone:
-            return self._finish(request, exchange, "cancelled", False)
+            return self._gone(request, exchange, sink)
         except asyncio.CancelledError:
-            self._finish(request, exchange, "cancelled", False)
+            self._gone(request, exchange, sink)
             raise
         finally:
             self.in_flight -= 1
             self.metrics.in_flight.dec()
+
+    async def _failed(
+        self, request: ClientRequest, exchange: Exchange | None, error: ApiError, sink: Sink, outcome: str, detail: str
+    ) -> Result:
+        """The client told of ``error``: an HTTP error before its answer's head, an error event, ``[DONE]`` and
+        the stream's end after its first byte (``Sink.error``); counted by cause and phase."""
+        started = sink.started
+        try:
+            await sink.error(error)
+        except ClientGone:
+            return self._gone(request, exchange, sink)
+        if error.cause is not None:
+            self.metrics.failed(error.cause, phase(started))
+        return self._finish(request, exchange, outcome, False, detail)
+
+    def _gone(self, request: ClientRequest, exchange: Exchange | None, sink: Sink) -> Result:
+        """The client went away: its legs' connections are closed on the way out (vLLM aborts them)."""
+        self.metrics.failed("client_gone", phase(sink.started))
+        return self._finish(request, exchange, "cancelled", False)
 
     def _finish(
         self, request: ClientRequest, exchange: Exchange | None, outcome: str, verified: bool, detail: str = ""
@@ -202,20 +223,21 @@ class ProxyCore:
             )
         return Result(outcome, verified, exchange)
 
-    async def _exchange(self, request: ClientRequest, source: Source) -> Exchange:
+    async def _exchange(self, request: ClientRequest, source: Source, deadline: Deadline) -> Exchange:
         """The request placed on its instances, with the ids of its transfer."""
         if self.draining:
             raise unavailable("the proxy is shutting down", "shutting_down")
-        prefill, decode, ids = await self.placement.place(request, selective=source == "request")
-        return Exchange(request, ids, source, prefill, decode)
+        prefill, decode, ids = await self.placement.place(request, deadline, selective=source == "request")
+        return Exchange(request, ids, source, prefill, decode, deadline=deadline)
 
-    def _fail_over(self, exchange: Exchange, failure: LegFailure, sink: Sink) -> bool:
-        """Whether to serve the request once more elsewhere after ``failure``: only while nothing has
-        reached the client, only for a failed engine (not a refused request), only for client requests
-        (the canary must see the failure), and only when another live instance of that role exists
-        (``placement``)."""
+    def _after_failure(self, exchange: Exchange, failure: LegFailure, sink: Sink) -> bool:
+        """The one place that decides what becomes of a request whose leg failed (``contract.after_failure``):
+        True to serve it once more elsewhere, when that step is chosen and another live instance of the
+        failed role exists (``placement``); False to tell the client, as an HTTP error or, once its stream
+        has begun, an error event and ``[DONE]``."""
+        step = after_failure(failure, sink.started, exchange.source == "canary", failed_over=False)
         target = exchange.prefill if failure.leg == "prefill" else exchange.decode
-        if sink.started or not failure.engine_failed or exchange.source != "request" or target is None:
+        if step != "fail_over" or target is None:
             return False
         return self.placement.fails_over(target, failure, exchange.ids.transfer_id)
 
@@ -314,18 +336,20 @@ class ProxyCore:
         assert exchange.prefill is not None and exchange.decode is not None
         leg = prefill_leg(exchange.request, exchange.prefill, exchange.decode, exchange.ids, self.config.engine_api_key)
         started = time.monotonic()
+        bound = self.config.timeouts.prefill
+        due = exchange.deadline.bound(asyncio.get_running_loop().time() + bound)
         try:
-            async with asyncio.timeout(self.config.timeouts.prefill):
+            async with asyncio.timeout_at(due):
                 async with self.relay.open_leg(exchange.prefill, leg, "prefill") as resp:
                     status, body = resp.status, await resp.read()
         except TimeoutError as exc:
-            raise LegFailure(
-                "prefill", "timeout", upstream_timeout(f"prefill took longer than {self.config.timeouts.prefill:g} s")
-            ) from exc
+            if exchange.deadline.ended(due):
+                failure = deadline_exceeded(exchange.deadline.describe("before prefill answered"))
+                raise LegFailure("prefill", "deadline", failure) from exc
+            hung = engine_failed("prefill", f"prefill engine hung: no answer within {bound:g} s (--prefill-timeout)")
+            raise LegFailure("prefill", "timeout", hung) from exc
         except UpstreamError as exc:
-            raise LegFailure(
-                "prefill", "unreachable", upstream_failed("prefill engine unreachable", "prefill_failed")
-            ) from exc
+            raise LegFailure("prefill", "unreachable", engine_failed("prefill", "prefill engine unreachable")) from exc
         finally:
             self.metrics.leg_seconds.labels("prefill").observe(time.monotonic() - started)
         if status != 200:
@@ -333,9 +357,7 @@ class ProxyCore:
         try:
             document = json.loads(body)  # never the client's: decode answers it
         except ValueError as exc:
-            raise LegFailure(
-                "prefill", "protocol", upstream_failed("prefill answered invalid JSON", "prefill_failed")
-            ) from exc
+            raise LegFailure("prefill", "protocol", engine_failed("prefill", "prefill answered invalid JSON")) from exc
         if exchange.source == "request" and (prompt := reported_prompt_tokens(document)) is not None:
             self.demand.prompt_measured(time.monotonic(), prompt)
         exchange.prompt_details = prompt_details(document)

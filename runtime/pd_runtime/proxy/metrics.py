@@ -129,6 +129,14 @@ class ProxyMetrics:
             registry=r,
         )
         self.evictions = Counter("pd_proxy_evictions", "Instances evicted (heartbeat TTL)", ["role"], registry=r)
+        self.failures = Counter(
+            "pd_proxy_failures",
+            "Client requests failed, by cause (no_instance, overloaded, engine_failed, kv_transfer_failed, deadline, "
+            "client_gone) and phase (before_headers: an HTTP error; after_first_byte: an error event and [DONE]): "
+            "the cells of docs/proxy.md's failure table",
+            ["cause", "phase"],
+            registry=r,
+        )
         self.failovers = Counter(
             "pd_proxy_failovers", "Requests served again on another instance after a leg failed", ["leg"], registry=r
         )
@@ -219,6 +227,9 @@ class ProxyMetrics:
         )
         r.register(_RegistryCollector(registry, clock))
         self._request_counts: dict[tuple[str, str], Any] = {}
+
+    def failed(self, cause: str, phase: str) -> None:
+        self.failures.labels(cause, phase).inc()
 
     def api_refused(self, reason: str) -> None:
         self.api_refusals.labels(reason).inc()

@@ -17,8 +17,9 @@ from pd_runtime.protocol import new_request_uid
 from pd_runtime.proxy.affinity import prefix_key
 from pd_runtime.proxy.circuits import Circuits
 from pd_runtime.proxy.config import ProxyConfig
+from pd_runtime.proxy.deadline import Deadline
 from pd_runtime.proxy.disaggregation import DecodeCaches, decide, prompt_of
-from pd_runtime.proxy.errors import ApiError, LegFailure, unavailable
+from pd_runtime.proxy.errors import ApiError, LegFailure, deadline_exceeded, no_instance, overloaded
 from pd_runtime.proxy.legs import ClientRequest, Target, TransferIds
 from pd_runtime.proxy.metrics import ProxyMetrics
 from pd_runtime.proxy.registry import Instance, InstanceRole, Registry
@@ -41,11 +42,13 @@ class Placement:
         self.decode_caches = DecodeCaches(config.disaggregation_cache_tokens)
         self._slot_freed = asyncio.Event()
 
-    async def place(self, request: ClientRequest, selective: bool) -> tuple[Target | None, Target, TransferIds]:
+    async def place(
+        self, request: ClientRequest, deadline: Deadline, selective: bool
+    ) -> tuple[Target | None, Target, TransferIds]:
         """The request's prefill (None when colocated, or served on decode alone) and decode targets, and the
-        ids that name them (docs/protocol.md#request-ids); a half-open instance chosen gets its trial
-        (``breaker``). ``selective``: a client request, which ``--disaggregation`` may serve on decode alone
-        (the canary is always disaggregated: it checks the transfer)."""
+        ids that name them (docs/protocol.md#request-ids), by the request's deadline; a half-open instance
+        chosen gets its trial (``breaker``). ``selective``: a client request, which ``--disaggregation`` may
+        serve on decode alone (the canary is always disaggregated: it checks the transfer)."""
         if self.registry.mode == "colocated":
             return self._alone(self._pick("E", None, request, time.monotonic()))
         config = self.config
@@ -61,7 +64,7 @@ class Placement:
                 raise _no_live("P")  # before waiting for a decode slot
         decode_slot = self._pick_within("D", "D", config.decode_max_in_flight, now)
         if decode_slot is None:
-            decode_slot = await self._decode_slot()
+            decode_slot = await self._decode_slot(deadline)
             prefills = None
         if prompt is not None:
             decode_key = decode_slot.instance.http_address
@@ -171,16 +174,17 @@ class Placement:
         slot = self.router.pick(pool, candidates, limit, key)
         return None if slot is None else Target(by_key[slot.key].registration, slot.dp_rank)
 
-    async def _decode_slot(self) -> Target:
+    async def _decode_slot(self, deadline: Deadline) -> Target:
         """A decode DP rank with fewer than --decode-max-in-flight requests (its max_num_seqs).
 
         Past max_num_seqs vLLM queues a request without allocating its blocks, so in write mode its block
         list reaches prefill late, and after defer_timeout prefill drops the transfer. Waiting here instead
         starts neither leg: prefill's clock does not run. The wait is bounded by one more full batch per
-        rank and by the first-byte timeout; past either the client gets 503 + Retry-After.
+        rank and by the first-byte timeout; past either the client gets 429 + Retry-After (overloaded), past
+        the request's deadline first 504.
         """
         limit = self.config.decode_max_in_flight
-        deadline = asyncio.get_running_loop().time() + self.config.timeouts.first_byte
+        until = deadline.bound(asyncio.get_running_loop().time() + self.config.timeouts.first_byte)
         while (target := self._pick_within("D", "D", limit, time.monotonic())) is None:
             ranks = sum(inst.registration.dp_size for inst in self.registry.live("D", time.monotonic()))
             if self.decode_queue >= limit * ranks:
@@ -189,9 +193,11 @@ class Placement:
             self.decode_queue += 1
             self.metrics.decode_queue.inc()
             try:
-                async with asyncio.timeout_at(deadline):
+                async with asyncio.timeout_at(until):
                     await freed.wait()
             except TimeoutError:
+                if deadline.ended(until):
+                    raise deadline_exceeded(deadline.describe("waiting for a decode slot")) from None
                 raise _decode_full(limit) from None
             finally:
                 self.decode_queue -= 1
@@ -201,11 +207,12 @@ class Placement:
 
 def _no_live(role: InstanceRole | None) -> ApiError:
     what = {"P": "prefill", "D": "decode"}.get(role or "", "engine")
-    return unavailable(f"no live {what} instance is registered", f"no_{what}_instance")
+    return no_instance(f"no live {what} instance is registered", f"no_{what}_instance")
 
 
 def _decode_full(limit: int) -> ApiError:
-    return unavailable(
+    return overloaded(
         f"every decode engine already has {limit} requests in flight (its max_num_seqs) and a full queue",
         "decode_at_capacity",
+        retry_after=1,
     )

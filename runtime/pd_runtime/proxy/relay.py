@@ -23,13 +23,14 @@ from typing import Any, Literal
 from pd_runtime.openai_api import DONE, Endpoint, SseDecoder, interpret
 from pd_runtime.proxy.circuits import Circuits
 from pd_runtime.proxy.config import ProxyConfig
+from pd_runtime.proxy.deadline import Deadline
 from pd_runtime.proxy.errors import (
     ApiError,
     LegFailure,
+    deadline_exceeded,
     decode_without_output,
+    engine_failed,
     kv_transfer_timeout,
-    upstream_failed,
-    upstream_timeout,
 )
 from pd_runtime.proxy.legs import ClientRequest, Leg, Target, TransferIds
 from pd_runtime.proxy.metrics import ProxyMetrics
@@ -57,6 +58,8 @@ class Exchange:
     """The streaming decode leg's deadline while it waits for its first byte."""
     prompt_details: dict[str, Any] | None = None
     """Prefill's usage.prompt_tokens_details, merged into decode's usage (docs/proxy.md, "Usage")."""
+    deadline: Deadline = field(kw_only=True)
+    """The request's one deadline, shared by a failover's exchanges (``deadline``)."""
 
     def __post_init__(self) -> None:
         self.rewriter = IdRewriter(self.ids.request_id, self.ids.uid)
@@ -114,16 +117,15 @@ class Relay:
 
     async def _relay_whole(self, exchange: Exchange, target: Target, leg: Leg, sink: Sink) -> None:
         """A decode leg streamed for a client that did not ask for a stream (legs.streams_whole): its first
-        byte is due within the kv wait, as a stream's; the whole answer within --response-timeout; the
-        client gets the answer assembled from the stream (``whole_from_stream``)."""
-        timeouts = self.config.timeouts
-        first_byte_due = asyncio.get_running_loop().time() + timeouts.response
+        byte is due as a stream's (the first-byte bound and the kv wait); the whole answer by the request's
+        deadline; the client gets the answer assembled from the stream (``whole_from_stream``)."""
+        first_byte_due = asyncio.get_running_loop().time() + self.config.timeouts.first_byte
         answered = False
         started = time.monotonic()
         try:
             async with (
-                asyncio.timeout(timeouts.response) as deadline,
-                exchange.first_byte_bounded(deadline, True),
+                asyncio.timeout_at(exchange.deadline.bound(first_byte_due)) as timer,
+                exchange.first_byte_bounded(timer, True),
                 self.open_leg(target, leg, "decode") as resp,
             ):
                 if resp.status != 200:
@@ -136,11 +138,11 @@ class Relay:
                     if not answered:
                         answered = True
                         exchange.first_byte_timer = None
-                        deadline.reschedule(first_byte_due)  # from here the whole answer's deadline
+                        timer.reschedule(exchange.deadline.at)  # from here only the request's deadline
                     parts.append(data)
                 events = exchange.rewriter.whole(b"".join(parts))
         except TimeoutError as exc:
-            raise self._timed_out(exchange, "decode", answered, True, timeouts.response, first_byte_due) from exc
+            raise self._timed_out(exchange, "decode", answered, True, timer.when(), first_byte_due) from exc
         except UpstreamError as exc:
             raise _connection_failed("decode", answered) from exc
         finally:
@@ -152,7 +154,7 @@ class Relay:
                 raise self._without_output(exchange, "decode")
             if any(isinstance(c, dict) and "error" in c for c in chunks):
                 # not streamed, vLLM answers a request that failed after its first token with a 500
-                raise LegFailure("decode", "http", upstream_failed("decode engine failed the request", "decode_failed"))
+                raise LegFailure("decode", "http", engine_failed("decode", "decode engine failed the request"))
             document = json.dumps(whole_from_stream(chunks, exchange.request), separators=(",", ":")).encode()
         if exchange.prompt_details is not None:
             document = merge_usage(document, exchange.prompt_details)
@@ -166,33 +168,40 @@ class Relay:
         return LegFailure(name, "no_output", decode_without_output())
 
     def _timed_out(
-        self, exchange: Exchange, name: str, answered: bool, bounded: bool, first_deadline: float, first_byte_due: float
+        self, exchange: Exchange, name: str, answered: bool, bounded: bool, when: float | None, first_byte_due: float
     ) -> LegFailure:
-        """What a leg's timeout means: the kv wait passed, a write-mode prefill that never answered, or the
-        engine's own first-byte or idle timeout."""
+        """What a leg's timer (set for ``when``) ending it means: the request's deadline passed, the kv wait
+        passed, a write-mode prefill never answered, or the engine gave no first byte or chunk in time."""
         timeouts = self.config.timeouts
+        if when is not None and exchange.deadline.ended(when):
+            phase = f"while {name} streamed" if answered else f"before {name}'s first byte"
+            return LegFailure(name, "deadline", deadline_exceeded(exchange.deadline.describe(phase)))
         if not answered and bounded and _kv_bound(exchange, first_byte_due):
             return LegFailure(name, "kv_timeout", kv_transfer_timeout(timeouts.kv_wait))
+        first = f"no first byte within {timeouts.first_byte:g} s (--first-byte-timeout)"
         if not answered and name == "decode" and exchange.prefill is not None and exchange.kv_deadline is None:
             # write mode: decode's first byte waits for prefill's KV, and prefill has not answered yet
-            what = f"decode had no first byte within {first_deadline:g} s, prefill had not answered"
-            return LegFailure("prefill", "timeout", upstream_timeout(f"prefill engine timed out: {what}"))
-        what = f"no chunk for {timeouts.idle:g} s" if answered else f"no first byte within {first_deadline:g} s"
-        return LegFailure(name, "timeout", upstream_timeout(f"{name} engine timed out: {what}"))
+            return LegFailure(
+                "prefill", "timeout", engine_failed("prefill", f"prefill engine hung: decode had {first} before it")
+            )
+        what = f"no chunk for {timeouts.idle:g} s (--idle-timeout)" if answered else first
+        return LegFailure(name, "timeout", engine_failed(name, f"{name} engine hung: {what}"))
 
     async def _relay_leg(self, exchange: Exchange, target: Target, leg: Leg, name: str, sink: Sink) -> None:
+        """A leg relayed as it comes: its first byte due within --first-byte-timeout when it streams (a leg
+        answered whole has nothing to show before it is done: the request's deadline alone bounds it), then
+        every chunk within --idle-timeout of the last, all by the request's deadline."""
         timeouts = self.config.timeouts
         loop = asyncio.get_running_loop()
-        first_deadline = timeouts.first_byte if exchange.request.stream else timeouts.response
-        first_byte_due = loop.time() + first_deadline
+        first_byte_due = loop.time() + timeouts.first_byte if exchange.request.stream else math.inf
         answered = False  # the engine's first body bytes came (for decode: its KV came, or loading it failed)
         streaming = False  # the client's stream has begun
         started = time.monotonic()
         bounded = exchange.request.stream and name == "decode"
         try:
             async with (
-                asyncio.timeout(first_deadline) as deadline,
-                exchange.first_byte_bounded(deadline, bounded),
+                asyncio.timeout_at(exchange.deadline.bound(first_byte_due)) as timer,
+                exchange.first_byte_bounded(timer, bounded),
                 self.open_leg(target, leg, name) as resp,
             ):
                 if resp.status != 200:
@@ -209,14 +218,14 @@ class Relay:
                         body = merge_usage(body, exchange.prompt_details)
                     await sink.whole(200, content_type, body)
                     return
-                relay = _ChunkRelay(exchange, sink, deadline, self.metrics, name == "decode", timeouts.idle)
+                relay = _ChunkRelay(exchange, sink, timer, self.metrics, name == "decode", timeouts.idle)
                 # A decode stream's first events are held until one begins the answer (``opens_answer``):
                 # a stream vLLM ended without a token or its error is then the client's 502, not an empty 200.
                 held = b"" if name == "decode" else None
                 while not streaming and (data := await resp.read_some()):
                     out = relay.rewrite(data)
                     now = loop.time()
-                    relay.due = deadline.when() or 0.0  # the kv wait may have moved it
+                    relay.due = timer.when() or 0.0  # the kv wait may have moved it
                     if out:
                         answered = True
                         exchange.first_byte_timer = None
@@ -248,7 +257,7 @@ class Relay:
                     await sink.write(tail)
                 await sink.end_stream()
         except TimeoutError as exc:
-            raise self._timed_out(exchange, name, answered, bounded, first_deadline, first_byte_due) from exc
+            raise self._timed_out(exchange, name, answered, bounded, timer.when(), first_byte_due) from exc
         except UpstreamError as exc:
             raise _connection_failed(name, answered) from exc
         finally:
@@ -289,6 +298,7 @@ class _ChunkRelay:
         self._itl = metrics.itl
         self._usage = decode and _streams_usage(exchange.request)
         self._idle = idle
+        self._end = exchange.deadline.at  # no chunk is waited for past the request's deadline
         self._slack = min(1.0, idle / 10)  # the idle deadline moves only when it is this far off
         self._loop = asyncio.get_running_loop()
         self.last = self.due = 0.0
@@ -301,9 +311,10 @@ class _ChunkRelay:
         return out
 
     def idle_from(self, now: float) -> None:
-        if abs(now + self._idle - self.due) > self._slack:
-            self.due = now + self._idle
-            self._deadline.reschedule(self.due)
+        due = min(now + self._idle, self._end)
+        if abs(due - self.due) > self._slack:
+            self.due = due
+            self._deadline.reschedule(due)
 
     def deliver(self, data: bytes) -> bool:
         """One read of the engine's body: False stops the forwarding (client's socket full, or a failure)."""
@@ -328,7 +339,7 @@ class _ChunkRelay:
 
 def _connection_failed(name: str, answered: bool) -> LegFailure:
     kind = "broken" if answered else "unreachable"
-    return LegFailure(name, kind, upstream_failed(f"{name} engine failed: connection {kind}", f"{name}_failed"))
+    return LegFailure(name, kind, engine_failed(name, f"{name} engine failed: connection {kind}"))
 
 
 def _streams_usage(request: ClientRequest) -> bool:
@@ -387,7 +398,7 @@ def upstream_error_for_client(status: int, body: bytes, leg: str, rewriter: IdRe
     (its body, ids rewritten); anything else is a 502 that names the leg, never the engine's text."""
     if 400 <= status < 500:
         return ApiError(status, f"{leg} engine rejected the request", raw_body=rewriter.whole(body))
-    return ApiError(502, f"{leg} engine answered HTTP {status}", type="upstream_error", code=f"{leg}_failed")
+    return engine_failed(leg, f"{leg} engine answered HTTP {status}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from pd_runtime.proxy.admin_auth import admitted
 from pd_runtime.proxy.admission_gate import AdmissionGate
 from pd_runtime.proxy.canary import Canary
 from pd_runtime.proxy.config import ProxyConfig
+from pd_runtime.proxy.deadline import Deadline
 from pd_runtime.proxy.demand import asked_output_tokens
 from pd_runtime.proxy.errors import ApiError, unavailable
 from pd_runtime.proxy.flows import ProxyCore
@@ -250,7 +251,9 @@ class ProxyServer:
 
     async def _relay(self, request: HttpRequest, sink: ResponseSink, endpoint: Endpoint) -> None:
         """Checks, then admission (``--max-in-flight``, a FIFO queue, 429 + Retry-After past it), then the
-        engines. A request refused by admission is demand too: it counts as an arrival (docs/proxy.md)."""
+        engines, all by the request's one deadline, which starts here (docs/proxy.md, "Failure contract").
+        A request refused by admission is demand too: it counts as an arrival (docs/proxy.md)."""
+        deadline = Deadline.after(asyncio.get_running_loop().time(), self.config.timeouts.response)
         try:
             self._refuse_after_kv_mismatch()
             client_request = parse_client_request(
@@ -262,15 +265,18 @@ class ProxyServer:
         self.core.demand.arrived(time.monotonic(), asked_output_tokens(client_request.body))
         served = False
         try:
-            async with self.admission.admitted():
+            async with self.admission.admitted(deadline):
                 served = True
-                await self.core.handle(client_request, sink)
-        except ApiError as err:  # refused by admission (429), or drained from its queue (503)
-            self.metrics.request_done(endpoint, "rate_limited" if err.status == 429 else "unavailable")
+                await self.core.handle(client_request, sink, deadline=deadline)
+        except ApiError as err:  # refused by admission (429), its deadline passed (504), drained (503)
+            self.metrics.request_done(endpoint, err.outcome)
+            if err.cause is not None:
+                self.metrics.failed(err.cause, "before_headers")
             raise
         except asyncio.CancelledError:
             if not served:  # the client left while queued (a served request is counted by handle)
                 self.metrics.request_done(endpoint, "cancelled")
+                self.metrics.failed("client_gone", "before_headers")
             raise
 
     async def _models(self, request: HttpRequest, sink: ResponseSink) -> None:
