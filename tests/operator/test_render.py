@@ -313,6 +313,8 @@ def test_proxy_command_follows_the_contract() -> None:
         "294",
         "--canary-interval",
         "300",
+        "--migration-limit",
+        "1",
         # the only registrations the proxy accepts: each engine's heartbeat, vLLM's G2 frame, literally
         "--expected-engine",
         '{"type":"P","http_address":"$(POD_IP):20005","zmq_address":"host:$(POD_IP),handshake:6301,notify:6105",'

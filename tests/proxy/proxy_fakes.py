@@ -22,6 +22,7 @@ from multidict import CIMultiDict
 from pd_runtime.localports import bound_socket
 from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.server import ProxyServer
+from pd_runtime.sim import openai
 from tests.ports import TEST_PORTS
 
 
@@ -64,8 +65,13 @@ class FakeEngine:
     # a stream that vLLM 0.31 fails before its first token (a failed KV load): chat's role chunk, the usage
     # chunk when asked for, [DONE]; neither a token nor an error event
     fail_before_token: bool = False
-    # answered when asked (return_token_ids): whole, or one a chunk in a stream
+    # answered when asked (return_token_ids): whole, or one a chunk in a stream (a stream's first chunk
+    # with the prompt's, as vLLM 0.31's completions)
     token_ids: list[int] = field(default_factory=lambda: [11, 12, 13])
+    prompt_token_ids: list[int] = field(default_factory=lambda: [1, 2, 3])
+    # stream as the simulator's model does: max_tokens tokens, each a function of the context (prompt + the
+    # tokens before), so a continuation from a prompt plus the first tokens streams the rest
+    model: bool = False
     # usage with prompt_tokens_details {"cached_tokens": N} (vLLM's --enable-prompt-tokens-details): in
     # prefill's answer, whole answers, and a final usage chunk when the stream asks for include_usage
     cached_tokens: int | None = None
@@ -171,10 +177,10 @@ class FakeEngine:
             answer["usage"] = self._usage(1)
         return web.json_response(answer)
 
-    def _usage(self, completion_tokens: int) -> dict[str, Any]:
+    def _usage(self, completion_tokens: int, prompt_tokens: int = 5) -> dict[str, Any]:
         usage: dict[str, Any] = {
-            "prompt_tokens": 5,
-            "total_tokens": 5 + completion_tokens,
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
             "completion_tokens": completion_tokens,
         }
         if self.cached_tokens is not None:
@@ -232,29 +238,45 @@ class FakeEngine:
             role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
             chunk = {"id": f"chatcmpl-{request_id}", "choices": [role]}
             await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-        for index in range(0 if self.fail_before_token else self.chunks):
+        prompt_ids, token_ids, texts = self._output(record.body, chat)
+        for index in range(0 if self.fail_before_token else len(token_ids)):
             if self.die_after is not None and index == self.die_after:
                 assert request.transport is not None
                 request.transport.abort()
                 self.events.append(f"{self.role}:died")
                 return response
-            output = {"delta": {"content": f"t{index}"}} if chat else {"text": f"t{index}"}
+            output = {"delta": {"content": texts[index]}} if chat else {"text": texts[index]}
             if record.body.get("return_token_ids"):  # the answer's token_ids, one a chunk
-                output["token_ids"] = self.token_ids[index : index + 1]
+                output["token_ids"] = token_ids[index]
+                if index == 0:
+                    output["prompt_token_ids"] = prompt_ids
             chunk = {"id": f"cmpl-{request_id}-0-0a1b2c3d", "choices": [{"index": 0, **output}]}
-            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            if self.model:
+                chunk["created"] = 1700000000
+                chunk["choices"][0]["finish_reason"] = "length" if index == len(token_ids) - 1 else None
+            await response.write(b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n")
             if self.chunk_interval:
                 await asyncio.sleep(self.chunk_interval)
-        if (self.cached_tokens is not None or self.fail_before_token) and (record.body.get("stream_options") or {}).get(
-            "include_usage"
-        ):
-            chunk = {"id": f"cmpl-{request_id}-0-0a1b2c3d", "choices": [], "usage": self._usage(self.chunks)}
+        usage_asked = (record.body.get("stream_options") or {}).get("include_usage")
+        if (self.cached_tokens is not None or self.fail_before_token or self.model) and usage_asked:
+            usage = self._usage(len(token_ids), len(prompt_ids) if self.model else 5)
+            chunk = {"id": f"cmpl-{request_id}-0-0a1b2c3d", "choices": [], "usage": usage}
             await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         record.answered = time.monotonic()
         self.events.append(f"{self.role}:done")
         return response
+
+    def _output(self, body: dict[str, Any], chat: bool) -> tuple[list[int], list[list[int]], list[str]]:
+        """The prompt's token ids, each chunk's token ids and its text."""
+        if not self.model:
+            ids = [self.token_ids[i : i + 1] for i in range(self.chunks)]
+            return self.prompt_token_ids, ids, [f"t{i}" for i in range(self.chunks)]
+        parsed = openai.parse_request(body, chat, 1 << 20)
+        kv = openai.KvCache.of_prompt(parsed.prompt_ids)
+        tokens = [kv.token_id(i) for i in range(1, parsed.max_tokens + 1)]
+        return list(parsed.prompt_ids), [[t] for t in tokens], [openai.token_text(t) for t in tokens]
 
 
 class Registrar:

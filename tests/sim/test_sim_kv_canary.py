@@ -25,12 +25,13 @@ BODY = {"model": "sim-model", "prompt": "Why is the sky blue?", "max_tokens": 6,
 
 
 def test_greedy_tokens_follow_from_the_prompt_and_corrupt_kv_changes_every_one() -> None:
-    kv = openai.KvCache.of_prompt("Why is the sky blue?")
+    sky, sea = (3923, 374, 279, 13180, 6437), (3923, 374, 279, 9581, 6437)
+    kv = openai.KvCache.of_prompt(sky)
     ids = [kv.token_id(i) for i in range(1, 9)]
-    assert ids == [openai.KvCache.of_prompt("Why is the sky blue?").token_id(i) for i in range(1, 9)]
-    assert ids != [openai.KvCache.of_prompt("Why is the sea blue?").token_id(i) for i in range(1, 9)]
+    assert ids == [openai.KvCache.of_prompt(sky).token_id(i) for i in range(1, 9)]
+    assert ids != [openai.KvCache.of_prompt(sea).token_id(i) for i in range(1, 9)]
     assert all(0 <= i < openai.VOCAB_SIZE for i in ids)
-    corrupt = openai.KvCache.of_prompt("Why is the sky blue?", corrupt=True)
+    corrupt = openai.KvCache.of_prompt(sky, corrupt=True)
     assert all(corrupt.token_id(i) != kv.token_id(i) for i in range(1, 200))
 
 

@@ -158,19 +158,19 @@ def test_context_length_refusal_is_vllms() -> None:
     assert "your prompt contains 600 input tokens, for a total of 604 tokens" in err.value.message
 
 
-def test_logprobs_follow_the_token_and_its_position() -> None:
+def test_logprobs_follow_the_token_and_its_context() -> None:
     req = parse({"prompt": "hi", "logprobs": 2, "return_tokens_as_token_ids": True})
-    kv = openai.KvCache.of_prompt(req.prompt_key)
-    tokens = [(i, kv.token_id(i)) for i in (1, 2)]
+    kv = openai.KvCache.of_prompt(req.prompt_ids)
+    tokens = [(kv.context(i), kv.token_id(i)) for i in (1, 2)]
     body = openai.logprobs_body(req, tokens)
     assert body is not None
     assert body["tokens"] == [f"token_id:{t}" for _, t in tokens]
-    assert body["token_logprobs"] == [openai.token_logprob(t, i) for i, t in tokens]
+    assert body["token_logprobs"] == [openai.token_logprob(t, c) for c, t in tokens]
     assert all(lp <= 0 for lp in body["token_logprobs"])
     assert [len(top) for top in body["top_logprobs"]] == [2, 2]
     assert body["text_offset"][0] == 0
-    corrupt = openai.KvCache.of_prompt(req.prompt_key, corrupt=True)
-    assert openai.token_logprob(corrupt.token_id(1), 1) != body["token_logprobs"][0]
+    corrupt = openai.KvCache.of_prompt(req.prompt_ids, corrupt=True)
+    assert openai.token_logprob(corrupt.token_id(1), corrupt.context(1)) != body["token_logprobs"][0]
     assert openai.logprobs_body(parse({"prompt": "hi"}), tokens) is None
     chat = parse({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, chat=True)
     (entry,) = (openai.logprobs_body(chat, tokens[:1]) or {})["content"]
@@ -179,7 +179,7 @@ def test_logprobs_follow_the_token_and_its_position() -> None:
 
 def test_stops_end_the_output_as_vllm_does() -> None:
     req = parse({"prompt": "hi", "max_tokens": 8})
-    kv = openai.KvCache.of_prompt(req.prompt_key)
+    kv = openai.KvCache.of_prompt(req.prompt_ids)
     first, second = kv.token_id(1), kv.token_id(2)
     words = [openai.token_text(first), openai.token_text(second)]
     stop_ids = parse({"prompt": "hi", "max_tokens": 8, "stop_token_ids": [second]})

@@ -7,6 +7,7 @@ instances; /status shows each instance's load and how many requests it got.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +119,61 @@ async def test_a_killed_prefill_loses_at_most_the_requests_that_were_streaming(
     if killed is not None:
         assert killed["healthy"] is False
         assert survivor["routed"] > killed["routed"] > 0
+
+
+async def streamed_ids(response: aiohttp.ClientResponse, on_token: Any = None) -> tuple[list[int], list[Any]]:
+    """A completion stream's token ids (the client asked for them) and its events; ``on_token(n)`` after each."""
+    ids: list[int] = []
+    events: list[Any] = []
+    buffer = b""
+    async for data in response.content.iter_any():
+        buffer += data
+        *whole, buffer = buffer.split(b"\n\n")
+        for event in whole:
+            if event == b"data: [DONE]":
+                continue
+            events.append(json.loads(event.removeprefix(b"data: ")))
+            ids += [t for c in events[-1].get("choices") or [] for t in c.get("token_ids") or []]
+            if on_token is not None:
+                await on_token(len(ids))
+    return ids, events
+
+
+async def test_a_decode_killed_mid_stream_is_migrated_to_the_other_with_the_same_tokens(
+    stacks: list[LocalStack], tmp_path: Path
+) -> None:
+    """1P2D, calibrated timing (a token every ~19 ms): the decode engine serving a greedy stream is SIGKILLed
+    after 10 tokens; the proxy continues the request on the other decode engine, and the client's token ids
+    equal those of the same request undisturbed (docs/proxy.md, "Migration")."""
+    topology = Topology("write", prefill=SHAPE, decode=EngineShape(tp=1, max_num_seqs=64), decodes=2)
+    stack = launch(topology, "qwen3-235b-mi300x", 2.0, tmp_path)
+    stacks.append(stack)
+    await stack.wait_ready(timeout_s=60)
+    body = {**BODY, "max_tokens": 60, "stream": True, "ignore_eos": True, "temperature": 0,
+            "return_token_ids": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    killed: list[str] = []
+
+    async def kill_the_streaming_decode(tokens: int) -> None:
+        if tokens < 10 or killed:
+            return
+        serving = [i["http_address"] for i in (await status(session, stack))["instances"] if i["in_flight"]]
+        (name,) = [n for n, url in stack.engine_urls.items() if n.startswith("decode") and url[7:] in serving]
+        stack.kill(name)
+        killed.append(name)
+
+    async with aiohttp.ClientSession() as session:
+        for _ in range(200):  # both decode engines routable
+            if (await status(session, stack))["counts"]["decode"] == 2:
+                break
+            await asyncio.sleep(0.1)
+        async with session.post(stack.proxy_url + "/v1/completions", json=body) as resp:
+            expected, _ = await streamed_ids(resp)
+        async with session.post(stack.proxy_url + "/v1/completions", json=body) as resp:
+            assert resp.status == 200
+            got, events = await streamed_ids(resp, kill_the_streaming_decode)
+        migrations = metric(await scrape(session, stack.admin_url), "pd_proxy_migrations_total", outcome="ok")
+    assert killed and len(expected) == 60
+    assert got == expected  # no token twice, none missing, the same greedy tokens
+    assert len({e["id"] for e in events}) == 1 and not any("error" in e for e in events)
+    assert events[-1]["usage"]["completion_tokens"] == 60
+    assert migrations == 1

@@ -353,6 +353,18 @@ class ProxySpec(ApiModel):
             "(no restart: the proxy reloads it). Needs the canary (canaryIntervalSeconds > 0)."
         ),
     )
+    migration_limit: int = Field(
+        1,
+        ge=0,
+        le=16,
+        description=(
+            "Disaggregated mode: how many times a streamed completion whose decode engine dies (or whose decode "
+            "stream breaks) after tokens reached the client continues on another routable decode engine (xPyD, "
+            "or another replica's behind the router): the prompt plus the tokens already streamed go out as a "
+            "new P/D request, spliced so the client sees one response with no token twice or missing; a greedy "
+            "request gives the tokens it would have given. 0: such a stream ends with an error event."
+        ),
+    )
     otlp_traces_endpoint: str | None = Field(
         None,
         pattern=r"^https?://[^\s]+$",

@@ -325,6 +325,14 @@ class ProxyConfig:
             parse=non_negative_int,
         ),
     )
+    migration_limit: int = field(
+        default=1,
+        metadata=flag(
+            "times a streamed completion may continue on another decode engine after its decode stream broke "
+            "past the first token (the prompt plus the tokens streamed, as a new P/D request); 0 disables it",
+            parse=non_negative_int,
+        ),
+    )
     api_key: str | None = None  # required from clients when set; read from --api-key-env
     engine_api_key: str | None = None  # sent to the engines when set; read from --engine-api-key-env
     admin_key: str | None = None  # /status asks for it when set (admin_auth.py); read from --admin-key-env

@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 
 from pd_runtime.protocol import check_prefill_response
+from pd_runtime.proxy import migration
 from pd_runtime.proxy.circuits import Circuits
 from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.contract import after_failure, phase
@@ -42,7 +43,7 @@ from pd_runtime.proxy.placement import Placement
 from pd_runtime.proxy.registry import Registry
 from pd_runtime.proxy.relay import Exchange, Relay, Source, prompt_details, upstream_error_for_client
 from pd_runtime.proxy.routing import Router
-from pd_runtime.proxy.sinks import ClientGone, Sink
+from pd_runtime.proxy.sinks import ClientGone, ContinuedSink, Sink
 from pd_runtime.proxy.status import LastTransfer
 from pd_runtime.proxy.tracing import Tracing
 from pd_runtime.proxy.upstream import UpstreamError, UpstreamPool
@@ -162,12 +163,12 @@ class ProxyCore:
         try:
             exchange = await self._exchange(request, source, deadline)
             try:
-                verified = await self._serve(exchange, sink)
+                exchange, verified = await self._serve_migrating(exchange, sink)
             except LegFailure as failure:
                 if not self._after_failure(exchange, failure, sink):
                     raise
                 exchange = await self._exchange(request, source, deadline)  # a new transfer id; both legs again
-                verified = await self._serve(exchange, sink)
+                exchange, verified = await self._serve_migrating(exchange, sink)
             return self._finish(request, exchange, "ok", verified)
         except ApiError as err:  # placement's: no instance, decode at capacity, the deadline while waiting
             return await self._failed(request, exchange, err, sink, err.outcome, err.message)
@@ -240,6 +241,51 @@ class ProxyCore:
         if step != "fail_over" or target is None:
             return False
         return self.placement.fails_over(target, failure, exchange.ids.transfer_id)
+
+    async def _serve_migrating(self, exchange: Exchange, sink: Sink) -> tuple[Exchange, bool]:
+        """``_serve``, continued on another decode engine each time its decode stream breaks after tokens
+        reached the client, at most --migration-limit times (``migration``; docs/proxy.md, "Migration").
+        Returns the exchange that finished the request and whether its transfer was verified."""
+        request, limit = exchange.request, self.config.migration_limit
+        tokens: migration.StreamTokens | None = None
+        if exchange.prefill is not None and exchange.source == "request" and migration.trackable(request, limit):
+            tokens = migration.StreamTokens(request)
+            exchange.request = migration.tracked_request(request)
+            exchange.stream_filter = tokens.feed
+        migrations = 0
+        while True:
+            try:
+                verified = await self._serve(exchange, sink)
+            except LegFailure as failure:
+                if migrations:
+                    self.metrics.migrations.labels("failed").inc()
+                decision = migration.decide(failure, request, tokens, sink.started, migrations, limit)
+                if decision is None:
+                    raise
+                if decision != "migrate":
+                    self.metrics.migrations.labels(decision).inc()
+                    raise
+                assert tokens is not None and exchange.decode is not None
+                exchange = await self._continue(exchange, failure, migration.continuation(request, tokens))
+                exchange.stream_filter = migration.Splice(tokens).feed
+                sink = sink if migrations else ContinuedSink(sink)
+                migrations += 1
+                continue
+            if migrations:
+                self.metrics.migrations.labels("ok").inc()
+            return exchange, verified
+
+    async def _continue(self, broken: Exchange, failure: LegFailure, request: ClientRequest) -> Exchange:
+        """The exchange that continues a request whose decode stream broke, on another decode engine; the
+        failure stands when none is routable."""
+        assert broken.decode is not None
+        try:
+            if self.placement.leaves(broken.decode, failure, broken.ids.transfer_id, "migrating"):
+                return await self._exchange(request, broken.source, broken.deadline)
+        except ApiError:
+            pass  # no prefill, or no decode slot in time: the client is told of the broken stream
+        self.metrics.migrations.labels("no_instance").inc()
+        raise failure
 
     # -- flows ---------------------------------------------------------------------------------
 

@@ -267,6 +267,7 @@ def prefill_leg(
         body["max_completion_tokens"] = 1
     body["min_tokens"] = 1
     body.pop("min_completion_tokens", None)
+    body.pop("return_token_ids", None)  # only the proxy reads prefill's answer: no prompt's ids to parse
     body["kv_transfer_params"] = prefill_leg_params(decode.instance, ids.transfer_id)
     return Leg(request.path, _headers(request, ids.request_id, prefill.dp_rank, engine_api_key), body)
 

@@ -140,6 +140,15 @@ class ProxyMetrics:
         self.failovers = Counter(
             "pd_proxy_failovers", "Requests served again on another instance after a leg failed", ["leg"], registry=r
         )
+        self.migrations = Counter(
+            "pd_proxy_migrations",
+            "Decode streams broken after tokens reached the client, by outcome: ok (continued on another decode "
+            "engine to the end), failed (the continuation failed too), limit_reached (--migration-limit used up), "
+            "no_instance (no other decode engine routable), unsupported (a request that cannot be continued "
+            "exactly: chat, stop strings, echo, prompt logprobs, nothing left of its budget)",
+            ["outcome"],
+            registry=r,
+        )
         self.circuit_opens = Counter(
             "pd_proxy_circuit_opens",
             "Circuit breakers opened (instance out of rotation), by role and reason: timeout, failures, failover, "

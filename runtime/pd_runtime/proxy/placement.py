@@ -117,8 +117,16 @@ class Placement:
                 self._slot_freed = asyncio.Event()
 
     def fails_over(self, failed: Target, failure: LegFailure, transfer_id: str) -> bool:
-        """Whether another live instance of the failed one's role exists to serve the request again; the
-        failed one's circuit breaker then opens (a timeout or repeated failures opened it already)."""
+        """Whether another live instance of the failed one's role exists to serve the request again (``leaves``)."""
+        if not self.leaves(failed, failure, transfer_id, "failing over"):
+            return False
+        self.metrics.failovers.labels(failure.leg).inc()
+        return True
+
+    def leaves(self, failed: Target, failure: LegFailure, transfer_id: str, action: str) -> bool:
+        """Whether another live instance of the failed one's role exists to take the request on (failed over,
+        or migrated); the failed one's circuit breaker then opens (a timeout or repeated failures opened it
+        already)."""
         now = time.monotonic()
         inst = self.circuits.instance(failed)
         if inst is None or not any(other.key != inst.key for other in self.registry.live(inst.role, now)):
@@ -126,9 +134,9 @@ class Placement:
         if (reason := inst.breaker.failed_over(now)) is not None:
             self.circuits.opened(failed, reason, failure)
         self.metrics.upstream_errors.labels(failure.leg, failure.kind).inc()
-        self.metrics.failovers.labels(failure.leg).inc()
         log.warning(
-            "failing over role=%s http=%s after %s transfer_id=%s",
+            "%s role=%s http=%s after %s transfer_id=%s",
+            action,
             inst.role,
             inst.key,
             failure,

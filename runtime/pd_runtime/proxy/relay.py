@@ -16,7 +16,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -60,6 +60,9 @@ class Exchange:
     """Prefill's usage.prompt_tokens_details, merged into decode's usage (docs/proxy.md, "Usage")."""
     deadline: Deadline = field(kw_only=True)
     """The request's one deadline, shared by a failover's exchanges (``deadline``)."""
+    stream_filter: Callable[[bytes], bytes] | None = None
+    """Sees a streamed answer's whole events on their way to the client and may change them: a migrating
+    request's (``migration``)."""
 
     def __post_init__(self) -> None:
         self.rewriter = IdRewriter(self.ids.request_id, self.ids.uid)
@@ -237,8 +240,9 @@ class Relay:
                         streaming = True
                         self.circuits.answered_by(target)
                         exchange.first_byte_timer = None
+                        if not sink.started:  # a migrated request's continuation is not a first token
+                            self.metrics.ttft.observe(time.monotonic() - exchange.started)
                         await sink.begin_stream(content_type)
-                        self.metrics.ttft.observe(time.monotonic() - exchange.started)
                         relay.last = now
                         await sink.write(out)
                     relay.idle_from(now)
@@ -293,6 +297,7 @@ class _ChunkRelay:
     ) -> None:
         self._exchange = exchange
         self._rewriter = exchange.rewriter
+        self._filter = exchange.stream_filter
         self._send = sink.send
         self._deadline = deadline
         self._itl = metrics.itl
@@ -306,6 +311,8 @@ class _ChunkRelay:
 
     def rewrite(self, data: bytes, feed: bool = True) -> bytes:
         out = self._rewriter.feed(data) if feed else data
+        if self._filter is not None and out:
+            out = self._filter(out)
         if self._usage and out and (details := self._exchange.prompt_details) is not None:
             out = merge_usage_events(out, details)
         return out

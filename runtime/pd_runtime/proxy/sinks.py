@@ -34,6 +34,38 @@ class Sink(Protocol):
     async def error(self, err: ApiError) -> None: ...
 
 
+class ContinuedSink:
+    """A sink whose stream has begun: a migrated request's continuation writes on without a second head."""
+
+    def __init__(self, sink: Sink) -> None:
+        self._sink = sink
+
+    @property
+    def started(self) -> bool:
+        return True
+
+    async def begin_stream(self, content_type: str) -> None:
+        return None
+
+    async def write(self, data: bytes) -> None:
+        await self._sink.write(data)
+
+    def send(self, data: bytes) -> bool:
+        return self._sink.send(data)
+
+    async def drain(self) -> None:
+        await self._sink.drain()
+
+    async def end_stream(self) -> None:
+        await self._sink.end_stream()
+
+    async def whole(self, status: int, content_type: str, body: bytes) -> None:
+        await self._sink.whole(status, content_type, body)
+
+    async def error(self, err: ApiError) -> None:
+        await self._sink.error(err)
+
+
 class BufferSink:
     """Collects an answer in memory (the canary's non-streaming request)."""
 

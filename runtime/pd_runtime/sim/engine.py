@@ -13,7 +13,6 @@ import contextlib
 import logging
 import math
 import os
-import random
 import secrets
 import time
 import uuid
@@ -33,7 +32,6 @@ from pd_runtime.sim.metrics import EngineMetrics
 from pd_runtime.sim.profiles import Profile
 from pd_runtime.sim.scheduler import Scheduler, Sequence
 from pd_runtime.sim.sidechannel import SideChannel, bind_host_for
-from pd_runtime.sim.system import eos_length
 from pd_runtime.sim.versions import ConnectorBehaviour
 
 log = logging.getLogger(__name__)
@@ -75,18 +73,27 @@ class Output:
     token_id: int
     text: str
     finish_reason: str | None
+    context: int = 0
+    """The context the token was decoded from (``openai.KvCache.context``): its logprob follows from it."""
 
 
-def output_length(request: openai.GenerationRequest, profile: Profile, eos_first: bool = False) -> tuple[int, str]:
-    """Tokens to generate and the finish reason. Without ignore_eos the output stops at an EOS drawn from
-    the prompt (so P and D of one request agree) by the calibrated profile, or at the first token with the
-    ``eos_first`` fault knob. As in vLLM (MinTokensLogitsProcessor masks every stop token while fewer than
-    ``min_tokens`` tokens are out), the earliest EOS is token ``min_tokens + 1``."""
+def output_length(
+    request: openai.GenerationRequest, profile: Profile, kv: openai.KvCache, eos_first: bool = False
+) -> tuple[int, str]:
+    """Tokens to generate and the finish reason. Without ignore_eos the output stops where the model ends it
+    (``KvCache.eos_at``, drawn from each token's context, so P and D of one request agree and a continuation
+    ends where the original would) with the calibrated profile's mean length, never at the first token, or
+    at the first token with the ``eos_first`` fault knob. As in vLLM (MinTokensLogitsProcessor masks every
+    stop token while fewer than ``min_tokens`` tokens are out), the earliest EOS is token ``min_tokens + 1``."""
     if request.ignore_eos or (profile.eos_mean_tokens <= 0 and not eos_first):
         return request.max_tokens, "length"
-    eos = 1 if eos_first else eos_length(profile.eos_mean_tokens, 10**9, random.Random(request.prompt_key))
-    eos = max(eos, request.min_tokens + 1)
-    return (eos, "stop") if eos <= request.max_tokens else (request.max_tokens, "length")
+    if eos_first:
+        eos = request.min_tokens + 1
+        return (eos, "stop") if eos <= request.max_tokens else (request.max_tokens, "length")
+    for index in range(max(2, request.min_tokens + 1), request.max_tokens + 1):
+        if kv.eos_at(index, profile.eos_mean_tokens):
+            return index, "stop"
+    return request.max_tokens, "length"
 
 
 class RequestHandle:
@@ -177,9 +184,9 @@ class RequestHandle:
                     self.record.finish_reason = self._finish
                     self._done = True
                     self._engine.finished(self, emitted)
-                    yield Output(emitted.index, token, text, self._finish)
+                    yield Output(emitted.index, token, text, self._finish, self.kv.context(emitted.index))
                     return
-                yield Output(emitted.index, token, text, None)
+                yield Output(emitted.index, token, text, None, self.kv.context(emitted.index))
         finally:
             self.close()
 
@@ -314,7 +321,7 @@ class SimEngine:
         params = request.kv_transfer_params or {}
         kv = self._kv(request, leg)
         stopped = openai.stopped_output(
-            request, kv, *output_length(request, self.profile, self.config.faults.eos_first_token)
+            request, kv, *output_length(request, self.profile, kv, self.config.faults.eos_first_token)
         )
         length, finish = stopped.length, stopped.finish
         transfer_id: str | None = None
@@ -357,7 +364,7 @@ class SimEngine:
         """The prompt's KV as this leg holds it: computed here (plain, producer), received (consumer: the
         corrupt-kv fault spoils it), or claimed loaded but never received (decodes from garbage)."""
         corrupt = leg == "plain_without_kv" or (leg == "consumer" and self.config.faults.corrupt_kv)
-        return openai.KvCache.of_prompt(request.prompt_key, corrupt)
+        return openai.KvCache.of_prompt(request.prompt_ids, corrupt)
 
     def _cached_prefix(self, rank: int, request: openai.GenerationRequest) -> int:
         """--sim-prefix-cache-blocks: the prompt's tokens found in the rank's prefix cache (its last token is

@@ -6,9 +6,11 @@ started 8 letters, a run of digits one per started 3 digits (Qwen splits numbers
 other non-space character one token. Chat adds 5 tokens per message (role markers) plus 3 for the
 assistant prompt, like Qwen's chat template.
 
-Generated tokens are greedy and deterministic: the i-th token id is a hash of the prompt's KV (a digest
-of the prompt) and i, so one engine computing a request whole and a P->D pair whose decode engine got
-the right KV answer the same ids, and a decode engine whose KV is wrong answers others (``KvCache``).
+Generated tokens are greedy and deterministic, and follow from the context as a model's do: each token
+id is a function of the prompt's token ids and the tokens generated before it (``KvCache``), so one engine
+computing a request whole, a P->D pair whose decode engine got the right KV, and a request whose prompt
+is another's prompt plus the tokens it had generated (a migrated request, docs/proxy.md "Migration")
+answer the same ids; a decode engine whose KV is wrong answers others.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import hashlib
 import math
 import re
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from pd_runtime.prefix_cache import id_blocks, piece_blocks
@@ -100,33 +103,77 @@ def _hash_token(seed: str, index: int) -> int:
     return int.from_bytes(digest, "big") % VOCAB_SIZE
 
 
+_MASK64 = (1 << 64) - 1
+_EMPTY_CONTEXT = 0x243F6A8885A308D3
+_TOKEN_SALT = 0x13198A2E03707344
+_EOS_SALT = 0xA4093822299F31D0
+_CORRUPT_SALT = 0x082EFA98EC4E6C89
+
+
+def _mix(value: int) -> int:
+    """splitmix64's finalizer: 64 well-mixed bits from 64 (cheap enough for every token of a prompt)."""
+    value = (value + 0x9E3779B97F4A7C15) & _MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return value ^ (value >> 31)
+
+
+def extend_context(context: int, token_ids: Iterable[int]) -> int:
+    """The context after ``token_ids`` more tokens: a chain over every token, so equal token sequences (a
+    prompt, or a shorter prompt plus what was generated from it) give equal contexts."""
+    for token in token_ids:
+        context = _mix(context ^ ((token + 1) * 0x9E3779B97F4A7C15 & _MASK64))
+    return context
+
+
 @dataclass(frozen=True)
 class KvCache:
-    """The KV a sequence decodes from: the prompt's (``seed``, a digest of it), intact or not.
+    """The KV a sequence decodes from: the prompt's context (``extend_context`` over its token ids), intact
+    or not.
 
-    Greedy decoding over intact KV yields ``_hash_token(seed, i)``; over corrupted KV (a broken transfer,
-    or a decode engine that never loaded the prompt) every token is another one, as a real model's
-    logits over garbage attention keys and values would give."""
+    Greedy decoding over intact KV yields the token the context gives, appends it and goes on, as a model
+    does; over corrupted KV (a broken transfer, or a decode engine that never loaded the prompt) every token
+    is another one, as a real model's logits over garbage attention keys and values would give. Where the
+    output ends (``eos_at``) follows the intact context, whatever the KV."""
 
-    seed: str
+    prompt_context: int
     corrupt: bool = False
+    _contexts: list[int] = field(default_factory=list, compare=False, repr=False)
+    """The context before each generated token, computed as far as asked."""
 
     @classmethod
-    def of_prompt(cls, prompt_key: str, corrupt: bool = False) -> KvCache:
-        return cls(hashlib.blake2b(prompt_key.encode(), digest_size=8).hexdigest(), corrupt)
+    def of_prompt(cls, prompt_ids: Iterable[int], corrupt: bool = False) -> KvCache:
+        return cls(extend_context(_EMPTY_CONTEXT, prompt_ids), corrupt)
+
+    def context(self, index: int) -> int:
+        """The context the index-th (from 1) generated token is decoded from: the prompt and the tokens before."""
+        contexts = self._contexts
+        if not contexts:
+            contexts.append(self.prompt_context)
+        while len(contexts) < index:
+            last = contexts[-1]
+            contexts.append(extend_context(last, (_mix(last ^ _TOKEN_SALT) % VOCAB_SIZE,)))
+        return contexts[index - 1]
 
     def token_id(self, index: int) -> int:
         """The index-th (from 1) greedy token id after the prompt."""
-        token = _hash_token(self.seed, index)
+        context = self.context(index)
+        token = _mix(context ^ _TOKEN_SALT) % VOCAB_SIZE
         if not self.corrupt:
             return token
-        return (token + 1 + _hash_token(self.seed + "/corrupt", index) % (VOCAB_SIZE - 1)) % VOCAB_SIZE
+        return (token + 1 + _mix(context ^ _CORRUPT_SALT) % (VOCAB_SIZE - 1)) % VOCAB_SIZE
+
+    def eos_at(self, index: int, mean_tokens: float) -> bool:
+        """Whether the model ends its output with the index-th token, where outputs run ``mean_tokens`` on
+        average: a draw from that token's context, so a continuation ends where the original would."""
+        return _mix(self.context(index) ^ _EOS_SALT) < (1 << 64) / max(mean_tokens, 1.0)
 
 
-def token_logprob(token_id: int, index: int) -> float:
-    """The logprob of the index-th generated token, a function of the token and its position only: equal
-    wherever the same token is decoded at the same place, different (almost always) for another token."""
-    return -(_hash_token(f"logprob/{token_id}", index) % 8192) / 1024
+def token_logprob(token_id: int, context: int) -> float:
+    """The logprob of a token decoded from ``context`` (``KvCache.context``): equal wherever the same token
+    follows the same context (plain, through P->D, or in a continuation), different (almost always) for
+    another token."""
+    return -(_mix(context ^ ((token_id + 1) * _TOKEN_SALT & _MASK64)) % 8192) / 1024
 
 
 def token_text(token_id: int) -> str:
@@ -523,7 +570,7 @@ def chunk(
 def logprobs_body(
     request: GenerationRequest, tokens: list[tuple[int, int]], text_offset: int = 0
 ) -> dict[str, Any] | None:
-    """The ``logprobs`` of a choice (or a chunk) for its generated tokens, ``(index, token id)`` each, in
+    """The ``logprobs`` of a choice (or a chunk) for its generated tokens, ``(context, token id)`` each, in
     vLLM's shapes: completions ``tokens``/``token_logprobs``/``top_logprobs``/``text_offset``, chat
     ``content`` entries. The greedy token heads each top list; the others are the next ids, less likely.
     None when the request asked for no logprobs."""
@@ -533,22 +580,22 @@ def logprobs_body(
     def name(token_id: int) -> str:
         return f"token_id:{token_id}" if request.tokens_as_ids else token_text(token_id)
 
-    def top(index: int, token_id: int, count: int) -> list[tuple[str, float, str]]:
+    def top(context: int, token_id: int, count: int) -> list[tuple[str, float, str]]:
         ids = [(token_id + k) % VOCAB_SIZE for k in range(count)]
-        return [(name(t), token_logprob(token_id, index) - k, token_text(t)) for k, t in enumerate(ids)]
+        return [(name(t), token_logprob(token_id, context) - k, token_text(t)) for k, t in enumerate(ids)]
 
     if request.chat:
         content = []
-        for index, token_id in tokens:
+        for context, token_id in tokens:
             text = token_text(token_id)
             content.append(
                 {
                     "token": name(token_id),
-                    "logprob": token_logprob(token_id, index),
+                    "logprob": token_logprob(token_id, context),
                     "bytes": list(text.encode()),
                     "top_logprobs": [
                         {"token": n, "logprob": lp, "bytes": list(t.encode())}
-                        for n, lp, t in top(index, token_id, request.logprobs)
+                        for n, lp, t in top(context, token_id, request.logprobs)
                     ],
                 }
             )
@@ -561,9 +608,9 @@ def logprobs_body(
         offset += len(name(token_id))
     return {
         "text_offset": offsets,
-        "token_logprobs": [token_logprob(t, i) for i, t in tokens],
+        "token_logprobs": [token_logprob(t, c) for c, t in tokens],
         "tokens": [name(t) for _, t in tokens],
-        "top_logprobs": [{n: lp for n, lp, _ in top(i, t, max(request.logprobs, 1))} for i, t in tokens],
+        "top_logprobs": [{n: lp for n, lp, _ in top(c, t, max(request.logprobs, 1))} for c, t in tokens],
     }
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 
 from pd_runtime.sim.engine import output_length
-from pd_runtime.sim.openai import parse_request
+from pd_runtime.sim.openai import KvCache, parse_request
 from pd_runtime.sim.profiles import Profile
 from pd_runtime.sim.stack import MODEL, launch
 from pd_runtime.sim.system import (
@@ -38,8 +38,8 @@ def seed_prompts() -> list[list[int]]:
 
 def engine_lengths(profile: Profile, prompts: list[list[int]]) -> list[int]:
     """The output length the simulated engine will draw for each prompt (its EOS rule)."""
-    bodies = ({"prompt": p, "max_tokens": MAX_TOKENS} for p in prompts)
-    return [output_length(parse_request(b, False, 16384), profile)[0] for b in bodies]
+    requests = (parse_request({"prompt": p, "max_tokens": MAX_TOKENS}, False, 16384) for p in prompts)
+    return [output_length(r, profile, KvCache.of_prompt(r.prompt_ids))[0] for r in requests]
 
 
 def simulated_twin(profile: Profile, name: str, rate: float, seed: int) -> list[RequestResult]:

@@ -103,7 +103,7 @@ async def _complete(handle: RequestHandle, env: openai.Envelope, req: openai.Gen
     finish = "length"
     async for out in handle.outputs():
         parts.append(out.text)
-        tokens.append((out.index, out.token_id))
+        tokens.append((out.context, out.token_id))
         finish = out.finish_reason or finish
     body = openai.full_response(
         env,
@@ -135,7 +135,7 @@ async def _stream(
             if env.chat and out.index == 1:
                 await send(openai.add_prompt_token_ids(openai.chunk(env, "", None, first=True), req))
             ids = [out.token_id] if req.return_token_ids else None
-            logprobs = openai.logprobs_body(req, [(out.index, out.token_id)], offset)
+            logprobs = openai.logprobs_body(req, [(out.context, out.token_id)], offset)
             offset += len(out.text)
             stop_reason = handle.stop_reason if out.finish_reason == "stop" else None
             chunk = openai.chunk(env, out.text, out.finish_reason, False, ids, logprobs, stop_reason)

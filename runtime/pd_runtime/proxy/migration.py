@@ -1,0 +1,187 @@
+"""Pure: migration of a request in flight (docs/proxy.md, "Migration").
+
+When a decode stream breaks after tokens reached the client, the request goes on as a new P/D request
+whose prompt is the original prompt plus the tokens already streamed, as token ids, with what is left of
+its token budget; the new stream is spliced onto the client's, so the client sees one response. Greedy
+decoding continues exactly where it stopped: a model's next token is a function of the context.
+
+Here: which requests can migrate (``trackable``), what a stream passed to the client (``StreamTokens``,
+from the token ids vLLM returns with ``return_token_ids``), whether a failure migrates (``decide``), the
+continuation (``continuation``) and the splice of its chunks (``Splice``). ``flows`` drives it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pd_runtime.proxy.errors import LegFailure
+from pd_runtime.proxy.legs import ClientRequest
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+"""vLLM 0.31's ``CompletionRequest.max_tokens`` default (completion/protocol.py)."""
+
+Outcome = Literal["ok", "failed", "limit_reached", "no_instance", "unsupported"]
+"""How one migration ended (``ok``: its stream completed; ``failed``: it failed too), or why a broken
+stream was not migrated: the limit was used up, no other decode engine was routable, or the request
+cannot be continued exactly (``trackable``, or nothing left to continue)."""
+
+Decision = Literal["migrate", "limit_reached", "unsupported"]
+
+_PROMPT_IDS = b'"prompt_token_ids":['
+_TOKEN_IDS = b'"token_ids":['
+_FINISHED = b'"finish_reason":"'
+_JSON_EVENT = b"data: {"
+_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def trackable(request: ClientRequest, limit: int) -> bool:
+    """Whether a request can migrate, so its decode stream is read for its token ids: a streamed completion
+    of one prompt with a migration limit. Not chat: the continuation is a token-id completion, and a chat
+    answer's stream is shaped by the engine's chat serving (role chunk, reasoning and tool-call parsers)
+    from the generated text, which the proxy would have to redo. Not with ``stop`` strings (vLLM holds
+    back streamed text that may begin one, so text and tokens part at a break, and a stop string spanning
+    the splice would pass unseen), ``echo`` or ``prompt_logprobs``, which answer about the prompt."""
+    body = request.body
+    return (
+        limit > 0
+        and request.endpoint == "completions"
+        and request.stream
+        and not body.get("stop")
+        and not body.get("echo")
+        and body.get("prompt_logprobs") is None
+    )
+
+
+def tracked_request(request: ClientRequest) -> ClientRequest:
+    """The request as the engines get it while it is tracked: with ``return_token_ids`` (vLLM 0.31's
+    completions: ``prompt_token_ids`` in the stream's first chunk, each chunk's delta ``token_ids``)."""
+    return ClientRequest(request.endpoint, {**request.body, "return_token_ids": True}, request.trace)
+
+
+class StreamTokens:
+    """What the client got of one tracked response, across its migrations: the prompt's and the generated
+    token ids, the text's length and whether it finished; ``feed`` sees every event on its way to the client
+    and takes out the ids the client did not ask for (as vLLM answers without ``return_token_ids``: null)."""
+
+    def __init__(self, request: ClientRequest) -> None:
+        self.prompt_ids: list[int] | None = None
+        self.token_ids: list[int] = []
+        self.text_chars = 0
+        """Characters of text streamed: a continuation's logprob ``text_offset`` counts on from here."""
+        self.finished = False
+        self.head: dict[str, Any] | None = None
+        """The response's ``id`` and ``created`` (its first chunk's): every continuation chunk gets them."""
+        self._client_ids = request.body.get("return_token_ids") is True
+        self._count_text = request.body.get("logprobs") is not None
+
+    def feed(self, data: bytes) -> bytes:
+        """Whole SSE events (relay's ``IdRewriter`` hands on no partial one) as the client gets them."""
+        if _TOKEN_IDS not in data and _FINISHED not in data:
+            return data
+        return b"\n\n".join(self._event(event) for event in data.split(b"\n\n"))
+
+    def _event(self, event: bytes) -> bytes:
+        if not event.startswith(_JSON_EVENT):
+            return event
+        if self.head is None:
+            document = json.loads(event[6:])
+            self.head = {"id": document.get("id"), "created": document.get("created")}
+        prompt, event = _take_ids(event, _PROMPT_IDS, self._client_ids)
+        if prompt is not None and self.prompt_ids is None:
+            self.prompt_ids = prompt
+        tokens, event = _take_ids(event, _TOKEN_IDS, self._client_ids)
+        self.token_ids += tokens or []
+        if self._count_text:
+            choices = json.loads(event[6:]).get("choices") or [{}]
+            self.text_chars += len(choices[0].get("text") or "")
+        self.finished = self.finished or _FINISHED in event
+        return event
+
+
+def _take_ids(event: bytes, key: bytes, keep: bool) -> tuple[list[int] | None, bytes]:
+    """The id list under ``key`` in an event (compact JSON, as vLLM and the simulator write it), and the
+    event with that list kept or made null."""
+    start = event.find(key)
+    if start < 0:
+        return None, event
+    begin = start + len(key)
+    end = event.index(b"]", begin)
+    ids = [int(part) for part in event[begin:end].split(b",")] if end > begin else []
+    if keep:
+        return ids, event
+    return ids, event[:start] + key[:-1] + b"null" + event[end + 1 :]
+
+
+def decide(
+    failure: LegFailure,
+    request: ClientRequest,
+    tokens: StreamTokens | None,
+    streamed: bool,
+    migrations: int,
+    limit: int,
+) -> Decision | None:
+    """Whether a failed request migrates. None: not a broken decode stream after the client's stream began
+    (before it, failover serves the request whole elsewhere); else migrate, or why not."""
+    if failure.leg != "decode" or not failure.engine_failed or not streamed:
+        return None
+    if migrations >= limit:
+        return "limit_reached"
+    if tokens is None or tokens.prompt_ids is None or tokens.finished:
+        return "unsupported"
+    if remaining_budget(request.body, len(tokens.token_ids)) == 0:
+        return "unsupported"
+    return "migrate"
+
+
+def remaining_budget(body: dict[str, Any], streamed: int) -> int | None:
+    """Tokens the request may still generate (None: the engine's own limit, the client sent max_tokens null)."""
+    limit = body.get("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)
+    return None if limit is None else max(0, limit - streamed)
+
+
+def continuation(request: ClientRequest, tokens: StreamTokens) -> ClientRequest:
+    """The request that goes on from what the client got: the prompt's and the streamed token ids as its
+    prompt, the rest of the budget and of ``min_tokens``, token ids returned (to migrate once more)."""
+    assert tokens.prompt_ids is not None
+    streamed = len(tokens.token_ids)
+    body = {**request.body, "prompt": [*tokens.prompt_ids, *tokens.token_ids], "return_token_ids": True}
+    body["max_tokens"] = remaining_budget(request.body, streamed)
+    if isinstance(body.get("min_tokens"), int):
+        body["min_tokens"] = max(0, body["min_tokens"] - streamed)
+    return ClientRequest(request.endpoint, body, request.trace)
+
+
+class Splice:
+    """A continuation's events made the original response's: its id and creation time, no prompt token ids,
+    usage counted against the client's prompt (the streamed tokens move from prompt to completion: the
+    total stays), logprob text offsets counted on from the text already streamed. Its token ids are read
+    into the same ``StreamTokens`` first, so it can migrate in turn."""
+
+    def __init__(self, tokens: StreamTokens) -> None:
+        self._tokens = tokens
+        self._moved = len(tokens.token_ids)
+        self._chars = tokens.text_chars
+
+    def feed(self, data: bytes) -> bytes:
+        data = self._tokens.feed(data)
+        return b"\n\n".join(self._event(event) for event in data.split(b"\n\n"))
+
+    def _event(self, event: bytes) -> bytes:
+        if not event.startswith(_JSON_EVENT):
+            return event
+        document = json.loads(event[6:])
+        if "error" in document:
+            return event
+        document.update({k: v for k, v in (self._tokens.head or {}).items() if v is not None})
+        for choice in document.get("choices") or []:
+            if choice.get("prompt_token_ids") is not None:
+                choice["prompt_token_ids"] = None
+            logprobs = choice.get("logprobs")
+            if isinstance(logprobs, dict) and isinstance(logprobs.get("text_offset"), list):
+                logprobs["text_offset"] = [offset + self._chars for offset in logprobs["text_offset"]]
+        usage = document.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+            usage["prompt_tokens"] -= self._moved
+            usage["completion_tokens"] = (usage.get("completion_tokens") or 0) + self._moved
+        return b"data: " + _compact(document).encode()
