@@ -4,8 +4,9 @@ Prefill drops every notify it receives, so decode's block list never reaches it:
 ``defer_timeout`` (2 s here: 60 model seconds at ``--time-scale 30``). From vLLM 0.33 it tells decode,
 which fails the request at once (``kv_load_failure_policy: fail``) or computes it itself (``recompute``);
 before 0.33 decode waits until the proxy's kv wait aborts it. The proxy's kv wait is ``defer_timeout`` +
-1 s, so a ``kv_load_failed`` answer (rather than the kv wait's ``kv_transfer_timeout``) is itself the proof that the client
-heard within a second past ``defer_timeout``: the proxy's own deadline bounds it, not a test clock.
+1 s, so a ``kv_load_failed`` answer (rather than the kv wait's ``kv_transfer_timeout``) is itself the
+proof that the client heard within a second past ``defer_timeout``: the proxy's own deadline bounds it, not
+a test clock.
 """
 
 from __future__ import annotations
