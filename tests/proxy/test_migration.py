@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 
 from pd_runtime.proxy import migration
-from pd_runtime.proxy.errors import LegFailure, upstream_failed
+from pd_runtime.proxy.errors import LegFailure, engine_failed
 from pd_runtime.proxy.legs import ClientRequest
 from tests.proxy.conftest import PdSetup, SetupFactory, second_instance
 from tests.proxy.proxy_fakes import FakeEngine, Recorded
 
 PROMPT = [101, 102, 103, 104]
 BODY = {"model": "m", "prompt": PROMPT, "max_tokens": 12, "stream": True}
-BROKEN = LegFailure("decode", "broken", upstream_failed("decode engine failed: connection broken", "decode_failed"))
+BROKEN = LegFailure("decode", "broken", engine_failed("decode", "decode engine failed: connection broken"))
 
 
 def event(choice: dict[str, Any], **top: Any) -> bytes:
@@ -74,7 +74,7 @@ def test_a_broken_decode_stream_migrates_within_the_limit_and_the_budget() -> No
     assert migration.decide(BROKEN, request(), tokens, True, 0, 1) == "migrate"
     assert migration.decide(BROKEN, request(), tokens, True, 1, 1) == "limit_reached"
     assert migration.decide(BROKEN, request(), tokens, False, 0, 1) is None  # before the first byte: failover
-    refused = LegFailure("decode", "http", upstream_failed("x"))
+    refused = LegFailure("decode", "http", engine_failed("decode", "x"))
     refused.error.status = 400
     assert migration.decide(refused, request(), tokens, True, 0, 1) is None  # the request's fault
     assert migration.decide(BROKEN, request(max_tokens=2), tokens, True, 0, 1) == "unsupported"  # nothing left

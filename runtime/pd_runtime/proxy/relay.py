@@ -153,7 +153,7 @@ class Relay:
         document = events  # an engine that answered whole after all
         if resp.headers.get("content-type", "").startswith("text/event-stream"):
             chunks = stream_chunks(events)  # parsed once: whether it opens an answer, then the answer
-            if not chunks_open_answer(chunks, exchange.request):
+            if not chunks_open_answer(chunks, exchange.request) or self._kv_never_loaded(exchange, chunks):
                 raise self._without_output(exchange, "decode")
             if any(isinstance(c, dict) and "error" in c for c in chunks):
                 # not streamed, vLLM answers a request that failed after its first token with a 500
@@ -162,6 +162,12 @@ class Relay:
         if exchange.prompt_details is not None:
             document = merge_usage(document, exchange.prompt_details)
         await sink.whole(200, "application/json", document)
+
+    @staticmethod
+    def _kv_never_loaded(exchange: Exchange, chunks: list[Any]) -> bool:
+        """vLLM's error event before any token, after prefill answered with KV: from 0.32 a request that
+        failed its KV load (``write_failed``, a failed read) ends so instead of with an empty stream."""
+        return exchange.kv_deadline is not None and error_before_token(chunks, exchange.request)
 
     def _without_output(self, exchange: Exchange, name: str) -> LegFailure:
         """A decode stream that ended before its answer began; after prefill answered with KV (the kv
@@ -236,6 +242,8 @@ class Relay:
                             out, held = held + out, b""
                             if not opens_answer(out, exchange.request):
                                 out, held = b"", out
+                            elif self._kv_never_loaded(exchange, stream_chunks(out)):
+                                raise self._without_output(exchange, name)
                     if out:
                         streaming = True
                         self.circuits.answered_by(target)
@@ -435,6 +443,20 @@ def chunks_open_answer(chunks: list[Any], request: ClientRequest) -> bool:
         info = interpret(chunk, endpoint)
         if info.carries_token or info.error is not None or _finishes(chunk):
             return True
+    return False
+
+
+def error_before_token(chunks: list[Any], request: ClientRequest) -> bool:
+    """Whether the first chunk that opens the answer (``chunks_open_answer``) is an error event."""
+    endpoint = Endpoint.CHAT if request.endpoint == "chat/completions" else Endpoint.COMPLETIONS
+    for chunk in chunks:
+        if isinstance(chunk, str):
+            return False
+        info = interpret(chunk, endpoint)
+        if info.error is not None:
+            return True
+        if info.carries_token or _finishes(chunk):
+            return False
     return False
 
 
