@@ -153,7 +153,7 @@ class Relay:
         document = events  # an engine that answered whole after all
         if resp.headers.get("content-type", "").startswith("text/event-stream"):
             chunks = stream_chunks(events)  # parsed once: whether it opens an answer, then the answer
-            if not chunks_open_answer(chunks, exchange.request) or self._kv_never_loaded(exchange, chunks):
+            if self._fails_before_output(exchange, answer_opening(chunks, exchange.request)):
                 raise self._without_output(exchange, "decode")
             if any(isinstance(c, dict) and "error" in c for c in chunks):
                 # not streamed, vLLM answers a request that failed after its first token with a 500
@@ -164,10 +164,11 @@ class Relay:
         await sink.whole(200, "application/json", document)
 
     @staticmethod
-    def _kv_never_loaded(exchange: Exchange, chunks: list[Any]) -> bool:
-        """vLLM's error event before any token, after prefill answered with KV: from 0.32 a request that
-        failed its KV load (``write_failed``, a failed read) ends so instead of with an empty stream."""
-        return exchange.kv_deadline is not None and error_before_token(chunks, exchange.request)
+    def _fails_before_output(exchange: Exchange, opening: Literal["answer", "error"] | None) -> bool:
+        """Nothing opens the answer; or, after prefill answered with KV, vLLM's error event opens it: from
+        0.32 a request that failed its KV load (``write_failed``, a failed read) ends so instead of with an
+        empty stream."""
+        return opening is None or (opening == "error" and exchange.kv_deadline is not None)
 
     def _without_output(self, exchange: Exchange, name: str) -> LegFailure:
         """A decode stream that ended before its answer began; after prefill answered with KV (the kv
@@ -240,9 +241,10 @@ class Relay:
                         exchange.first_byte_timer = None
                         if held is not None:
                             out, held = held + out, b""
-                            if not opens_answer(out, exchange.request):
+                            opening = answer_opening(stream_chunks(out), exchange.request)
+                            if opening is None:
                                 out, held = b"", out
-                            elif self._kv_never_loaded(exchange, stream_chunks(out)):
+                            elif self._fails_before_output(exchange, opening):
                                 raise self._without_output(exchange, name)
                     if out:
                         streaming = True
@@ -431,33 +433,23 @@ def opens_answer(events: bytes, request: ClientRequest) -> bool:
     neither token nor text before they look at its finish reason (``completion_stream_generator``,
     ``chat_completion_stream_generator``: "Chunked prefill case, don't return empty chunks"), so the
     client would get HTTP 200 and an empty answer."""
-    return chunks_open_answer(stream_chunks(events), request)
+    return answer_opening(stream_chunks(events), request) is not None
 
 
-def chunks_open_answer(chunks: list[Any], request: ClientRequest) -> bool:
-    """``opens_answer`` over chunks already parsed (``stream_chunks``)."""
+def answer_opening(chunks: list[Any], request: ClientRequest) -> Literal["answer", "error"] | None:
+    """How chunks already parsed (``stream_chunks``) open the answer (``opens_answer``): ``error`` when the
+    first chunk that opens it is an error event, ``answer`` for output or bytes not ours to judge (the client
+    gets decode's bytes), None when nothing opens it yet."""
     endpoint = Endpoint.CHAT if request.endpoint == "chat/completions" else Endpoint.COMPLETIONS
     for chunk in chunks:
         if isinstance(chunk, str):
-            return True  # not ours to judge: the client gets decode's bytes
-        info = interpret(chunk, endpoint)
-        if info.carries_token or info.error is not None or _finishes(chunk):
-            return True
-    return False
-
-
-def error_before_token(chunks: list[Any], request: ClientRequest) -> bool:
-    """Whether the first chunk that opens the answer (``chunks_open_answer``) is an error event."""
-    endpoint = Endpoint.CHAT if request.endpoint == "chat/completions" else Endpoint.COMPLETIONS
-    for chunk in chunks:
-        if isinstance(chunk, str):
-            return False
+            return "answer"
         info = interpret(chunk, endpoint)
         if info.error is not None:
-            return True
+            return "error"
         if info.carries_token or _finishes(chunk):
-            return False
-    return False
+            return "answer"
+    return None
 
 
 def stream_chunks(events: bytes) -> list[Any]:
