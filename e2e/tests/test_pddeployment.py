@@ -408,3 +408,12 @@ def test_chart_installs_with_helm_v4(operator: Stack, cp: ControlPlane) -> None:
     finally:
         operator.helm("uninstall", release, "-n", namespace, "--wait", version=4)
     assert get(cp, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/pddeployments.pd.serving.dev")
+
+
+def test_the_api_server_keeps_every_word_of_the_crd(operator: Stack, cp: ControlPlane) -> None:
+    """The installed CRD's versions are the committed file's: a schema keyword apiextensions lacks is dropped
+    without a word (and its constraint with it), which then fails Helm v4's server-side apply of the chart."""
+    committed = yaml.safe_load((REPO_ROOT / "crds" / "pddeployment.yaml").read_text())
+    live = get(cp, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/pddeployments.pd.serving.dev")
+    assert live is not None
+    assert live["spec"]["versions"] == committed["spec"]["versions"]

@@ -5,7 +5,8 @@ the other: ``$ref`` inlined, ``title`` dropped, optional fields (``anyOf [X, nul
 (absent means unset), ``const`` becomes a one-value enum, free-form maps become
 ``x-kubernetes-preserve-unknown-fields``, defaults of nested objects become ``{}`` so the API server
 applies the leaf defaults (and CEL rules can rely on them), and each model's rules become its
-``x-kubernetes-validations``.
+``x-kubernetes-validations``. A map's key bounds (``propertyNames``, which apiextensions does not have and
+the API server would drop silently) become a CEL rule on the map.
 """
 
 from __future__ import annotations
@@ -137,6 +138,14 @@ def _openapi_v3_bounds(node: JsonSchema) -> None:
             node[exclusive] = True
 
 
+def _key_length_rule(bounds: JsonSchema) -> JsonSchema:
+    """A map's ``propertyNames: {maxLength: N}`` as the CEL rule that enforces it."""
+    if set(bounds) != {"maxLength"}:
+        raise ValueError(f"unsupported map key schema (only maxLength converts to CEL): {bounds}")
+    limit = bounds["maxLength"]
+    return {"rule": f"self.all(k, size(k) <= {limit})", "message": f"keys must be at most {limit} characters"}
+
+
 class _Converter:
     def __init__(self, root: type[BaseModel]) -> None:
         self.full = root.model_json_schema(by_alias=True, mode="validation")
@@ -157,6 +166,9 @@ class _Converter:
             return self._optional(node)
         if "const" in node:
             node["enum"] = [node.pop("const")]
+        key_bounds = node.pop("propertyNames", None)
+        if key_bounds is not None:
+            node.setdefault("x-kubernetes-validations", []).append(_key_length_rule(key_bounds))
         extra = node.pop("additionalProperties", None)
         if isinstance(extra, dict):
             node["additionalProperties"] = self._node(extra)

@@ -14,6 +14,16 @@ from pd_operator import api, crd
 from pd_operator.commands import crd as crd_command
 
 FORBIDDEN = {"$ref", "$defs", "anyOf", "allOf", "oneOf", "title", "const"}
+# The fields of apiextensions.k8s.io/v1 JSONSchemaProps: a keyword outside them (JSON Schema's
+# propertyNames, say) is dropped by the API server without a word, and the constraint with it.
+JSON_SCHEMA_PROPS = {
+    "description", "type", "format", "default", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
+    "maxLength", "minLength", "pattern", "maxItems", "minItems", "uniqueItems", "multipleOf", "enum",
+    "maxProperties", "minProperties", "required", "items", "not", "properties", "additionalProperties",
+    "patternProperties", "additionalItems", "example", "nullable", "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-embedded-resource", "x-kubernetes-int-or-string", "x-kubernetes-list-map-keys",
+    "x-kubernetes-list-type", "x-kubernetes-map-type", "x-kubernetes-validations",
+}  # fmt: skip
 
 
 def walk(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
@@ -52,9 +62,24 @@ def test_pdctl_crd_prints_the_committed_file(repo: Path, capsys: pytest.CaptureF
 def test_schema_is_structural(schema: dict[str, Any]) -> None:
     for path, node in walk(schema):
         assert not FORBIDDEN & node.keys(), path
+        assert node.keys() <= JSON_SCHEMA_PROPS, (path, node.keys() - JSON_SCHEMA_PROPS)
         assert "type" in node, path
         assert not ("properties" in node and "additionalProperties" in node), path
         assert node.get("exclusiveMinimum", True) is True and node.get("exclusiveMaximum", True) is True, path
+
+
+def test_map_key_bounds_become_a_cel_rule(schema: dict[str, Any]) -> None:
+    """The engine container names of a replica's versions keep their 63-character bound on the server."""
+    status = schema["properties"]["status"]["properties"]
+    versions = status["replicaStatuses"]["items"]["properties"]["engineVersions"]
+    assert {"rule": "self.all(k, size(k) <= 63)", "message": "keys must be at most 63 characters"} in versions[
+        "x-kubernetes-validations"
+    ]
+
+
+def test_unsupported_map_key_schema_is_refused() -> None:
+    with pytest.raises(ValueError, match="unsupported map key schema"):
+        crd._key_length_rule({"pattern": "^[a-z]+$"})
 
 
 def test_every_string_list_and_map_is_bounded_for_cel_cost(schema: dict[str, Any]) -> None:
