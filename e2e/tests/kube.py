@@ -347,14 +347,24 @@ def phase(obj: Obj | None) -> str:
 def wait_pdd_ready(cp: ControlPlane, namespace: str, name: str, timeout_s: float = 120) -> Obj:
     """Ready phase for the current generation (so a stale Ready from before a change does not count)."""
 
+    seen: list[Obj] = []
+
     def ready() -> Obj | None:
         obj = pdd(cp, namespace, name)
-        if obj is None or phase(obj) != "Ready":
+        if obj is None:
+            return None
+        seen[:] = [obj]
+        if phase(obj) != "Ready":
             return None
         observed = obj["status"].get("observedGeneration")
         return obj if observed == obj["metadata"]["generation"] else None
 
-    return wait_for(ready, timeout_s, f"PDDeployment {namespace}/{name} Ready")
+    try:
+        return wait_for(ready, timeout_s, f"PDDeployment {namespace}/{name} Ready")
+    except AssertionError as err:  # say where it stood: phase, conditions and each replica's message
+        status = seen[0].get("status", {}) if seen else {}
+        brief = {k: status.get(k) for k in ("phase", "message", "conditions", "replicaStatuses")}
+        raise AssertionError(f"{err}; its last status: {json.dumps(brief)[:6000]}") from None
 
 
 def stream_completion(pod_ip: str, port: int = 8000) -> str:

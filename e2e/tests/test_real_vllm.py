@@ -167,9 +167,26 @@ def metric(base: str, name: str, **labels: str) -> float:
     )
 
 
+def containers_story(operator: Stack) -> str:
+    """The pod's container states and each container's last log lines: what a failed start needs."""
+    cp = operator.cp
+    serving = pod(cp, NAMESPACE, NAME)
+    if serving is None:
+        return "no pod"
+    states = {c["name"]: c.get("state") for c in serving.get("status", {}).get("containerStatuses", [])}
+    logs = [
+        f"--- {c['name']}:\n" + cp.kubectl("logs", "-n", NAMESPACE, NAME, "-c", c["name"], "--tail=40", check=False)
+        for c in serving["spec"]["containers"]
+    ]
+    return f"container states: {json.dumps(states)}\n" + "\n".join(logs)
+
+
 def test_ready_through_the_real_preflight_with_kv_verified(operator: Stack, deployment: Path) -> None:
     cp = operator.cp
-    status = wait_pdd_ready(cp, NAMESPACE, NAME, timeout_s=START_S)["status"]
+    try:
+        status = wait_pdd_ready(cp, NAMESPACE, NAME, timeout_s=START_S)["status"]
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{containers_story(operator)}") from None
     kv = wait_for(
         lambda: (c := condition(pdd(cp, NAMESPACE, NAME), "KVTransferVerified")) and c["status"] == "True" and c,
         120,
