@@ -9,13 +9,15 @@ kill lands. Transfer failures on real engines are ``test_faults.py``'s (their st
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import requests
 
-from live.client import TIMEOUT_S, completion_body
+from live.client import TIMEOUT_S, completion_body, generate
 from live.cluster import Pair, wait_idle
+from pd_runtime.protocol import DEFAULT_DEFER_TIMEOUT_S
 
 SIM_ARGS = ["--profile", "qwen3-235b-mi300x"]
 PROMPT = "def shutil_copy(src, dst):\n    "
@@ -46,7 +48,10 @@ def _refused_by_a_dead_engine(resp: requests.Response, leg: str) -> None:
 def test_engine_failed_a_decode_killed_mid_stream_then_before_headers(own_pair: Pair) -> None:
     """After the first byte: the tokens so far, one ``decode_failed`` error event, ``[DONE]``, never a retry.
     Then a request while the dead decode is still routed to: an HTTP error, no stream. Prefill holds
-    nothing afterwards (read mode: the blocks it held for decode, freed after its defer_timeout)."""
+    nothing afterwards. In read mode, when that request's prefill leg ran (502: decode refused it after), prefill
+    keeps its blocks for a read that never comes: vLLM reaps such a deferred send after ``defer_timeout``, on
+    its scheduler's next step (``update_connector_output``), so an idle prefill holds them until a request
+    comes; one plain request to prefill past the timeout must free them."""
     pair = own_pair
     body = completion_body(PROMPT, max_tokens=400, stream=True)
     with requests.post(f"{pair.proxy_url}/v1/completions", json=body, timeout=TIMEOUT_S, stream=True) as resp:
@@ -62,6 +67,9 @@ def test_engine_failed_a_decode_killed_mid_stream_then_before_headers(own_pair: 
     assert _failures(pair, "engine_failed", "after_first_byte") == 1
     after = requests.post(f"{pair.proxy_url}/v1/completions", json=completion_body(PROMPT), timeout=TIMEOUT_S)
     _refused_by_a_dead_engine(after, "decode")
+    if pair.mode == "read" and after.status_code == 502:
+        time.sleep(DEFAULT_DEFER_TIMEOUT_S + 1)
+        assert generate(pair.prefill.url, "/v1/completions", completion_body(PROMPT, max_tokens=1)).token_ids
     wait_idle(pair)  # the living engines: prefill
 
 

@@ -120,27 +120,39 @@ def test_requests_spread_over_both_prefills_and_equal_one_engine(pair: Pair) -> 
 
 
 @contextlib.contextmanager
-def _busy(engine: Engine, streams: int = 2) -> Iterator[None]:
-    """Long plain requests straight to ``engine`` (not through the proxy), always at least one running."""
+def _busy(engine: Engine, streams: int = 2, tokens: int = 400) -> Iterator[None]:
+    """Long plain requests straight to ``engine`` (not through the proxy), always at least one running: each
+    stream starts once the one before it is a quarter through, so no two end (and restart) together."""
     stop = threading.Event()
+    failures: list[str] = []
 
-    def load() -> None:
-        body = completion_body(PROMPT + "busy", max_tokens=400, stream=True)
+    def load(underway: threading.Event) -> None:
+        body = completion_body(PROMPT + "busy", max_tokens=tokens, stream=True)
         while not stop.is_set():
             with requests.post(f"{engine.url}/v1/completions", json=body, timeout=TIMEOUT_S, stream=True) as resp:
-                for _ in resp.iter_lines():
+                if resp.status_code != 200:
+                    failures.append(resp.text)
+                    return
+                events = (line for line in resp.iter_lines() if line.startswith(b"data: "))
+                for count, _ in enumerate(events):
+                    if count == tokens // 4:
+                        underway.set()
                     if stop.is_set():
                         break
 
-    threads = [threading.Thread(target=load, daemon=True) for _ in range(streams)]
-    for thread in threads:
-        thread.start()
+    threads = []
+    for _ in range(streams):
+        underway = threading.Event()
+        threads.append(threading.Thread(target=load, args=(underway,), daemon=True))
+        threads[-1].start()
+        assert underway.wait(TIMEOUT_S) and not failures, f"{engine.name}'s load did not start: {failures}"
     try:
         yield
     finally:
         stop.set()
         for thread in threads:
             thread.join(timeout=TIMEOUT_S)
+    assert not failures, failures
 
 
 def test_least_load_picks_by_the_engines_own_gauges(pair: Pair) -> None:
