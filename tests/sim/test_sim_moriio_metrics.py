@@ -1,7 +1,7 @@
 """vLLM main's ``vllm:moriio_*`` transfer metrics through real processes (`pdctl proxy` + simulated
-engines): the prefill engine exports them (``--sim-moriio-metrics``, as vLLM's main branch), the decode
-engine does not (as every release); the proxy's /status shows the first's under vLLM's names and nothing
-for the second. In write mode prefill moves the KV, so its transfers and its failed write are counted there.
+engines): an engine started with ``--sim-moriio-metrics`` exports them, as vLLM's main branch; one without
+does not, as every release; the proxy's /status shows the first's under vLLM's names and nothing for the
+second. The engine that moves the KV counts the transfers (write mode prefill, read mode decode).
 """
 
 from __future__ import annotations
@@ -38,15 +38,29 @@ async def _post(session: aiohttp.ClientSession, stack: LocalStack) -> int:
         return resp.status
 
 
-async def _instances_once_failure_scraped(session: aiohttp.ClientSession, stack: LocalStack) -> dict[str, Any]:
-    """/status's instances by role once a scrape (every 0.2 s) shows prefill's failed transfer."""
+async def _instances_once_scraped(
+    session: aiohttp.ClientSession, stack: LocalStack, role: str, counter: str
+) -> dict[str, Any]:
+    """/status's instances by role once a scrape (every 0.2 s) shows ``counter`` of the ``role`` engine above 0."""
     for _ in range(100):
         by_role = {inst["role"]: inst for inst in (await _status(session, stack))["instances"]}
-        moriio = by_role["P"]["moriio_metrics"] or {}
-        if moriio.get("vllm:moriio_num_failed_transfers"):
+        if (by_role[role]["moriio_metrics"] or {}).get(counter):
             return by_role
         await asyncio.sleep(0.1)
-    raise AssertionError(f"prefill's failed transfer never showed in /status: {by_role}")
+    raise AssertionError(f"{role}'s {counter} never showed in /status: {by_role}")
+
+
+def _stack(stacks: list[LocalStack], path: Path, kind: str, role_args: dict[str, tuple[str, ...]]) -> LocalStack:
+    stack = launch(
+        Topology(kind, prefill=SHAPE, decode=SHAPE),
+        PROFILE.name,
+        TIME_SCALE,
+        path,
+        extra_proxy_args=("--load-interval", "0.2", "--kv-wait-timeout", str(KV_WAIT_S)),
+        role_args=role_args,
+    )
+    stacks.append(stack)
+    return stack
 
 
 async def test_status_shows_the_engines_own_transfer_metrics_where_they_export_them(
@@ -54,21 +68,13 @@ async def test_status_shows_the_engines_own_transfer_metrics_where_they_export_t
 ) -> None:
     faults = tmp_path / "kv-fault.json"
     faults.write_text("{}")
-    stack = launch(
-        Topology("write", prefill=SHAPE, decode=SHAPE),
-        PROFILE.name,
-        TIME_SCALE,
-        tmp_path,
-        extra_proxy_args=("--load-interval", "0.2", "--kv-wait-timeout", str(KV_WAIT_S)),
-        role_args={"prefill": ("--sim-moriio-metrics", "--sim-kv-fault-file", str(faults))},
-    )
-    stacks.append(stack)
+    stack = _stack(stacks, tmp_path, "write", {"prefill": ("--sim-moriio-metrics", "--sim-kv-fault-file", str(faults))})
     await stack.wait_ready(timeout_s=60)
     async with aiohttp.ClientSession() as session:
         served = [await _post(session, stack) for _ in range(2)]
         faults.write_text(json.dumps({"fault": "fail"}))
         failed = await _post(session, stack)
-        by_role = await _instances_once_failure_scraped(session, stack)
+        by_role = await _instances_once_scraped(session, stack, "P", "vllm:moriio_num_failed_transfers")
         proxy = await scrape(session, stack.admin_url)
     assert served == [200, 200] and failed == 502
     moriio = by_role["P"]["moriio_metrics"]
@@ -84,3 +90,26 @@ async def test_status_shows_the_engines_own_transfer_metrics_where_they_export_t
     }
     assert by_role["D"]["moriio_metrics"] is None  # a release's engine: nothing made up
     assert metric(proxy, "pd_proxy_upstream_errors_total", leg="decode", kind="kv_timeout") == 1  # ours stay
+
+
+async def test_in_read_mode_decode_counts_the_reads_and_prefill_the_kv_that_expired(
+    stacks: list[LocalStack], tmp_path: Path
+) -> None:
+    """Decode reads, so a read the fault switch fails counts there; prefill, never told to release the
+    blocks, reaps them after ``defer_timeout`` and counts expired KV (vLLM: "tracked on the P instance")."""
+    faults = tmp_path / "kv-fault.json"
+    faults.write_text("{}")
+    flag = ("--sim-moriio-metrics",)
+    stack = _stack(stacks, tmp_path, "read", {"prefill": flag, "decode": (*flag, "--sim-kv-fault-file", str(faults))})
+    await stack.wait_ready(timeout_s=60)
+    async with aiohttp.ClientSession() as session:
+        served = await _post(session, stack)
+        faults.write_text(json.dumps({"fault": "fail"}))
+        failed = await _post(session, stack)
+        by_role = await _instances_once_scraped(session, stack, "P", "vllm:moriio_num_kv_expired_reqs")
+    assert (served, failed) == (200, 502)
+    prefill, decode = by_role["P"]["moriio_metrics"], by_role["D"]["moriio_metrics"]
+    assert decode["vllm:moriio_xfer_time_seconds"]["count"] == 1
+    assert decode["vllm:moriio_num_failed_transfers"] == 1
+    assert prefill["vllm:moriio_xfer_time_seconds"]["count"] == 0
+    assert (prefill["vllm:moriio_num_kv_expired_reqs"], prefill["vllm:moriio_num_failed_transfers"]) == (1, 0)
