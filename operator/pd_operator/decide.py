@@ -61,7 +61,8 @@ def proxy_urls(snap: Snapshot) -> dict[str, str]:
     """Pod name -> the proxy admin /status to read before deciding: disaggregated replicas whose pod has
     an IP and has not verified a KV transfer yet, and with the canary on all of them (a KV path that
     breaks later is noticed: its canary reports a mismatch); any replica whose engines' vLLM releases are
-    not all known yet, once its proxy is ready."""
+    not all known yet, once its proxy is ready; and, once ready, every replica with autoscaling or whose
+    engines export vLLM's transfer counters (status.replicaStatuses[].engineTransfer)."""
     spec = snap.deployment.valid_spec
     if spec is None:
         return {}
@@ -79,7 +80,8 @@ def proxy_urls(snap: Snapshot) -> dict[str, str]:
             spec.proxy.canary_interval_seconds > 0 or not observe.kv_transfer_verified(prior, pod)
         )
         versions_unknown = not observe.engine_versions_known(engines, prior, pod) and _proxy_ready(pod)
-        if check_kv or versions_unknown or (scaling and _proxy_ready(pod)):
+        follow = (scaling or observe.engine_transfer_shown(prior, pod)) and _proxy_ready(pod)
+        if check_kv or versions_unknown or follow:
             urls[pod.name] = f"http://{pod.ip}:{spec.proxy.admin_port}/status"
     return urls
 

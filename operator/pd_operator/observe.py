@@ -20,6 +20,7 @@ from pd_operator.api import (
     AutotuneStatus,
     Condition,
     ConditionStatus,
+    EngineTransferStatus,
     GoodputStatus,
     GpuAssignment,
     PDDeploymentSpec,
@@ -54,6 +55,7 @@ from pd_operator.conditions import (
     RoleReason,
     ready_gates,
 )
+from pd_operator.engine_transfer import engine_transfer, replica_totals
 from pd_operator.layout import EngineInstance, Layout
 from pd_operator.refusals import Refusal
 from pd_operator.render import DRA_CLAIM, PROXY_CONTAINER, router_name, selector_string
@@ -405,6 +407,20 @@ def engine_versions(layout: Layout, rep: ReplicaObservation, prior: ReplicaStatu
     return versions
 
 
+def replica_engine_transfer(
+    rep: ReplicaObservation, prior: ReplicaStatus | None, probe_time: str | None
+) -> EngineTransferStatus | None:
+    """status.replicaStatuses[].engineTransfer: vLLM's own failure counters from this read of the proxy, kept
+    for this very pod while it is not read."""
+    totals = replica_totals(rep.proxy.status if rep.proxy is not None else None)
+    return engine_transfer(totals, prior.engine_transfer if _same_pod(prior, rep.pod) and prior else None, probe_time)
+
+
+def engine_transfer_shown(prior: ReplicaStatus | None, pod: PodView | None) -> bool:
+    """This very pod's engines export vLLM's transfer counters: its proxy is read every tick to follow them."""
+    return _same_pod(prior, pod) and prior is not None and prior.engine_transfer is not None
+
+
 def engine_versions_known(layout_engines: int, prior: ReplicaStatus | None, pod: PodView | None) -> bool:
     """Every engine of this very pod has shown its release: no need to ask its proxy for it again."""
     return _same_pod(prior, pod) and prior is not None and len(prior.engine_versions) >= layout_engines
@@ -611,8 +627,13 @@ def replica_available(spec: PDDeploymentSpec, ready: bool, kv: Condition) -> boo
 
 
 def replica_facts(
-    spec: PDDeploymentSpec, layout: Layout, rep: ReplicaObservation, previous: PDDeploymentStatus
+    spec: PDDeploymentSpec,
+    layout: Layout,
+    rep: ReplicaObservation,
+    previous: PDDeploymentStatus,
+    probe_time: str | None = None,
 ) -> ReplicaFacts:
+    """``probe_time``: when the last goodput probe finished (engineTransfer counts from it)."""
     pod = rep.pod
     prior = previous_replica(previous, rep.index)
     versions = engine_versions(layout, rep, prior)
@@ -635,6 +656,7 @@ def replica_facts(
         available=replica_available(spec, ready, kv),
         kv_transfer=kv.model_copy(update={"last_transition_time": None, "observed_generation": None}),
         engine_versions=versions,
+        engine_transfer=replica_engine_transfer(rep, prior, probe_time),
     )
     return ReplicaFacts(rep, roles, role_conds, phase, message, kv, ready, status)
 
@@ -688,7 +710,8 @@ def status(obs: Observation) -> PDDeploymentStatus:
         return _invalid(obs)
     spec, layout = obs.spec, obs.layout
     goodput = obs.goodput or obs.previous.goodput
-    per = [replica_facts(spec, layout, rep, obs.previous) for rep in obs.replicas]
+    probe_time = goodput.time if goodput is not None else None
+    per = [replica_facts(spec, layout, rep, obs.previous, probe_time) for rep in obs.replicas]
     first = per[0]
     role_conds, kv = _summary_conditions(per)
     conds = [condition(SPEC_VALID, True, "Valid", "the spec passed validation"), *role_conds]

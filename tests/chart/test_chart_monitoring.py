@@ -16,6 +16,7 @@ from pd_operator import metrics as operator_metrics
 from pd_operator.validation import validate_spec
 from pd_runtime.proxy.metrics import TTFT_BUCKETS, ProxyMetrics
 from pd_runtime.proxy.registry import Registry
+from pd_runtime.sim.metrics import EngineMetrics
 from tests.chart.chart_helpers import CHART, documents, find
 from tests.chart.chart_helpers import render as helm_render
 from tests.chart.promql import label_values_metrics, metric_names
@@ -34,15 +35,23 @@ def _samples(families: Iterable[tuple[str, str]]) -> set[str]:
     return {name + suffix for kind, name in families for suffix in SUFFIXES[kind]}
 
 
+def vllm_main_moriio_families() -> list[tuple[str, str]]:
+    """vLLM main's MoRI-IO transfer families (docs/vllm-versions.md), as the simulator exports them under
+    vLLM's names when asked: no release has them."""
+    families = EngineMetrics("m", moriio_ranks=1).registry.collect()
+    return [(f.type, f.name) for f in families if f.name.startswith("vllm:moriio_")]
+
+
 def exported_metrics() -> set[str]:
-    """Every sample name the proxy, the operator and vLLM 0.29 expose, and the kube-state-metrics one we use."""
+    """Every sample name the proxy, the operator, vLLM 0.29 and vLLM main's MoRI-IO connector expose, and the
+    kube-state-metrics one we use."""
     proxy = ProxyMetrics(Registry("disaggregated", "auto", None, []))
     families = [(f.type, f.name) for f in proxy.registry.collect()]
     for value in vars(operator_metrics).values():
         if isinstance(value, MetricWrapperBase):
             families += [(f.type, f.name) for f in value.describe()]
     lines = [line.split() for line in VLLM_METRICS.read_text().splitlines() if line and not line.startswith("#")]
-    families += [(kind, name) for kind, name in lines]
+    families += [(kind, name) for kind, name in lines] + vllm_main_moriio_families()
     return _samples(families) | KUBE_STATE_METRICS
 
 
@@ -147,8 +156,15 @@ def test_dashboard_covers_the_promised_views() -> None:
         "pd_proxy_leg_seconds_bucket",
         "vllm:num_requests_waiting",
         "kube_pod_container_status_restarts_total",
+        # vLLM main's own transfer failures, expired KV, times and bytes, under vLLM's names
+        "vllm:moriio_num_failed_transfers_total",
+        "vllm:moriio_num_failed_notifications_total",
+        "vllm:moriio_num_kv_expired_reqs_total",
+        "vllm:moriio_xfer_time_seconds_bucket",
+        "vllm:moriio_bytes_transferred_sum",
     ):
         assert metric in queries
+    assert len(vllm_main_moriio_families()) == 7  # vLLM main's MoRIIOPromMetrics: 4 histograms, 3 counters
 
 
 @pytest.mark.parametrize(

@@ -57,9 +57,10 @@ async def test_health_ready_and_status_follow_contract_3(pd_setup: SetupFactory)
     assert set(prefill) == {
         "role", "http_address", "zmq_address", "heartbeat_age_s", "healthy",
         "dp_size", "tp_size", "transfer_mode", "vllm_version", "generation", "in_flight", "routed", "load",
-        "load_age_s", "circuit",
+        "load_age_s", "moriio_metrics", "circuit",
     }  # fmt: skip
     assert prefill["circuit"] == {"state": "closed", "reason": None, "failures": 0}
+    assert prefill["moriio_metrics"] is None  # a fake engine without vLLM main's transfer metrics
     assert prefill["http_address"] == setup.prefill.http_address
     assert prefill["zmq_address"] == "host:127.0.0.1,handshake:6301,notify:6105"
     assert isinstance(prefill["heartbeat_age_s"], float) and prefill["healthy"] is True

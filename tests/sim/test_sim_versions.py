@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from pd_runtime.sim.config import ConfigError, parse_args
-from pd_runtime.sim.versions import ConnectorBehaviour, decode_alone_refusal
+from pd_runtime.sim.engine import SimEngine
+from pd_runtime.sim.profiles import INSTANT
+from pd_runtime.sim.versions import MORIIO_METRICS_FLAG, ConnectorBehaviour, decode_alone_refusal
 from pd_runtime.vllm_pin import PINNED_VLLM_VERSION
-from pd_runtime.vllm_releases import parse_version
+from pd_runtime.vllm_releases import RELEASES, format_version, parse_version
 
 
 @pytest.mark.parametrize(
@@ -26,6 +28,15 @@ def test_behaviours_by_version(version: str, read: bool, waits: bool, skips: boo
     assert behaviour.plain_decode_waits_for_kv is waits
     assert behaviour.plain_decode_skips_prefill is skips
     assert behaviour.preempted_remote_stalls is stalls
+
+
+@pytest.mark.parametrize("line", [r.line for r in RELEASES])
+def test_no_release_exports_vllm_mains_moriio_metrics_unless_asked(line: tuple[int, int]) -> None:
+    argv = ["m", "--vllm-version", format_version((*line, 0)), "-dp", "2"]
+    released = SimEngine(parse_args(argv, env={}), INSTANT).metrics.render().decode()
+    asked = SimEngine(parse_args([*argv, MORIIO_METRICS_FLAG], env={}), INSTANT).metrics.render().decode()
+    assert "vllm:moriio_" not in released
+    assert 'vllm:moriio_num_failed_transfers_total{engine="1",model_name="m"} 0.0' in asked
 
 
 def test_the_default_is_the_image_pin_and_the_flag_or_env_override_it() -> None:

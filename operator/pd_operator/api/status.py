@@ -204,6 +204,38 @@ class AutotuneStatus(ApiModel):
     message: Annotated[str, StringConstraints(max_length=1024)] = Field("", description="What autotuning does now.")
 
 
+MetricName = Annotated[str, StringConstraints(max_length=64)]
+MAX_ENGINE_COUNTERS = 8
+
+
+class EngineTransferStatus(ApiModel):
+    """vLLM's own MoRI-IO failure counters over a replica's engines, under vLLM's names
+    (``vllm:moriio_num_failed_transfers``, ``vllm:moriio_num_failed_notifications``,
+    ``vllm:moriio_num_kv_expired_reqs``): vLLM's main branch exports them, no release through 0.34 does."""
+
+    totals: dict[MetricName, int] = Field(
+        default_factory=dict,
+        max_length=MAX_ENGINE_COUNTERS,
+        description="Each counter summed over the replica's engines as its proxy last read them (since each "
+        "engine started).",
+    )
+    since_probe: dict[MetricName, int] = Field(
+        default_factory=dict,
+        max_length=MAX_ENGINE_COUNTERS,
+        description="How much each counter grew since the last goodput probe's result arrived (probeTime); a "
+        "counter that went down (an engine restarted) counts from the restart.",
+    )
+    at_probe: dict[MetricName, int] = Field(
+        default_factory=dict,
+        max_length=MAX_ENGINE_COUNTERS,
+        description="The totals sinceProbe counts from: as first read after that probe's result arrived (0 for "
+        "a pod first read later, or before any probe).",
+    )
+    probe_time: Timestamp | None = Field(
+        None, description="The status.goodput.time of the probe sinceProbe counts from; unset: none yet."
+    )
+
+
 class ReplicaStatus(ApiModel):
     """One serving pod (replica): where it runs, its phase, and whether it takes traffic."""
 
@@ -228,6 +260,11 @@ class ReplicaStatus(ApiModel):
         default_factory=dict,
         max_length=2 * MAX_ROLE_INSTANCES,
         description="Engine container -> the vLLM release it runs, as its proxy read it (GET /version).",
+    )
+    engine_transfer: EngineTransferStatus | None = Field(
+        None,
+        description="Transfer failures and expired KV by vLLM's own counters, since the last goodput probe; unset "
+        "while the engines export none (every vLLM release through 0.34).",
     )
 
 

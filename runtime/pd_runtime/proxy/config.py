@@ -213,8 +213,8 @@ class ProxyConfig:
     load_interval_s: float = field(
         default=1.0,
         metadata=flag(
-            "seconds between scrapes of every engine's /metrics (queue depth, KV-cache usage) for the least_load "
-            "policy and /status; 0 disables",
+            "seconds between scrapes of every engine's /metrics (queue depth, KV-cache usage, vLLM's MoRI-IO "
+            "transfer metrics where it has them) for the least_load policy and /status; 0 disables",
             parse=non_negative_float,
         ),
     )

@@ -20,11 +20,13 @@ from urllib.parse import urlsplit
 import aiohttp
 import zmq
 import zmq.asyncio
+from prometheus_client.parser import text_string_to_metric_families
 
 from pd_runtime.protocol import ProtocolError, Registration, parse_registration
 from pd_runtime.proxy.gate import FRAMES_BURST, FRAMES_PER_S, TokenBucket
 from pd_runtime.proxy.load import parse_engine_load
 from pd_runtime.proxy.metrics import ProxyMetrics
+from pd_runtime.proxy.moriio_metrics import MoriioMetrics, moriio_lines, moriio_totals
 from pd_runtime.proxy.peers import PeerTable, peer_bound
 from pd_runtime.proxy.registry import Instance, Registry
 
@@ -239,6 +241,13 @@ class RegistrationListener:
         return "malformed"
 
 
+def read_moriio_metrics(page: str) -> MoriioMetrics | None:
+    """An engine's vLLM MoRI-IO transfer metrics (proxy/moriio_metrics.py) from its /metrics page, by
+    prometheus_client's parser; None without them; ValueError for a malformed line of theirs."""
+    lines = moriio_lines(page)
+    return None if lines is None else moriio_totals(text_string_to_metric_families(lines))
+
+
 class Housekeeping:
     """Evicts instances past their heartbeat TTL and probes every instance's GET /health."""
 
@@ -341,8 +350,9 @@ class Housekeeping:
             await asyncio.sleep(self.load_interval_s)
 
     async def scrape_loads(self) -> None:
-        """Every live engine's /metrics at once, off the request path; a failed scrape keeps the old
-        report, which goes stale (and out of routing) after a few intervals."""
+        """Every live engine's /metrics at once, off the request path: its load, and its vLLM MoRI-IO
+        transfer metrics where it has them; a failed scrape keeps the old report, which goes stale (and
+        out of routing) after a few intervals."""
         instances = self.registry.live(None, self.clock())
         pages = await asyncio.gather(*(self._scrape(inst) for inst in instances))
         for inst, page in zip(instances, pages, strict=True):
@@ -354,6 +364,12 @@ class Housekeeping:
                 log.debug("unreadable /metrics from %s: %s", inst.key, exc)
                 continue
             self.registry.record_load(inst.key, load, self.clock())
+            try:
+                moriio = read_moriio_metrics(page)
+            except ValueError as exc:  # a malformed vllm:moriio_* line: keep the last reading
+                log.debug("unreadable vllm:moriio_* metrics from %s: %s", inst.key, exc)
+                continue
+            self.registry.record_moriio(inst.key, moriio)
 
     async def _scrape(self, inst: Instance) -> str | None:
         try:

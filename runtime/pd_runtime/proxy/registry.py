@@ -27,6 +27,7 @@ from pd_runtime.proxy.gate import (
 )
 from pd_runtime.proxy.legs import ProxyMode
 from pd_runtime.proxy.load import EngineLoad
+from pd_runtime.proxy.moriio_metrics import MoriioMetrics
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class Instance:
     breaker: Breaker = field(default_factory=Breaker)  # open: out of rotation after failed or timed-out legs
     dial_host: str = ""  # --engine-host: its HTTP server is reached there, not at the registered host
     vllm_version: str | None = None  # the release its GET /version answers, read once it is healthy
+    moriio: MoriioMetrics | None = None  # its vllm:moriio_* families at the last scrape; None: it has none
     key: str = field(init=False)  # http_address, computed once: routing reads it on every request
 
     def __post_init__(self) -> None:
@@ -183,7 +185,7 @@ class Registry:
         if known is not None:
             fresh.health_failures, fresh.last_health_ok = known.health_failures, known.last_health_ok
             fresh.load, fresh.load_at, fresh.breaker = known.load, known.load_at, known.breaker
-            fresh.vllm_version = known.vllm_version
+            fresh.vllm_version, fresh.moriio = known.vllm_version, known.moriio
         self.instances[reg.http_address] = fresh
         return Observation("added")
 
@@ -252,6 +254,11 @@ class Registry:
         inst = self.instances.get(key)
         if inst is not None:
             inst.load, inst.load_at = load, now
+
+    def record_moriio(self, key: str, moriio: MoriioMetrics | None) -> None:
+        inst = self.instances.get(key)
+        if inst is not None:
+            inst.moriio = moriio
 
     def fresh_load(self, inst: Instance, now: float) -> dict[int, EngineLoad]:
         """The instance's last load report if it is recent enough to route by, else {}."""

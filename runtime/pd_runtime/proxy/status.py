@@ -78,6 +78,7 @@ def instance_json(registry: Registry, router: Router, inst: Instance, now: float
         "routed": router.routed(inst.key),
         "load": {str(rank): load.to_json() for rank, load in sorted(inst.load.items())},
         "load_age_s": load_age,
+        "moriio_metrics": None if inst.moriio is None else inst.moriio.to_json(),
         "circuit": inst.breaker.to_json(),
     }
 

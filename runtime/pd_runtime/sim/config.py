@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pd_runtime import protocol
-from pd_runtime.sim.versions import VERSION_ENV, VERSION_FLAG, simulated_version
+from pd_runtime.sim.versions import MORIIO_METRICS_FLAG, VERSION_ENV, VERSION_FLAG, simulated_version
 from pd_runtime.vllm_pin import DEFAULT_MAX_NUM_SEQS, PINNED_VLLM_VERSION
 from pd_runtime.vllm_releases import release
 
@@ -113,6 +113,8 @@ class EngineConfig:
     """KV-cache blocks per DP rank (--num-gpu-blocks-override); None: never full, no preemption."""
     prefix_cache_blocks: int = 0
     """Prompt blocks each DP rank's prefix cache keeps (--sim-prefix-cache-blocks); 0: no prefix caching."""
+    moriio_metrics: bool = False
+    """Export vLLM main's ``vllm:moriio_*`` transfer metrics (--sim-moriio-metrics); no release has them."""
     ignored_flags: tuple[str, ...] = field(default=())
     api_keys: tuple[str, ...] = ()
     """Keys one of which /v1 requires as a bearer token (vLLM's --api-key, else VLLM_API_KEY); none: open."""
@@ -165,6 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BLOCKS",
         help="model vLLM's prefix caching: each DP rank keeps the KV of this many 16-token prompt blocks "
         "(least recently used out) and computes only a prompt's uncached rest; 0: off (the default)",
+    )
+    sim.add_argument(
+        MORIIO_METRICS_FLAG,
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="export the vllm:moriio_* transfer metrics of vLLM's main branch, which no release (through 0.34) "
+        "has; off by default, as every release",
     )
     sim.add_argument(
         VERSION_FLAG,
@@ -264,6 +273,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Eng
         vllm_version=vllm_version,
         kv_blocks=ns.num_gpu_blocks_override,
         prefix_cache_blocks=ns.sim_prefix_cache_blocks,
+        moriio_metrics=knob("moriio-metrics", bool, False),
         ignored_flags=tuple(unknown),
         api_keys=tuple(key for key in (ns.api_key or [env.get(API_KEY_ENV, "")]) if key),
     )

@@ -71,6 +71,7 @@ class ProducerJob:
     peer: protocol.PeerAddress | None
     peer_tp: int
     peer_dp_size: int = 1
+    rank: int = 0  # the engine core (DP rank) that prefilled it
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,7 @@ class Connector:
             self._metrics.transfers.labels("completed").inc()
         except TimeoutError:
             self._metrics.transfers.labels("expired").inc()
+            self._metrics.moriio_kv_expired(job.rank)
             log.warning(
                 "transfer %s: no %s within defer_timeout %.0f s, blocks freed",
                 job.transfer_id,
@@ -219,6 +221,7 @@ class Connector:
             )
         except Exception:
             self._metrics.transfers.labels("failed").inc()
+            self._metrics.moriio_failed_transfer(job.rank)
             log.exception("transfer %s failed", job.transfer_id)
         finally:
             self._metrics.blocks_held.dec(job.blocks)
@@ -266,6 +269,7 @@ class Connector:
             port = protocol.side_channel_port(job.peer.notify_port, box.decode_rank, rank)
             frame = protocol.write_done_message(job.transfer_id, writers)
             await side.notify(job.peer.host, [port], frame, "write_done")
+        self._record_transfer(job.rank, job.prompt_tokens, job.blocks)
         log.debug("transfer %s written to %s", job.transfer_id, job.peer.host)
 
     async def _notify_write_failed(self, side: SideChannel, job: ProducerJob) -> None:
@@ -304,8 +308,13 @@ class Connector:
             handshake = self._rank_ports(job.peer.handshake_port, job.peer_dp_rank, peer_ranks)
             await side.handshake(job.peer.host, handshake)
             switch = self.faults.start("read", job.transfer_id)
-            await self._apply_fault(switch)
+            try:
+                await self._apply_fault(switch)
+            except RuntimeError:
+                self._metrics.moriio_failed_transfer(job.dp_rank)
+                raise
             await self._clock.sleep_until(self._clock.now() + kv_transfer_time(self._profile, job.prompt_tokens))
+            self._record_transfer(job.dp_rank, job.prompt_tokens, len(job.block_ids))
             await self.release(job)
         else:
             writes = len(self._write_targets(job.peer_tp, self._tp)) or peer_ranks
@@ -321,6 +330,12 @@ class Connector:
             switch = self.faults.read()
         self._metrics.transfers.labels("completed").inc()
         return switch.get("fault") == "corrupt"
+
+    def _record_transfer(self, rank: int, tokens: int, blocks: int) -> None:
+        """vLLM main's transfer metrics of one transfer, on the side that moves the KV (write: P, read: D):
+        its modelled duration in wall seconds, its KV bytes, one descriptor per block."""
+        seconds = self._clock.wall(kv_transfer_time(self._profile, tokens))
+        self._metrics.moriio_transfer(rank, seconds, tokens * self._profile.kv_bytes_per_token, blocks)
 
     async def release(self, job: ConsumerJob) -> None:
         """Read mode: tell prefill it may free the request's blocks (read, or aborted before allocation)."""

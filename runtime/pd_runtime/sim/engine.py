@@ -212,7 +212,7 @@ class SimEngine:
         self.config = config
         self.profile = profile
         self.clock = ScaledClock(config.time_scale)
-        self.metrics = EngineMetrics(config.served_model_names[0])
+        self.metrics = EngineMetrics(config.served_model_names[0], config.dp if config.moriio_metrics else 0)
         read_mode = config.connector is not None and config.connector.read_mode
         self.behaviour = ConnectorBehaviour.of(config.vllm_version, read_mode)
         self.cores = [
@@ -517,7 +517,7 @@ class SimEngine:
             return
         cfg = self.connector.config
         started = handle.core.first_scheduled.get(id(handle.seq), emitted.model_time)
-        job = replace(job, prefill_started=started, prefill_ended=emitted.model_time)
+        job = replace(job, prefill_started=started, prefill_ended=emitted.model_time, rank=handle.core.rank)
         blocks = self._block_ids(handle.record.prompt_tokens)
         handle.kv_transfer_params = protocol.producer_response_params(
             cfg.host_ip, cfg.handshake_port, cfg.notify_port, blocks, self.config.dp, self.config.tp, job.transfer_id

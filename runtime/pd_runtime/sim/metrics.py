@@ -2,6 +2,10 @@
 
 Latencies are wall-clock seconds as this process lived them (with --time-scale 10 a modelled 1 s TTFT
 shows as 0.1 s), so they compare directly with what a client measured.
+
+With ``--sim-moriio-metrics`` the engine also exports the MoRI-IO connector's transfer metrics of vLLM's
+main branch (``vllm/distributed/kv_transfer/kv_connector/v1/moriio/stats.py``, ``MoRIIOPromMetrics``),
+with its names, labels and buckets; no release through 0.34 has them, so by default none are exported.
 """
 
 from __future__ import annotations
@@ -17,6 +21,72 @@ _ITL_BUCKETS = (0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 
 
+# vLLM main's MoRIIOPromMetrics buckets: transfer time (its time buckets less the first), post time,
+# bytes (2 KiB to 16 GiB, as NIXL's) and descriptors per transfer.
+_MORIIO_POST_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+_MORIIO_XFER_BUCKETS = _MORIIO_POST_BUCKETS[1:]
+_MORIIO_BYTE_BUCKETS = tuple(float(2 ** (10 + i)) for i in range(1, 25, 2))
+_MORIIO_DESCRIPTOR_BUCKETS = (10, 20, 30, 50, 75, 100, 200, 400, 1000, 2000, 4000, 10000, 20000, 50000)
+
+
+class MoriioTransferMetrics:
+    """vLLM main's ``vllm:moriio_*`` families, one series per engine core (labels model_name, engine),
+    all created at start as vLLM's ``create_metric_per_engine`` does."""
+
+    def __init__(self, registry: CollectorRegistry, model_name: str, ranks: int) -> None:
+        labels = ["model_name", "engine"]
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=registry)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, labels, registry=registry)
+
+        self._model = model_name
+        self.xfer_time = histogram(
+            "vllm:moriio_xfer_time_seconds",
+            "Histogram of transfer duration for MoRI IO KV Cache transfers.",
+            _MORIIO_XFER_BUCKETS,
+        )
+        self.post_time = histogram(
+            "vllm:moriio_post_time_seconds",
+            "Histogram of transfer post time for MoRI IO KV Cache transfers.",
+            _MORIIO_POST_BUCKETS,
+        )
+        self.bytes = histogram(
+            "vllm:moriio_bytes_transferred",
+            "Histogram of bytes transferred per MoRI IO KV Cache transfers.",
+            _MORIIO_BYTE_BUCKETS,
+        )
+        self.descriptors = histogram(
+            "vllm:moriio_num_descriptors",
+            "Histogram of number of descriptors per MoRI IO KV Cache transfers.",
+            _MORIIO_DESCRIPTOR_BUCKETS,
+        )
+        self.failed_transfers = counter(
+            "vllm:moriio_num_failed_transfers", "Number of failed MoRI IO KV Cache transfers."
+        )
+        self.failed_notifications = counter(
+            "vllm:moriio_num_failed_notifications", "Number of failed MoRI IO KV Cache notifications."
+        )
+        self.kv_expired = counter(
+            "vllm:moriio_num_kv_expired_reqs",
+            "Number of requests that had their KV expire. NOTE: This metric is tracked on the P instance.",
+        )
+        families = (self.xfer_time, self.post_time, self.bytes, self.descriptors)
+        for family in (*families, self.failed_transfers, self.failed_notifications, self.kv_expired):
+            for rank in range(ranks):
+                family.labels(model_name, str(rank))
+
+    def transfer(self, rank: int, seconds: float, size: int, descriptors: int) -> None:
+        """One successful transfer by engine core ``rank``; the simulator posts no RDMA work (post time 0)."""
+        values = (self._model, str(rank))
+        self.xfer_time.labels(*values).observe(seconds)
+        self.post_time.labels(*values).observe(0.0)
+        self.bytes.labels(*values).observe(size)
+        self.descriptors.labels(*values).observe(descriptors)
+
+
 class SchedulerGauges(NamedTuple):
     running: Gauge
     waiting: Gauge
@@ -24,7 +94,8 @@ class SchedulerGauges(NamedTuple):
 
 
 class EngineMetrics:
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, moriio_ranks: int = 0) -> None:
+        """``moriio_ranks``: the engine cores whose ``vllm:moriio_*`` series to export; 0, none (every release)."""
         self.registry = CollectorRegistry()
         labels = ["model_name"]
         reg = self.registry
@@ -103,6 +174,20 @@ class EngineMetrics:
         self.blocks_held = Gauge(
             "pd_sim_kv_blocks_held", "Producer blocks kept for a decode engine (delay-freed).", registry=reg
         )
+
+        self.moriio = MoriioTransferMetrics(reg, model_name, moriio_ranks) if moriio_ranks else None
+
+    def moriio_transfer(self, rank: int, seconds: float, size: int, descriptors: int) -> None:
+        if self.moriio is not None:
+            self.moriio.transfer(rank, seconds, size, descriptors)
+
+    def moriio_failed_transfer(self, rank: int) -> None:
+        if self.moriio is not None:
+            self.moriio.failed_transfers.labels(self._model, str(rank)).inc()
+
+    def moriio_kv_expired(self, rank: int) -> None:
+        if self.moriio is not None:
+            self.moriio.kv_expired.labels(self._model, str(rank)).inc()
 
     def scheduler_gauges(self, rank: int) -> SchedulerGauges:
         """The running, waiting and KV-usage gauges of one engine core (DP rank)."""

@@ -16,6 +16,9 @@ from pd_runtime.vllm_releases import Release, release
 
 VERSION_FLAG = "--vllm-version"
 VERSION_ENV = "PD_SIM_VLLM_VERSION"
+MORIIO_METRICS_FLAG = "--sim-moriio-metrics"
+"""Export vLLM main's ``vllm:moriio_*`` transfer metrics (sim/metrics.py). No release through 0.34 has them,
+so an engine of any --vllm-version exports none unless asked: the flag stands for an unreleased vLLM."""
 
 
 def simulated_version(argv: Sequence[str], env: Mapping[str, str]) -> str:
