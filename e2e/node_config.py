@@ -8,6 +8,7 @@ directory, a network namespace or a cgroup, and teardown can find everything by 
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -22,6 +23,28 @@ NODE_KUBELET_ROOT = "/var/lib/kubelet"
 # cgroup v1 hierarchies the node's daemons (containerd and its shims, kubelet, kube-proxy, CoreDNS) join:
 # freezer stops the whole node at once, pids lists every process of it, memory counts its RSS.
 DAEMON_HIERARCHIES = ("freezer", "memory", "pids")
+# Where a shaped node's machine files (machine_files, under its machine_dir) are bound in its mount namespace:
+# what cAdvisor reads for the kubelet's cpu and memory capacity. `node` is an empty directory.
+MACHINE_MOUNTS = {
+    "meminfo": "/proc/meminfo",
+    "cpu": "/sys/devices/system/cpu",
+    "node": "/sys/devices/system/node",
+}
+
+
+@dataclass(frozen=True)
+class MachineShape:
+    """The host a node's kubelet sees in place of this machine: its CPU count and memory, which become the
+    Node's cpu and memory capacity. Only what the scheduler and the kubelet's admission count changes; the
+    pods' real use is the machine's, and nothing is reserved."""
+
+    cpus: int
+    memory_gib: int
+
+
+# An 8x MI300X server's host side (two 64-core sockets), enough for the seed examples' engines (16 CPUs and
+# 96Gi each, docs/e2e-real-node.md).
+MI300X_SERVER = MachineShape(cpus=128, memory_gib=1536)
 
 
 @dataclass(frozen=True)
@@ -136,8 +159,43 @@ class NodeLayout:
     def logs_dir(self) -> str:
         return f"{self.root}/logs"
 
+    @property
+    def machine_dir(self) -> str:
+        """A shaped node's machine files (machine_files), bound over the machine's in its mount namespace."""
+        return f"{self.root}/machine"
+
     def config_file(self, name: str) -> str:
         return f"{self.config_dir}/{name}"
+
+
+def machine_files(shape: MachineShape) -> dict[str, str]:
+    """What cAdvisor reads for the kubelet's machine info, as `shape` has it, by path under the node's
+    machine_dir: /proc/meminfo's MemTotal, and `shape.cpus` CPUs, all online, with no NUMA node and no
+    core or package ids. cAdvisor then counts the CPUs and reports no topology, so the kubelet (CPU manager
+    policy none) leaves the pods' cpuset as the machine's; a topology would name CPUs this machine lacks,
+    which the kubelet writes into the kubepods cpuset ("numerical result out of range")."""
+    kib = shape.memory_gib * 1024 * 1024
+    meminfo = "".join(f"{key}: {kib} kB\n" for key in ("MemTotal", "MemFree", "MemAvailable"))
+    cpus = f"0-{shape.cpus - 1}\n"
+    files = {"meminfo": meminfo + "SwapTotal: 0 kB\nSwapFree: 0 kB\n"}
+    files |= {f"cpu/{name}": cpus for name in ("online", "possible", "present")}
+    return files | {f"cpu/cpu{cpu}/online": "1\n" for cpu in range(shape.cpus)}
+
+
+def node_mounts(layout: NodeLayout, shaped: bool) -> str:
+    """The shell script containerd's new mount namespace runs before containerd (`exec "$@"`): the node's own
+    tmpfs on /var/lib, /var/log and /run and its kubelet directory bound at the kubelet's fixed root; for a
+    `shaped` node also its machine files over the machine's (MACHINE_MOUNTS)."""
+    steps = [
+        "set -e",
+        'for dir in /var/lib /var/log /run; do mount -t tmpfs -o mode=755,size=64m pd-node "$dir"; done',
+        f"mkdir -p {NODE_KUBELET_ROOT} /var/log/containers",
+        f"mount --bind {shlex.quote(layout.kubelet_root)} {NODE_KUBELET_ROOT}",
+    ]
+    if shaped:
+        for name, target in MACHINE_MOUNTS.items():
+            steps.append(f"mount --bind {shlex.quote(f'{layout.machine_dir}/{name}')} {target}")
+    return "; ".join([*steps, 'exec "$@"'])
 
 
 def containerd_config(layout: NodeLayout, sandbox_image: str) -> str:

@@ -35,20 +35,12 @@ import yaml
 
 from e2e import node_config, pki
 from e2e.cluster import REPO_ROOT, ControlPlane, kubeconfig_dict
-from e2e.node_config import NodeLayout
+from e2e.node_config import MachineShape, NodeLayout
 from e2e.procs import ProcRef, is_running, spawn, stop
 
 log = logging.getLogger(__name__)
 
 CGROUP_FS = Path("/sys/fs/cgroup")
-# The node's own /var/lib, /var/log and /run (tmpfs in its mount namespace), and its kubelet directory
-# bound at the kubelet's fixed root; "$0" is the host path of the node's kubelet directory.
-NODE_MOUNTS = (
-    "set -e; "
-    'for dir in /var/lib /var/log /run; do mount -t tmpfs -o mode=755,size=64m pd-node "$dir"; done; '
-    f"mkdir -p {node_config.NODE_KUBELET_ROOT} /var/log/containers; "
-    f'mount --bind "$0" {node_config.NODE_KUBELET_ROOT}; exec "$@"'
-)
 CONTAINERD_NAMESPACE = "k8s.io"
 APISERVER_KUBELET_CLIENT = "kube-apiserver-kubelet-client"  # the CN of pki's kubelet client certificate
 COREDNS_USER = "system:pd-e2e:coredns"
@@ -90,7 +82,11 @@ class ImageManifest:
         return self.roles[role]
 
     def node_images(self, roles: Iterable[str] = NODE_IMAGE_ROLES) -> list[NodeImage]:
-        return [NodeImage(Path(self.images[self.roles[role]]), (self.roles[role],)) for role in roles]
+        return [self.image_as(role, self.roles[role]) for role in roles]
+
+    def image_as(self, role: str, name: str) -> NodeImage:
+        """The image of `role` under `name` on a node (a test image under the name the examples use)."""
+        return NodeImage(Path(self.images[self.roles[role]]), (name,))
 
 
 def node_root(run_id: str) -> Path:
@@ -141,17 +137,21 @@ class RealNode:
         labels: Mapping[str, str] | None = None,
         taints: Iterable[str] = (),
         plugins: Mapping[str, NodePlugin] | None = None,
+        shape: MachineShape | None = None,
     ) -> None:
-        """Bring the node up until its Node has a pod CIDR; the caller waits for Ready."""
+        """Bring the node up until its Node has a pod CIDR; the caller waits for Ready. `shape`: the host
+        its kubelet sees (cpu and memory capacity) instead of this machine."""
         self._record()  # first, so that teardown finds whatever of it was made
         self.root.mkdir(parents=True)
         link = self.cp.workdir / "nodes" / self.layout.name
         link.parent.mkdir(exist_ok=True)
         link.symlink_to(self.root)
         self._write_files(sandbox_image)
+        if shape is not None:
+            self._write_machine_files(shape)
         self._plug_network()
         self._make_cgroups()
-        self._start_containerd()
+        self._start_containerd(shaped=shape is not None)
         self._start_kubelet(labels or {}, taints)
         layout, config = self.layout, self.layout.config_file
         self._start("kube-proxy", [self.cp.tool("kube-proxy"), f"--config={config('kube-proxy.yaml')}"])
@@ -189,6 +189,16 @@ class RealNode:
         (config / "kube-proxy.yaml").write_text(json.dumps(proxy, indent=2))
         (config / "Corefile").write_text(node_config.corefile(layout, str(config / "coredns.kubeconfig")))
         (config / "resolv.conf").write_text(node_config.resolv_conf(layout))
+
+    def _write_machine_files(self, shape: MachineShape) -> None:
+        root = Path(self.layout.machine_dir)
+        files = node_config.machine_files(shape)
+        for name, content in files.items():
+            path = root / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(content)
+        for name in node_config.MACHINE_MOUNTS.keys() - files.keys():  # an empty directory: no NUMA node
+            (root / name).mkdir(parents=True, exist_ok=True)
 
     def _plug_network(self) -> None:
         layout = self.layout
@@ -254,11 +264,11 @@ class RealNode:
     def _log(self, component: str) -> Path:
         return Path(self.layout.logs_dir) / f"{component}.log"
 
-    def _start_containerd(self) -> None:
-        kubelet_dir = Path(self.layout.kubelet_root)
-        kubelet_dir.mkdir()
+    def _start_containerd(self, shaped: bool) -> None:
+        Path(self.layout.kubelet_root).mkdir()
         containerd = ["containerd", f"--config={self.layout.config_file('containerd.toml')}"]
-        own_mounts = ["unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", NODE_MOUNTS, str(kubelet_dir)]
+        script = node_config.node_mounts(self.layout, shaped)
+        own_mounts = ["unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", script, "pd-node-mounts"]
         ref = self._start("containerd", [*own_mounts, *containerd], mount_ns=False)
         socket = Path(self.layout.containerd_socket)
         _wait(lambda: socket.exists() and self._ctr_ok(), 60, "containerd's socket", ref, self._log("containerd"))

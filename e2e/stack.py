@@ -34,7 +34,7 @@ from typing import Any
 from e2e import netns, real_node
 from e2e import pki as pki_mod
 from e2e.cluster import REPO_ROOT, ControlPlane
-from e2e.node_config import NodeLayout
+from e2e.node_config import MachineShape, NodeLayout
 from e2e.procs import ProcRef, is_running, spawn, stop
 from e2e.real_node import NodeImage, NodePlugin, RealNode
 from e2e.sandbox import unmount_leftovers
@@ -330,10 +330,12 @@ class Stack:
         labels: dict[str, str] | None = None,
         taints: tuple[str, ...] = (),
         plugins: dict[str, NodePlugin] | None = None,
+        shape: MachineShape | None = None,
     ) -> RealNode:
         """A node of the cluster (after `start_real_control_plane`), Ready, its pods routed and its DNS
         answering. `images` default to the pause, operator and runtime images (real_node.node_images);
-        `plugins` start in the node (device plugins, DRA drivers) once its kubelet runs."""
+        `plugins` start in the node (device plugins, DRA drivers) once its kubelet runs; `shape` is the
+        host its kubelet sees (its cpu and memory capacity), this machine's when None."""
         network = self.cp.extras["node_network"]
         subnet = ipaddress.IPv4Network(network["subnet"])
         network["nodes"] += 1
@@ -352,7 +354,7 @@ class Stack:
         manifest = real_node.ImageManifest.load()
         node_images = images if images is not None else manifest.node_images()
         machine = RealNode(self.cp, layout, self.detach)
-        machine.start(node_images, manifest.role("pause"), labels, taints, plugins)
+        machine.start(node_images, manifest.role("pause"), labels, taints, plugins, shape)
         layout = machine.layout = dataclasses.replace(layout, pod_cidr=machine.wait_pod_cidr())
         self.cp.extras["real_nodes"][node]["layout"] = layout.as_dict()
         self.cp.save()

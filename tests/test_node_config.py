@@ -111,3 +111,19 @@ def test_rbac_lets_the_api_server_reach_kubelets_and_coredns_read_services() -> 
     assert kubelet_api["roleRef"]["name"] == "system:kubelet-api-admin"
     assert kubelet_api["subjects"][0]["name"] == "apiserver-client"
     assert objects["pd-e2e:coredns"]["subjects"][0]["name"] == "dns-user"
+
+
+def test_a_shaped_node_shows_its_kubelet_the_cpus_and_memory_of_its_shape_and_no_cpu_topology() -> None:
+    files = node_config.machine_files(node_config.MachineShape(cpus=8, memory_gib=16))
+    assert "MemTotal: 16777216 kB\n" in files["meminfo"]  # cAdvisor's memory capacity
+    assert files["cpu/online"] == "0-7\n"
+    assert sorted(path for path in files if path.startswith("cpu/cpu")) == [f"cpu/cpu{i}/online" for i in range(8)]
+    # no core or package id, no NUMA node: no topology, so no CPU the machine lacks in the kubepods cpuset
+    assert not [path for path in files if "topology" in path or path.startswith("node/")]
+
+    shaped, plain = node_config.node_mounts(NODE, shaped=True), node_config.node_mounts(NODE, shaped=False)
+    for name, target in node_config.MACHINE_MOUNTS.items():
+        assert f"mount --bind {NODE.machine_dir}/{name} {target};" in shaped
+        assert target not in plain
+    assert f"mount --bind {NODE.kubelet_root} {node_config.NODE_KUBELET_ROOT};" in plain
+    assert plain.endswith('exec "$@"') and shaped.endswith('exec "$@"')
