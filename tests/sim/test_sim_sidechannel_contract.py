@@ -274,8 +274,11 @@ async def test_write_mode_producer_returns_params_then_writes_and_sends_write_do
 async def test_read_mode_producer_holds_blocks_until_release_or_defer_timeout(
     start_engine: EngineFactory, http: aiohttp.ClientSession
 ) -> None:
+    """With the multiprocess executor the operator renders (``mp``) every step of vLLM's busy loop, which
+    steps while it holds a deferred send, reaches ``update_connector_output``: an idle engine reaps too."""
     ports = engine_ports()
-    p = await start_engine(engine_argv("kv_producer", ports, read=True, defer_timeout="0.5"))
+    argv = [*engine_argv("kv_producer", ports, read=True, defer_timeout="0.5"), "--distributed-executor-backend", "mp"]
+    p = await start_engine(argv)
     params = {"do_remote_decode": True, "transfer_id": transfer_id()}
     released_tid = transfer_id()
     status, answer = await post(
@@ -297,6 +300,29 @@ async def test_read_mode_producer_holds_blocks_until_release_or_defer_timeout(
     assert metric(text, "pd_sim_kv_transfers_total", outcome="completed") == 1
     assert metric(text, "pd_sim_kv_transfers_total", outcome="expired") == 1
     assert metric(text, "pd_sim_kv_blocks_held") == 0
+
+
+async def test_an_idle_uni_executor_prefill_keeps_an_expired_sends_blocks_until_its_next_step(
+    start_engine: EngineFactory, http: aiohttp.ClientSession
+) -> None:
+    """docs/vllm-versions.md#deferred-send-reaping: with the ``uni`` executor an idle step has no KV connector
+    output, so vLLM reaps a deferred send past ``defer_timeout`` only at the end of the next forward step."""
+    ports = engine_ports()
+    argv = [*engine_argv("kv_producer", ports, read=True, defer_timeout="0.3"), "--num-gpu-blocks-override", "100"]
+    p = await start_engine([*argv, "--distributed-executor-backend", "uni"])
+    params = {"do_remote_decode": True, "transfer_id": transfer_id()}
+    status, _ = await post(http, p.url, {"prompt": [1] * 20, "max_tokens": 1, "kv_transfer_params": params}, "r1")
+    assert status == 200
+    await asyncio.sleep(1.0)  # past defer_timeout, nothing scheduled
+    idle = await scrape(http, p.url)
+    assert metric(idle, "pd_sim_kv_blocks_held") == 2
+    assert metric(idle, "pd_sim_kv_transfers_total", outcome="expired") == 0
+    assert metric(idle, "vllm:kv_cache_usage_perc", engine="0") > 0
+    status, _ = await post(http, p.url, {"prompt": [1] * 20, "max_tokens": 1}, "plain")
+    assert status == 200
+    text = await until_metric(http, p.url, "pd_sim_kv_transfers_total", 1, outcome="expired")
+    assert metric(text, "pd_sim_kv_blocks_held") == 0
+    assert metric(text, "vllm:kv_cache_usage_perc", engine="0") == 0
 
 
 def _remote_body(tid: str, max_tokens: int = 4) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pd_runtime import protocol
 from pd_runtime.sim.versions import MORIIO_METRICS_FLAG, VERSION_ENV, VERSION_FLAG, simulated_version
@@ -28,6 +28,7 @@ DEFAULT_HANDSHAKE_PORT = 6301
 DEFAULT_NOTIFY_PORT = 61005
 
 LoadFailurePolicy = Literal["fail", "recompute"]
+ExecutorBackend = Literal["mp", "uni", "ray", "external_launcher"]
 ENV_PREFIX = "PD_SIM_"
 READ_MODE_ENV = "VLLM_MORIIO_CONNECTOR_READ_MODE"
 API_KEY_ENV = "VLLM_API_KEY"  # vLLM's --api-key when the flag is not given
@@ -118,6 +119,15 @@ class EngineConfig:
     ignored_flags: tuple[str, ...] = field(default=())
     api_keys: tuple[str, ...] = ()
     """Keys one of which /v1 requires as a bearer token (vLLM's --api-key, else VLLM_API_KEY); none: open."""
+    executor_backend: ExecutorBackend = "uni"
+    """vLLM's --distributed-executor-backend, defaulted as vLLM does: ``mp`` past one worker, else ``uni``."""
+
+    @property
+    def reap_waits_for_a_forward_step(self) -> bool:
+        """Whether an expired deferred send keeps its blocks until the engine's next forward step (docs/
+        vllm-versions.md#deferred-send-reaping): vLLM reaps it in the scheduler's ``update_connector_output``,
+        which an idle step reaches only through the multiprocess executors' KV output aggregator."""
+        return self.executor_backend in ("uni", "external_launcher")
 
 
 def normalise_argv(argv: Sequence[str]) -> list[str]:
@@ -153,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     vllm.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
     vllm.add_argument("--kv-transfer-config")
     vllm.add_argument("--num-gpu-blocks-override", type=int, default=None)
+    vllm.add_argument("--distributed-executor-backend", choices=get_args(ExecutorBackend), default=None)
     vllm.add_argument("--api-key", nargs="+", default=None)
     sim = parser.add_argument_group("simulator")
     sim.add_argument("--profile", default="instant", help="timing profile: instant, qwen3-235b-mi300x")
@@ -276,6 +287,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Eng
         moriio_metrics=knob("moriio-metrics", bool, False),
         ignored_flags=tuple(unknown),
         api_keys=tuple(key for key in (ns.api_key or [env.get(API_KEY_ENV, "")]) if key),
+        executor_backend=ns.distributed_executor_backend or ("mp" if ns.tp * ns.dp > 1 else "uni"),
     )
 
 

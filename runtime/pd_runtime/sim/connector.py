@@ -5,7 +5,9 @@ the RDMA data movement is replaced by waiting the modelled transfer time. Write 
 (docs/protocol.md#write-mode): D sends ``remote_blocks`` to P's notify ports and waits; P, once its prefill is
 done and D's blocks are known, "writes" and sends ``write_done``; then both free. Read mode
 (docs/protocol.md#read-mode): D handshakes with P, "reads", and sends ``release`` so P frees its held blocks.
-Held producer blocks are reaped after ``defer_timeout`` (G2 behaviour).
+Held producer blocks are reaped after ``defer_timeout`` (G2 behaviour): in write mode at once, in read
+mode at the engine's next step with KV connector output, which an idle engine with vLLM's ``uni``
+executor only reaches when a request comes (docs/vllm-versions.md#deferred-send-reaping).
 
 A fault switch (``--sim-kv-fault-file``, the live tier's ``mori.io`` stand-in's format) is read at every
 transfer by the side that starts it, P in write mode and D in read mode: ``delay`` completes it
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,16 @@ from pd_runtime.sim.versions import ConnectorBehaviour
 log = logging.getLogger(__name__)
 UNMATCHED_FAILURES_KEPT = 4096
 """vLLM 0.33's ``_MAX_UNMATCHED_WRITE_FAILURES``: write_failed notices kept for requests not allocated yet."""
+
+
+async def _first_of(*waits: Awaitable[Any]) -> None:
+    """Return when the first of ``waits`` does; the others are cancelled."""
+    tasks = [asyncio.ensure_future(wait) for wait in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 class KvLoadFailed(RuntimeError):
@@ -201,12 +214,14 @@ class Connector:
 
     # -- producer -----------------------------------------------------------------------------------
 
-    async def produce(self, job: ProducerJob) -> None:
-        """Hold the request's blocks until the handoff completes or the defer timeout reaps them."""
+    async def produce(self, job: ProducerJob, reap_step: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Hold the request's blocks until the handoff completes or, past ``defer_timeout``, they are reaped:
+        in write mode at once (prefill's writer thread gives up and acknowledges the free), in read mode at
+        the engine's next step with KV connector output, ``reap_step`` (None: at once)."""
         self._metrics.blocks_held.inc(job.blocks)
         try:
             if self.config.read_mode:
-                await self._await_count(job.transfer_id, min(self._tp, job.peer_tp), self.config.defer_timeout_s)
+                await self._await_release(job, reap_step)
             else:
                 await self._write(job)
             self._metrics.transfers.labels("completed").inc()
@@ -226,6 +241,18 @@ class Connector:
         finally:
             self._metrics.blocks_held.dec(job.blocks)
             self._mail.pop(job.transfer_id, None)
+
+    async def _await_release(self, job: ProducerJob, reap_step: Callable[[], Awaitable[None]] | None) -> None:
+        """Wait for decode's release; past ``defer_timeout`` the send has expired, and vLLM's scheduler reaps
+        it in its next ``update_connector_output`` (docs/vllm-versions.md#deferred-send-reaping), where a
+        late release also ends up: either way it counts as expired (TimeoutError)."""
+        releases = min(self._tp, job.peer_tp)
+        try:
+            await self._await_count(job.transfer_id, releases, self.config.defer_timeout_s)
+        except TimeoutError:
+            if reap_step is not None:
+                await _first_of(reap_step(), self._await_count(job.transfer_id, releases, None))
+            raise
 
     def _write_targets(self, prefill_tp: int, decode_tp: int) -> list[tuple[int, int]]:
         """(decode rank, writers) of every write_done a transfer between these TP sizes sends, over all

@@ -42,6 +42,7 @@ class EngineCore:
         self._sinks: dict[int, asyncio.Queue[Emitted | str]] = {}
         self._on_allocated: dict[int, Callable[[], None]] = {}
         self.first_scheduled: dict[int, float] = {}
+        self._connector_output_waiters: list[asyncio.Future[None]] = []
         self.dead: str | None = None
         """Why the core's loop ended (vLLM's EngineDeadError); None while it runs."""
 
@@ -85,6 +86,20 @@ class EngineCore:
         self._scheduler.transfer_blocks += blocks
         self._wake.set()
         self._gauges()
+
+    async def next_connector_output(self) -> None:
+        """Return at the core's next step that hands vLLM's scheduler KV connector output: the end of a
+        forward step, or a deferred send of this core freed (its ``finished_sending``)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._connector_output_waiters.append(waiter)
+        await waiter
+
+    def connector_output(self) -> None:
+        """This step carries KV connector output: expired deferred sends are reaped now."""
+        waiters, self._connector_output_waiters = self._connector_output_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def release(self, seq: Sequence) -> None:
         """Forget a sequence (finished, or aborted because its client went away)."""
@@ -140,3 +155,4 @@ class EngineCore:
                 sink = self._sinks.get(id(event.seq))
                 if sink is not None:
                     sink.put_nowait(Emitted(event.index, event.finished, deadline))
+            self.connector_output()

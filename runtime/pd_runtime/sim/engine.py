@@ -17,7 +17,7 @@ import secrets
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
@@ -522,7 +522,8 @@ class SimEngine:
         handle.kv_transfer_params = protocol.producer_response_params(
             cfg.host_ip, cfg.handshake_port, cfg.notify_port, blocks, self.config.dp, self.config.tp, job.transfer_id
         )
-        self.spawn(self._produce(self.connector, handle.core, job))
+        reap_step = handle.core.next_connector_output if self.config.reap_waits_for_a_forward_step else None
+        self.spawn(self._produce(self.connector, handle.core, job, reap_step))
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run work that outlives its request (a hand-off, a release) until it ends or the engine stops."""
@@ -531,14 +532,18 @@ class SimEngine:
         task.add_done_callback(self._background.discard)
 
     @staticmethod
-    async def _produce(connector: Connector, core: EngineCore, job: ProducerJob) -> None:
+    async def _produce(
+        connector: Connector, core: EngineCore, job: ProducerJob, reap_step: Callable[[], Awaitable[None]] | None
+    ) -> None:
         """The producer's hand-off; its blocks stay in the engine core's KV cache until it ends, as vLLM's
-        delay-freed blocks do (they count in ``vllm:kv_cache_usage_perc`` and take capacity)."""
+        delay-freed blocks do (they count in ``vllm:kv_cache_usage_perc`` and take capacity). Their free is
+        the step's KV connector output (``finished_sending``), which reaps the core's expired sends too."""
         core.hold_blocks(job.blocks)
         try:
-            await connector.produce(job)
+            await connector.produce(job, reap_step)
         finally:
             core.hold_blocks(-job.blocks)
+            core.connector_output()
 
 
 def _peer(params: dict[str, Any], xid: str, own_role: protocol.Role) -> protocol.PeerAddress | None:

@@ -86,10 +86,12 @@ def _pdctl(*args: str) -> list[str]:
 
 
 def _engine_args(shape: EngineShape, port: int, profile: str, time_scale: float) -> list[str]:
+    """The flags of the operator's command line that change the simulation (its ``mp`` executor: an idle
+    prefill reaps an expired deferred send, docs/vllm-versions.md#deferred-send-reaping)."""
     return [
         MODEL, "-tp", str(shape.tp), "--port", str(port), "--host", "127.0.0.1",
         "--max-num-batched-tokens", str(shape.max_batched_tokens), "--max_num_seqs", str(shape.max_num_seqs),
-        "--profile", profile, "--time-scale", f"{time_scale:g}",
+        "--distributed-executor-backend", "mp", "--profile", profile, "--time-scale", f"{time_scale:g}",
     ]  # fmt: skip
 
 
