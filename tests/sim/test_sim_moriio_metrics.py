@@ -95,8 +95,9 @@ async def test_status_shows_the_engines_own_transfer_metrics_where_they_export_t
 async def test_in_read_mode_decode_counts_the_reads_and_prefill_the_kv_that_expired(
     stacks: list[LocalStack], tmp_path: Path
 ) -> None:
-    """Decode reads, so a read the fault switch fails counts there; prefill, never told to release the
-    blocks, reaps them after ``defer_timeout`` and counts expired KV (vLLM: "tracked on the P instance")."""
+    """Decode reads, so a read the fault switch fails counts there (and still releases prefill's blocks, as
+    vLLM's ``_pop_done_transfers`` does); prefill, never told to release the blocks of a read that never
+    ends, reaps them after ``defer_timeout`` and counts expired KV (vLLM: "tracked on the P instance")."""
     faults = tmp_path / "kv-fault.json"
     faults.write_text("{}")
     flag = ("--sim-moriio-metrics",)
@@ -106,8 +107,10 @@ async def test_in_read_mode_decode_counts_the_reads_and_prefill_the_kv_that_expi
         served = await _post(session, stack)
         faults.write_text(json.dumps({"fault": "fail"}))
         failed = await _post(session, stack)
+        faults.write_text(json.dumps({"fault": "drop"}))
+        dropped = await _post(session, stack)
         by_role = await _instances_once_scraped(session, stack, "P", "vllm:moriio_num_kv_expired_reqs")
-    assert (served, failed) == (200, 502)
+    assert (served, failed, dropped) == (200, 502, 502)
     prefill, decode = by_role["P"]["moriio_metrics"], by_role["D"]["moriio_metrics"]
     assert decode["vllm:moriio_xfer_time_seconds"]["count"] == 1
     assert decode["vllm:moriio_num_failed_transfers"] == 1

@@ -12,9 +12,9 @@ executor only reaches when a request comes (docs/vllm-versions.md#deferred-send-
 A fault switch (``--sim-kv-fault-file``, the live tier's ``mori.io`` stand-in's format) is read at every
 transfer by the side that starts it, P in write mode and D in read mode: ``delay`` completes it
 ``seconds`` later, ``fail`` fails it (write mode: P logs it and D is never told, as vLLM 0.31's writer
-thread does; read mode: the D request fails), ``drop`` never completes it (write: P gives up after
-``transfer_timeout``, D waits on; read: D waits until the request is aborted), and ``corrupt`` completes
-it with wrong bytes (D, whose KV it is, reads the switch when its KV lands).
+thread does; read mode: the D request fails and D still sends ``release``), ``drop`` never completes it
+(write: P gives up after ``transfer_timeout``, D waits on; read: D waits until the request is aborted),
+and ``corrupt`` completes it with wrong bytes (D, whose KV it is, reads the switch when its KV lands).
 
 The version's behaviours (sim/versions.py): from vLLM 0.33 a write-mode P that gives up waiting for D's
 block list tells D (``write_failed``), and D's wait raises ``KvLoadFailed`` (kept for a request D has not
@@ -338,7 +338,11 @@ class Connector:
             try:
                 await self._apply_fault(switch)
             except RuntimeError:
+                # vLLM's decode tells prefill to free its blocks after a failed read too (``_pop_done_transfers``,
+                # "Notifying prefill to free blocks", 0.31 to 0.34); only a read that never ends leaves them to
+                # prefill's defer_timeout
                 self._metrics.moriio_failed_transfer(job.dp_rank)
+                await self.release(job)
                 raise
             await self._clock.sleep_until(self._clock.now() + kv_transfer_time(self._profile, job.prompt_tokens))
             self._record_transfer(job.dp_rank, job.prompt_tokens, len(job.block_ids))
