@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import requests
 
-from live.cluster import MODEL_NAME
+from live.cluster import MODEL_NAME, Pair
+from pd_runtime.protocol import DEFAULT_DEFER_TIMEOUT_S
 
 TIMEOUT_S = 300.0
 
@@ -98,3 +100,11 @@ def generate(url: str, path: str, body: dict[str, Any]) -> Generated:
                 texts.append(t)
                 finish = choice.get("finish_reason") or finish
     return Generated(ids, lps, "".join(texts), finish)
+
+
+def reap_expired_send(pair: Pair, prompt: str) -> None:
+    """Read mode, a send no decode will release: prefill reaps it past ``defer_timeout`` at its next scheduler
+    step with KV connector output, which the tier's ``uni`` executor gives an idle engine only with a request
+    (docs/vllm-versions.md#deferred-send-reaping). Waits past the timeout and sends prefill one."""
+    time.sleep(DEFAULT_DEFER_TIMEOUT_S + 1)
+    assert generate(pair.prefill.url, "/v1/completions", completion_body(prompt, max_tokens=1)).token_ids
