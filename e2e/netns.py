@@ -185,14 +185,6 @@ class PodNetwork:
         await _ip("netns", "del", netns, check=False)  # the veth pair goes with its namespace end
         self._free.append(ipaddress.ip_address(address))  # type: ignore[arg-type]
 
-    async def cut(self) -> None:
-        """The machine drops off the network: every link of this node goes down at once, so its node IP,
-        kubelet and pods stop answering (other nodes' pods keep talking to each other)."""
-        links = json.loads(await _ip("-j", "link", "show", "master", self.bridge) or "[]")
-        for link in links:
-            if str(link.get("ifname", "")).startswith(f"pdv{self.run_id}n"):
-                await _ip("link", "set", link["ifname"], "down", check=False)
-
     async def teardown(self) -> None:
         for key in list(self._pods):
             await self.remove_pod(key)

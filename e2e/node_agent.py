@@ -10,7 +10,8 @@ cluster_names.py) and serves `kubectl logs` through a kubelet-style HTTPS endpoi
 
 Several agents make a cluster of several nodes: with `--bridge` and `--cluster-cidr` each plugs its
 pods into the cluster's bridge inside the pod CIDR the controller-manager gave its Node, so pods on
-different nodes reach each other. SIGUSR1 is the "node dies" fault (see `power_off`).
+different nodes reach each other. Node loss is no fault of the agent's: a real node is powered off instead
+(`real_node.power_off`, docs/e2e-real-node.md).
 
 `--status-only` runs no processes: pods just become Running and Ready (for the operator benchmark).
 `--cpu-vllm VENV` makes `vllm` the real CPU build of vLLM in VENV (the live tier's) instead of the
@@ -174,7 +175,6 @@ class NodeAgent:
         self.finalized: set[str] = set()
         self.names = ClusterNames(api)
         self.node_uid = ""
-        self.powered_off = False
         self._running: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self.ctx: NodeContext | None = None
@@ -339,33 +339,6 @@ class NodeAgent:
             task.cancel()
         await asyncio.gather(*self._running, return_exceptions=True)
         self._running = []
-
-    # ---- the "node dies" fault -----------------------------------------------------------------------------
-
-    def power_off(self) -> None:
-        """The machine dies (SIGUSR1): from now on nothing of this node reaches the API server (no Lease
-        renewal, no NodeStatus, no pod status, no deletion confirmed), its links go down and its
-        processes are killed. The Node and its pods stay as they are in the API, so the real node
-        lifecycle controller marks the node Unknown and taints it, as for a machine that lost power.
-        The agent process stays (idle) until it is stopped, then cleans up as usual."""
-        if not self.powered_off:
-            self.powered_off = True
-            self._spawn(self._power_off())
-
-    async def _power_off(self) -> None:
-        log.warning("node %s powers off: heartbeats stop, links go down, pods die", self.name)
-        await self._cancel_running()
-        me = asyncio.current_task()
-        for task in list(self._background):
-            if task is not me:
-                task.cancel()
-        await self.api.close()  # whatever is still in flight fails: the machine is gone
-        if self.network is not None:
-            await self.network.cut()
-        workers = list(self.workers.values())
-        self.workers.clear()
-        await asyncio.gather(*(w.power_off() for w in workers), return_exceptions=True)
-        log.warning("node %s is off (%d pods killed)", self.name, len(workers))
 
     # ---- pods ----------------------------------------------------------------------------------------------
 
@@ -622,7 +595,6 @@ async def amain(args: argparse.Namespace) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     agent = NodeAgent(api, args)
-    loop.add_signal_handler(signal.SIGUSR1, agent.power_off)
     await agent.run(stop)
 
 

@@ -514,12 +514,6 @@ class PodWorker:
                 await self._writer
         self.finished.set()
 
-    async def power_off(self) -> None:
-        """The machine died: no last status is written; the processes are killed at once."""
-        if self._writer is not None:
-            self._writer.cancel()
-        await self.stop(grace_s=0)
-
     async def _release(self) -> None:
         self.ctx.device_manager.release(self.uid)
         if self.sandbox_ready and self.ctx.network is not None:

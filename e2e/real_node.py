@@ -375,6 +375,18 @@ def teardown(cp: ControlPlane, state: Mapping[str, Any]) -> None:
     log.info("node %s torn down", layout.name)
 
 
+def power_off(cp: ControlPlane, layout: NodeLayout) -> None:
+    """The node's machine goes away at once: every process of its cgroup tree (kubelet, containerd and its
+    shims, every container, kube-proxy, CoreDNS, plugins) SIGKILLed together, no graceful step, and its
+    link down, so its address answers nothing. The Node is left to the node lifecycle controller; the
+    namespace, cgroups and directory stay until `teardown`."""
+    _kill_cgroup_tree(layout)
+    for ref in [p for p in cp.procs if p.name.endswith(f"-{layout.name}")]:
+        stop(ref, grace_s=1)  # gone already: reaps them
+    _ip("-n", layout.netns, "link", "set", "eth0", "down")
+    log.info("node %s powered off", layout.name)
+
+
 def _is_kubelet_side(name: str) -> bool:
     return not name.startswith("containerd-")
 

@@ -10,7 +10,7 @@ One node (`mi300x-0`) by default; `start_pool` adds a pool of more 8-GPU nodes, 
 the pool's name so that only workloads placed there on purpose (`pool_placement`) land on them. All
 nodes share one pod network (one bridge, a /24 per node from the controller-manager's node IPAM), so
 pods on different nodes reach each other and Service names resolve to pods on any node. `fail_node`
-is the "node dies" fault: the agent stops heartbeating and its pods die with it.
+is the "node dies" fault of a real node: its kubelet, containerd, shims and containers killed at once.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -98,12 +97,6 @@ class Stack:
             self.wait_node_ready(node, ref)
         log.info("node pool %s Ready: %s", pool, ", ".join(nodes))
         return nodes
-
-    def fail_node(self, node: str) -> None:
-        """The "node dies" fault: its agent stops heartbeating, cuts its links and kills its pods (SIGUSR1)."""
-        ref = next(p for p in self.cp.procs if p.name == f"node-agent-{node}")
-        os.kill(ref.pid, signal.SIGUSR1)
-        log.info("node %s powered off (agent pid %d)", node, ref.pid)
 
     def cluster_bridge(self) -> str:
         """The bridge every node of this cluster plugs its pods into: made on first use, removed by down()."""
@@ -366,14 +359,21 @@ class Stack:
         log.info("real node %s Ready in %.1fs (%s, pods %s)", node, took, layout.node_ip, layout.pod_cidr)
         return machine
 
-    def start_real_pool(self, pool: str, count: int) -> list[str]:
-        """`count` more real nodes `<pool>-<i>`, one after another, with the pool's label and NoSchedule
-        taint; they hold the pause and runtime images (serving pods, not the operator)."""
+    def start_real_pool(self, pool: str, count: int, plugins: dict[str, NodePlugin] | None = None) -> list[str]:
+        """Real nodes `<pool>-0..<count-1>` with the pool's label and NoSchedule taint, each started (one
+        after another) unless it runs already (a node torn down is started again); they hold the pause and
+        runtime images (serving pods, not the operator) and run `plugins` (start_real_node)."""
         images = real_node.ImageManifest.load().node_images(("pause", "runtime"))
         nodes = [f"{pool}-{i}" for i in range(count)]
         for node in nodes:
-            self.start_real_node(node, images, {POOL_KEY: pool}, (f"{POOL_KEY}={pool}:NoSchedule",))
+            if node not in self.cp.extras.get("real_nodes", {}):
+                self.start_real_node(node, images, {POOL_KEY: pool}, (f"{POOL_KEY}={pool}:NoSchedule",), plugins)
         return nodes
+
+    def fail_node(self, node: str) -> None:
+        """The "node dies" fault on a real node: everything of it killed at once, its link down
+        (real_node.power_off); its Node is left to the node lifecycle controller."""
+        real_node.power_off(self.cp, NodeLayout.from_dict(self.cp.extras["real_nodes"][node]["layout"]))
 
     def real_node_layouts(self) -> list[NodeLayout]:
         return [NodeLayout.from_dict(s["layout"]) for s in self.cp.extras.get("real_nodes", {}).values()]

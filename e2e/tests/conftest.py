@@ -1,8 +1,10 @@
-"""Session fixtures: one control plane, one node agent, one operator for the whole suite.
+"""Session fixtures: one control plane, one node agent, one operator for the whole suite; and a cluster of
+real nodes (`real`, `ns`), started on first use, with the operator in-cluster.
 
-Tests that need more GPU nodes ask `node_pool(name, count)`: the pool's nodes start on first use and
-run until the session ends, labelled and tainted so that only what `pool_placement(name)` places
-there lands on them (the suite's one-node tests never see them).
+Tests that need more GPU nodes ask `node_pool(name, count)` (node agents) or `real_pool(name, count)`
+(real nodes with the fake MI300X device plugins): the pool's nodes start on first use and run until the
+session ends, labelled and tainted so that only what `pool_placement(name)` places there lands on them
+(the suite's one-node tests never see them).
 
 Set PD_E2E_KEEP=1 to leave the cluster's work directory (logs, pod sandboxes) in place after the run.
 """
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from e2e import device_plugins
 from e2e.cluster import ControlPlane, binaries_dir, new_workdir
 from e2e.stack import Stack
 from e2e.tests.kube import create_namespace
@@ -98,6 +101,27 @@ def node_pool(stack: Stack) -> Callable[[str, int], list[str]]:
         return pools[name]
 
     return start
+
+
+@pytest.fixture(scope="session")
+def real(real_stack: Stack) -> ControlPlane:
+    return real_stack.cp
+
+
+@pytest.fixture
+def ns(real: ControlPlane) -> Iterator[str]:
+    """A fresh namespace of the real cluster (Pod Security baseline), deleted afterwards."""
+    name = create_namespace(real, f"r-{secrets.token_hex(3)}")
+    yield name
+    real.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def real_pool(real_stack: Stack) -> Callable[[str, int], list[str]]:
+    """`count` real 8-GPU nodes `<name>-<i>` (the fake MI300X device plugins); a node a test tore down
+    (a lost node) is started again when a test asks for the pool next. Returns their node names."""
+    plugins = {"devices": device_plugins.real_node_plugin()}
+    return lambda name, count: real_stack.start_real_pool(name, count, plugins)
 
 
 def pytest_configure(config: pytest.Config) -> None:

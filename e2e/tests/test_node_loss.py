@@ -1,6 +1,8 @@
-"""Node loss end to end: the serving pod's node dies (stops heartbeating, its pods die with it), the real node
-lifecycle controller marks it unreachable, and past the grace the operator force-deletes the pod, which is
-recreated on the other node of the pool and serves again; an Event and the NodeLost condition say so."""
+"""Node loss end to end on real nodes: the serving pod's node dies (its kubelet, containerd, shims and
+containers killed at once, its link down), the node lifecycle controller of kube-controller-manager marks
+it unreachable once its Lease is older than the grace, and past the pod's toleration the operator
+force-deletes the pod, which is recreated on the other node of the pool and serves again; an Event and
+the NodeLost condition say so. The lost node is torn down afterwards and leaves nothing on the machine."""
 
 from __future__ import annotations
 
@@ -9,12 +11,15 @@ from collections.abc import Callable
 
 import httpx
 
+from e2e import real_node
 from e2e.cluster import ControlPlane
+from e2e.node_config import NodeLayout
 from e2e.stack import Stack, pool_placement
 from e2e.tests.kube import (
     Obj,
     apply,
     condition,
+    container_status,
     get,
     pdd,
     pod,
@@ -66,9 +71,10 @@ def answers(pod_ip: str) -> bool:
 
 
 def test_serving_pod_of_a_lost_node_is_recreated_on_a_node_with_free_gpus(
-    operator: Stack, cp: ControlPlane, namespace: str, node_pool: Callable[[str, int], list[str]]
+    real_stack: Stack, real: ControlPlane, ns: str, real_pool: Callable[[str, int], list[str]]
 ) -> None:
-    nodes = node_pool(POOL, 2)
+    cp, namespace = real, ns
+    nodes = real_pool(POOL, 2)
     apply(cp, json.dumps(deployment()), namespace)
     first = wait_pdd_ready(cp, namespace, NAME, timeout_s=120)["status"]
     lost_node, lost_pod = first["nodeName"], pod(cp, namespace, first["podName"])
@@ -76,7 +82,7 @@ def test_serving_pod_of_a_lost_node_is_recreated_on_a_node_with_free_gpus(
     assert stream_completion(first["podIP"])
     assert condition(pdd(cp, namespace, NAME), "NodeLost") is None, "no condition while nodes are fine"
 
-    operator.fail_node(lost_node)  # a signal: the agent cuts the node's links and kills its pods as it handles it
+    real_stack.fail_node(lost_node)
     wait_for(lambda: not answers(first["podIP"]), 30, f"the pods of {lost_node} to stop answering")
     wait_for(
         lambda: node_state(cp, lost_node)[0] == "Unknown" and UNREACHABLE in node_state(cp, lost_node)[1],
@@ -93,6 +99,7 @@ def test_serving_pod_of_a_lost_node_is_recreated_on_a_node_with_free_gpus(
     now = wait_for(replaced, 120, "the serving pod recreated on another node and Ready")["status"]
     other = next(n for n in nodes if n != lost_node)
     assert now["nodeName"] == other and now["podName"] == lost_pod["metadata"]["name"]
+    assert container_status(pod(cp, namespace, now["podName"]), "proxy")["containerID"].startswith("containerd://")
     assert stream_completion(now["podIP"])
 
     lost = events(cp, namespace, "NodeLost")
@@ -107,4 +114,8 @@ def test_serving_pod_of_a_lost_node_is_recreated_on_a_node_with_free_gpus(
     )
     assert found["status"] == "False" and found["message"] == f"the serving pod {NAME} is Ready on node {other}"
     cp.kubectl("delete", "pdd", NAME, "-n", namespace, "--wait=false")
-    cp.kubectl("delete", "node", lost_node, "--wait=false")
+
+    state = cp.extras["real_nodes"][lost_node]
+    real_node.teardown(cp, state)
+    cp.kubectl("delete", "node", lost_node)
+    assert real_node.leftovers(NodeLayout.from_dict(state["layout"])) == []

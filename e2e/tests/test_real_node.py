@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from e2e import device_plugins, real_node
 from e2e.cluster import REPO_ROOT, ControlPlane
@@ -34,7 +31,6 @@ from e2e.tests.kube import (
     apply,
     condition,
     container_status,
-    create_namespace,
     is_true,
     pod,
     pods,
@@ -48,18 +44,6 @@ from e2e.tests.kube import (
 
 RUNTIME_IMAGE = "ghcr.io/pd-serving/pd-runtime:0.1.0"
 STREAM_TOKENS = 1500  # about 6 s from the simulated engines at timeScale 10
-
-
-@pytest.fixture(scope="module")
-def real(real_stack: Stack) -> ControlPlane:
-    return real_stack.cp
-
-
-@pytest.fixture
-def ns(real: ControlPlane) -> Iterator[str]:
-    name = create_namespace(real, f"r-{secrets.token_hex(3)}")
-    yield name
-    real.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def _containerd_ids(obj: Obj) -> list[str]:
