@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 NODE_NAME = "mi300x-0"
 POOL_KEY = "pd.serving.dev/e2e-pool"  # label and NoSchedule taint of the nodes of a pool
+GPU_POOL = "gpu"  # the real 8-GPU nodes the multi-node e2e tests share (a lost one is started again)
 OPERATOR_NAMESPACE = "pd-system"
 EXTERNAL_METRICS = "v1beta1.external.metrics.k8s.io"  # the APIService of e2e.metrics_api
 RELEASE = "pd-operator"

@@ -14,7 +14,7 @@ import httpx
 from e2e import real_node
 from e2e.cluster import ControlPlane
 from e2e.node_config import NodeLayout
-from e2e.stack import Stack, pool_placement
+from e2e.stack import GPU_POOL, Stack, pool_placement
 from e2e.tests.kube import (
     Obj,
     apply,
@@ -29,7 +29,6 @@ from e2e.tests.kube import (
     wait_pdd_ready,
 )
 
-POOL = "loss"
 NAME = "lost"
 UNREACHABLE = "node.kubernetes.io/unreachable"
 TOLERATION_S = 5  # the pod's own tolerationSeconds for the unreachable taint: shorter than the operator's 300 s
@@ -40,7 +39,7 @@ def deployment() -> Obj:
     obj = simulated_example(NAME)
     obj["spec"]["goodputProbe"] = {"enabled": False}
     obj["spec"]["simulation"]["reserveGpus"] = True
-    placement = pool_placement(POOL)
+    placement = pool_placement(GPU_POOL)
     placement["tolerations"].append(
         {"key": UNREACHABLE, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": TOLERATION_S}
     )
@@ -74,7 +73,7 @@ def test_serving_pod_of_a_lost_node_is_recreated_on_a_node_with_free_gpus(
     real_stack: Stack, real: ControlPlane, ns: str, real_pool: Callable[[str, int], list[str]]
 ) -> None:
     cp, namespace = real, ns
-    nodes = real_pool(POOL, 2)
+    nodes = real_pool(GPU_POOL, 2)
     apply(cp, json.dumps(deployment()), namespace)
     first = wait_pdd_ready(cp, namespace, NAME, timeout_s=120)["status"]
     lost_node, lost_pod = first["nodeName"], pod(cp, namespace, first["podName"])
