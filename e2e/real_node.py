@@ -17,6 +17,7 @@ docs/e2e-real-node.md has the whole picture.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -69,13 +70,7 @@ class ImageManifest:
     @classmethod
     def load(cls) -> ImageManifest:
         """The manifest named by $PD_E2E_IMAGE_MANIFEST, else the one images/build.sh builds or reuses."""
-        path = os.environ.get("PD_E2E_IMAGE_MANIFEST")
-        if not path and not IMAGES_BUILD.exists():
-            raise FileNotFoundError(f"{IMAGES_BUILD} is missing: set PD_E2E_IMAGE_MANIFEST to an image manifest")
-        if not path:
-            out = subprocess.run(["bash", str(IMAGES_BUILD)], check=True, stdout=subprocess.PIPE, text=True).stdout
-            path = out.strip().splitlines()[-1]
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(os.environ.get("PD_E2E_IMAGE_MANIFEST") or _built_manifest()).read_text())
         return cls(images=data["images"], roles=data["roles"])
 
     def role(self, role: str) -> str:
@@ -87,6 +82,16 @@ class ImageManifest:
     def image_as(self, role: str, name: str) -> NodeImage:
         """The image of `role` under `name` on a node (a test image under the name the examples use)."""
         return NodeImage(Path(self.images[self.roles[role]]), (name,))
+
+
+@functools.cache
+def _built_manifest() -> str:
+    """images/build.sh once per process (a warm run still takes about 10 s to check every image): the tree it
+    builds from does not change while a test session, or `make cluster-up`, starts its nodes."""
+    if not IMAGES_BUILD.exists():
+        raise FileNotFoundError(f"{IMAGES_BUILD} is missing: set PD_E2E_IMAGE_MANIFEST to an image manifest")
+    out = subprocess.run(["bash", str(IMAGES_BUILD)], check=True, stdout=subprocess.PIPE, text=True).stdout
+    return out.strip().splitlines()[-1]
 
 
 def node_root(run_id: str) -> Path:
