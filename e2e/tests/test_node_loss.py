@@ -10,6 +10,7 @@ import json
 from collections.abc import Callable
 
 import httpx
+import pytest
 
 from e2e import real_node
 from e2e.cluster import ControlPlane
@@ -69,6 +70,7 @@ def answers(pod_ip: str) -> bool:
     return True
 
 
+@pytest.mark.timeout(480)  # the real cluster's session setup (images, control plane, chart) may fall in it
 def test_serving_pod_of_a_lost_node_is_recreated_on_a_node_with_free_gpus(
     real_stack: Stack, real: ControlPlane, ns: str, real_pool: Callable[[str, int], list[str]]
 ) -> None:
