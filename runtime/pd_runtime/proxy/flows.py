@@ -12,7 +12,6 @@ whose answer only the proxy reads.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Coroutine
@@ -23,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from pd_runtime.protocol import check_prefill_response
-from pd_runtime.proxy import migration
+from pd_runtime.proxy import jsoncodec, migration
 from pd_runtime.proxy.circuits import Circuits
 from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.contract import after_failure, phase
@@ -401,7 +400,7 @@ class ProxyCore:
         if status != 200:
             raise LegFailure("prefill", "http", upstream_error_for_client(status, body, "prefill", exchange.rewriter))
         try:
-            document = json.loads(body)  # never the client's: decode answers it
+            document = jsoncodec.engine_loads(body)  # never the client's: decode answers it
         except ValueError as exc:
             raise LegFailure("prefill", "protocol", engine_failed("prefill", "prefill answered invalid JSON")) from exc
         if exchange.source == "request" and (prompt := reported_prompt_tokens(document)) is not None:
