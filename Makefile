@@ -17,8 +17,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 lint: venv
-	$(VENV)/bin/ruff check operator runtime tests e2e benchmarks conformance live
-	$(VENV)/bin/ruff format --check operator runtime tests e2e benchmarks conformance live
+	$(VENV)/bin/ruff check operator runtime tests e2e benchmarks conformance live setup.py build_backend
+	$(VENV)/bin/ruff format --check operator runtime tests e2e benchmarks conformance live setup.py build_backend
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 
