@@ -26,6 +26,10 @@ from setuptools.build_meta import (  # noqa: F401  # the hooks served unchanged
 
 MYPY = "mypy>=1.15,<3"
 """mypyc comes with mypy."""
+BASES = ("prometheus-client>=0.20",)
+"""The packages whose classes compiled classes subclass (``metrics.py``'s collectors): mypyc must see
+their types. Without them it took ``Collector`` for ``Any`` and built collectors that broke the proxy's
+start (``SystemError`` in the registry's ``describe`` lookup)."""
 
 COMPILED = (
     "pd_runtime/openai_api.py",
@@ -73,7 +77,7 @@ def compiles() -> bool:
 
 
 def get_requires_for_build_wheel(config_settings: dict[str, Any] | None = None) -> list[str]:
-    extra = [MYPY] if compiles() else []
+    extra = [MYPY, *BASES] if compiles() else []
     return [*build_meta.get_requires_for_build_wheel(config_settings), *extra]
 
 
