@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -85,7 +84,7 @@ class ProxyCore:
         self.in_flight = 0
         self.demand = DemandWindow(time.monotonic())
         self.draining = False
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[Any]] = set()  # late prefill legs
         self.circuits = Circuits(registry, metrics)
         self.placement = Placement(config, registry, router, self.circuits, metrics)
         tracing = Tracing(config.otlp_traces_endpoint) if config.otlp_traces_endpoint else None
@@ -316,51 +315,72 @@ class ProxyCore:
     async def _write_flow(self, exchange: Exchange, sink: Sink) -> bool:
         """docs/protocol.md#write-mode: both legs at once, but P is watched; if it fails, D is cancelled.
 
-        D goes out first: it must allocate blocks and send them to P before P's KV writes can start.
+        D goes out first: it must allocate blocks and send them to P before P's KV writes can start. It is
+        relayed in the request's own task, whose first wait starts prefill's; a callback on prefill's task
+        (``_PrefillWatch``), not a wait over two leg tasks, cancels D when P fails.
         """
-        decode = asyncio.create_task(self._decode(exchange, None, sink))
         prefill = asyncio.create_task(self._prefill(exchange, read_mode=False))
-        handed_off = False
+        outcome: bool | BaseException
         try:
-            prefill_failure: BaseException | None = None
-            done, _ = await asyncio.wait({prefill, decode}, return_when=asyncio.FIRST_COMPLETED)
-            if prefill in done and (prefill_failure := prefill.exception()) is not None:
-                await _cancel(decode)
-            elif not decode.done():
-                await _settled(decode)  # prefill answered: from here only decode's end matters
-            if prefill_failure is not None and (decode.cancelled() or decode.exception() is not None):
-                if isinstance(prefill_failure, NoKvTransfer):
-                    await self._without_kv(exchange, sink, prefill_failure)
-                    return False
-                raise prefill_failure
-            decode.result()
+            outcome = await self._write_legs(exchange, sink, prefill)
+        except BaseException as failure:  # re-raised once prefill's leg is closed
+            outcome = failure
+        if prefill not in self._background:  # unless it was left to finish late
+            # Not in a finally clause: compiled by mypyc, a finally that awaited lost the exception it was
+            # to re-raise (a cancelled request returned None).
+            await _cancel(prefill)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    async def _write_legs(self, exchange: Exchange, sink: Sink, prefill: asyncio.Task[Any]) -> bool:
+        """Decode relayed while ``prefill`` runs: True when the transfer was verified."""
+        watch = _PrefillWatch(prefill)
+        try:
+            await self._decode(exchange, None, sink)
+        except asyncio.CancelledError:
+            if not watch.stop():
+                raise  # the request's own cancellation: its client left
+        except Exception:
+            watch.stop()
+            if _failure(prefill) is None:
+                raise  # decode failed first
+        else:
+            watch.stop()
             if not prefill.done() and exchange.source == "request":
-                handed_off = True
-                self._spawn(self._await_late_prefill(exchange, prefill))
+                self._finish_late(exchange, prefill)
                 return False
-            await asyncio.wait({prefill})  # the canary waits for P's own answer to verify the transfer
-            prefill_failure = prefill.exception()
-            if prefill_failure is None:
+            await _settled(prefill)  # the canary waits for P's own answer to verify the transfer
+            if (late := _failure(prefill)) is None:
                 self._record_transfer(exchange)
                 return True
-            log.warning(
-                "prefill failed after decode finished transfer_id=%s: %s", exchange.ids.transfer_id, prefill_failure
-            )
+            log.warning("prefill failed after decode finished transfer_id=%s: %s", exchange.ids.transfer_id, late)
             return False
-        finally:
-            if not handed_off:
-                await _cancel(prefill)
-            await _cancel(decode)
+        prefill_failure = _failure(prefill)  # D was cancelled for it, or failed beside it: P's failure stands
+        assert prefill_failure is not None
+        if isinstance(prefill_failure, NoKvTransfer):
+            await self._without_kv(exchange, sink, prefill_failure)
+            return False
+        raise prefill_failure
 
-    async def _await_late_prefill(self, exchange: Exchange, prefill: asyncio.Task[Any]) -> None:
-        """D finished before P's HTTP answer arrived: record the transfer once P confirms it."""
-        try:
-            await prefill
-        except LegFailure as failure:
+    def _finish_late(self, exchange: Exchange, prefill: asyncio.Task[Any]) -> None:
+        """D finished before P's HTTP answer arrived: P's task runs on in the background (cancelled by
+        ``close``), and the transfer is recorded once P confirms it (a callback, not a task waiting on it)."""
+        self._background.add(prefill)
+        prefill.add_done_callback(self._background.discard)
+        prefill.add_done_callback(lambda task: self._late_prefill_done(exchange, task))
+
+    def _late_prefill_done(self, exchange: Exchange, prefill: asyncio.Task[Any]) -> None:
+        if prefill.cancelled():
+            return
+        failure = prefill.exception()
+        if failure is None:
+            self._record_transfer(exchange)
+        elif isinstance(failure, LegFailure):
             self.metrics.upstream_errors.labels(failure.leg, failure.kind).inc()
             log.warning("prefill failed after decode finished transfer_id=%s: %s", exchange.ids.transfer_id, failure)
-            return
-        self._record_transfer(exchange)
+        else:
+            raise failure  # a bug: the loop's exception handler logs it
 
     async def _prefill(self, exchange: Exchange, read_mode: bool) -> Any:
         """The prefill leg; its kv_transfer_params, checked as the transfer mode needs them for decode (a
@@ -456,14 +476,38 @@ class ProxyCore:
         )
         self.metrics.last_transfer.set(time.time())
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
 
 def _address(target: Target | None) -> str:
     return "-" if target is None else target.instance.http_address
+
+
+class _PrefillWatch:
+    """While a write-mode decode leg runs in the request's task, prefill's failure cancels it (as
+    asyncio.TaskGroup cancels its other children): one callback on prefill's task instead of a task for
+    decode and asyncio.wait over both (docs/benchmarks.md)."""
+
+    __slots__ = ("_cancelled", "_task")
+
+    def __init__(self, prefill: asyncio.Task[Any]) -> None:
+        self._task = asyncio.current_task()
+        self._cancelled = False
+        prefill.add_done_callback(self._prefill_done)
+
+    def _prefill_done(self, prefill: asyncio.Task[Any]) -> None:
+        if self._task is not None and _failure(prefill) is not None:
+            self._cancelled = True
+            self._task.cancel()
+
+    def stop(self) -> bool:
+        """Decode is over: prefill's end cancels nothing from here. True when this watch cancelled decode
+        and nothing else cancelled the request's task (the cancellation is then taken back)."""
+        task, self._task = self._task, None
+        return self._cancelled and task is not None and task.uncancel() == 0
+
+
+def _failure(task: asyncio.Task[Any]) -> BaseException | None:
+    """How a finished leg task failed (None: it succeeded, or is not done, or was cancelled)."""
+    return None if not task.done() or task.cancelled() else task.exception()
 
 
 async def _settled(task: asyncio.Task[Any]) -> None:
