@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pd_runtime.openai_api import DONE, Endpoint, SseDecoder, interpret
+from pd_runtime.proxy import jsoncodec
 from pd_runtime.proxy.circuits import Circuits
 from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.deadline import Deadline
@@ -472,7 +473,7 @@ def stream_chunks(events: bytes) -> list[Any]:
         if payload == DONE:
             continue
         try:
-            chunks.append(json.loads(payload))
+            chunks.append(jsoncodec.engine_loads(payload))
         except ValueError:
             chunks.append(payload)
     return chunks
