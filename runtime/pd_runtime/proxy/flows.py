@@ -80,7 +80,8 @@ class ProxyCore:
         self.metrics = metrics
         self.session: aiohttp.ClientSession | None = None  # probes and /v1/models; the legs use ``upstream``
         self.upstream = UpstreamPool(config.timeouts.connect, UPSTREAM_KEEPALIVE_S)
-        self.last_transfer: LastTransfer | None = None
+        self._last_transfer: tuple[str, Target, Target, Source, float] | None = None  # ``last_transfer``'s facts
+        metrics.last_transfer.set_function(self._last_transfer_time)
         self.in_flight = 0
         self.demand = DemandWindow(time.monotonic())
         self.draining = False
@@ -466,15 +467,34 @@ class ProxyCore:
         await self._plain(exchange, exchange.prefill, "prefill", sink)
 
     def _record_transfer(self, exchange: Exchange) -> None:
+        """The newest verified transfer's facts, kept as they are: ``last_transfer`` and the gauge build what
+        they show only when read (a dataclass, a datetime and a locked gauge's set were per request)."""
         assert exchange.prefill is not None and exchange.decode is not None
-        self.last_transfer = LastTransfer(
-            transfer_id=exchange.ids.transfer_id,
-            completed_at=datetime.now(UTC),
-            prefill=exchange.prefill.instance.http_address,
-            decode=exchange.decode.instance.http_address,
-            source=exchange.source,
+        self._last_transfer = (
+            exchange.ids.transfer_id,
+            exchange.prefill,
+            exchange.decode,
+            exchange.source,
+            time.time(),
         )
-        self.metrics.last_transfer.set(time.time())
+
+    @property
+    def last_transfer(self) -> LastTransfer | None:
+        """The newest transfer whose prefill and decode legs both succeeded (``/status``)."""
+        if self._last_transfer is None:
+            return None
+        transfer_id, prefill, decode, source, at = self._last_transfer
+        return LastTransfer(
+            transfer_id=transfer_id,
+            completed_at=datetime.fromtimestamp(at, UTC),
+            prefill=prefill.instance.http_address,
+            decode=decode.instance.http_address,
+            source=source,
+        )
+
+    def _last_transfer_time(self) -> float:
+        """pd_proxy_last_transfer_timestamp_seconds: Unix time of the last verified transfer (0: none yet)."""
+        return 0.0 if self._last_transfer is None else self._last_transfer[-1]
 
 
 def _address(target: Target | None) -> str:
