@@ -9,7 +9,8 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:a36c24f9cbdf4fd0f52d67f0823eea
 FROM ${PYTHON_IMAGE} AS build
 ENV PD_VENV=/opt/pd \
     PD_SRC=/tmp/pd-src
-COPY pyproject.toml README.md /tmp/pd-src/
+COPY pyproject.toml README.md setup.py /tmp/pd-src/
+COPY build_backend /tmp/pd-src/build_backend
 COPY operator /tmp/pd-src/operator
 COPY runtime /tmp/pd-src/runtime
 # The `operator` extra (the API and kopf) on top of the base install (`pdctl bench`); no ZMQ, no proxy.

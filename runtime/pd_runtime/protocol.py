@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
@@ -81,11 +81,12 @@ class Registration:
     transfer_mode: TransferMode
     generation: Generation
     http_host: str = ""  # HTTP host when it differs from ``host``; empty means the same
+    http_address: str = field(init=False, repr=False, compare=False)
+    """``host:port`` without scheme, the registry key (docs/protocol.md#registration-g2). Read several times
+    per proxied request, so set once: compiled by mypyc, a ``cached_property`` built it on every read."""
 
-    @cached_property  # read several times per proxied request; the instance is frozen
-    def http_address(self) -> str:
-        """``host:port`` without scheme, the registry key (docs/protocol.md#registration-g2)."""
-        return f"{_bracket_ipv6(self.http_host or self.host)}:{self.http_port}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "http_address", f"{_bracket_ipv6(self.http_host or self.host)}:{self.http_port}")
 
     @property
     def base_url(self) -> str:

@@ -1,5 +1,7 @@
 """`pip install .` without extras, in a fresh virtual environment: `pdctl bench` works, and every
-subcommand that needs an extra says which one in a line instead of a traceback."""
+subcommand that needs an extra says which one in a line instead of a traceback. The machine stands for one
+without a C compiler: the install takes the proxy's modules as Python (docs/proxy.md, "Compiled request
+path")."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 
 from pd_runtime.cli import SUBCOMMANDS
 from tests.packaging.declared import installed_by
-from tests.packaging.venvs import copy_source, present_modules, run_install
+from tests.packaging.venvs import NO_COMPILER, copy_source, present_modules, run_install
 
 RUN_ARGS = {"operator": ["--all-namespaces", "--standalone"]}  # its --help needs no kopf; a start does
 ABSENT = ("matplotlib", "uvloop", "kopf", "kubernetes", "pydantic", "yaml", "zmq", "msgpack", "prometheus_client")
@@ -23,7 +25,8 @@ def test_the_base_install_runs_the_bench_and_names_the_extra_of_everything_else(
     assert "matplotlib" not in installed_by([None])
     source = copy_source(tmp_path / "src")
     venv = tmp_path / "venv"
-    run_install(f'python3 -m venv "{venv}" && "{venv}/bin/pip" install -q "{source}"', {}, source, [])
+    run_install(f'python3 -m venv "{venv}" && "{venv}/bin/pip" install -q "{source}"', NO_COMPILER, source, [])
+    assert list(venv.glob("lib/python*/site-packages/pd_runtime/**/*.so")) == []  # no compiler: Python
     assert present_modules(venv / "bin" / "python", ABSENT) == set()
     pdctl = str(venv / "bin" / "pdctl")
 

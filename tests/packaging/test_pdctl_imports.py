@@ -47,6 +47,7 @@ EXTRA_MODULES = {
     "prometheus-client": "prometheus_client",
     "matplotlib": "matplotlib",
     "uvloop": "uvloop",
+    "orjson": "orjson",
     "httptools": "httptools",
     "opentelemetry-exporter-otlp-proto-http": "opentelemetry",
 }

@@ -20,8 +20,12 @@ from pathlib import Path
 from tests.packaging.declared import REPO
 
 WHEELHOUSE = Path(os.environ.get("PD_TEST_WHEELHOUSE", Path.home() / ".cache" / "pd-operator-tests" / "wheels"))
-BUILD_REQUIREMENTS = ("setuptools>=77", "wheel")  # pyproject's build-system, for offline builds
-SOURCE = ("pyproject.toml", "README.md", "operator", "runtime")  # what `pip install .` reads
+# pyproject's build-system, for offline builds, and mypy, which the backend adds where it compiles the proxy
+BUILD_REQUIREMENTS = ("setuptools>=77", "wheel", "mypy>=1.15,<3")
+# what `pip install .` reads
+SOURCE = ("pyproject.toml", "README.md", "setup.py", "build_backend", "operator", "runtime")
+NO_COMPILER = {"CC": "/nonexistent/cc"}
+"""An install's environment as on a machine without a C compiler: the proxy is installed as Python."""
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
 
 

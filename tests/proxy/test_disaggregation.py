@@ -8,6 +8,7 @@ import pytest
 
 from pd_runtime.proxy.disaggregation import DecodeCaches, Prompt, decide, prompt_of, text_tokens
 from tests.proxy.conftest import PdSetup, SetupFactory
+from tests.proxy.proxy_fakes import wait_for
 
 
 def _ids(count: int, start: int = 1000) -> list[int]:
@@ -130,7 +131,10 @@ async def test_a_short_prompt_goes_to_decode_alone_and_a_long_one_is_disaggregat
     assert "kv_transfer_params" not in alone.body and alone.body["prompt"] == short["prompt"]
     status, _ = await setup.post("/v1/completions", {**short, "prompt": _ids(40, 5000)})
     assert status == 200
-    assert len(setup.prefill.requests) == 1 and len(setup.decode.requests) == 2
+    # the fake decode answers without waiting for the KV: its answer may be relayed before prefill's leg,
+    # which the proxy then finishes in the background, reaches the fake prefill
+    await wait_for(lambda: len(setup.prefill.requests) == 1, what="prefill's leg")
+    assert len(setup.decode.requests) == 2
     assert setup.decode.requests[1].body["kv_transfer_params"]["do_remote_prefill"] is True
     assert await _reasons(setup) == {"disaggregated": 1, "short_prompt": 1, "cached_prefix": 0}
 

@@ -22,7 +22,7 @@ class Handlers:
         self.entered = asyncio.Event()
 
     async def echo(self, request: HttpRequest, sink: ResponseSink) -> None:
-        body = request.body
+        body = bytes(request.body)  # whole() takes bytes: a compiled build checks it
         self.bodies.append(body)
         await sink.whole(200, "text/plain", body)
 

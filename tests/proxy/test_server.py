@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 import aiohttp
@@ -84,6 +85,10 @@ async def test_health_ready_and_status_follow_contract_3(pd_setup: SetupFactory)
         setup.decode.http_address,
         "request",
     )
+    async with setup.client.get(setup.admin_url + "/metrics") as resp:
+        (gauge,) = [line for line in (await resp.text()).splitlines() if line.startswith("pd_proxy_last_transfer_")]
+    completed = datetime.fromisoformat(last["completed_at"].replace("Z", "+00:00")).timestamp()
+    assert abs(float(gauge.split()[1]) - completed) < 0.01  # the gauge and /status tell the same transfer
     demand = doc["demand"]  # the client request counts, prompt length from prefill's usage
     assert (demand["arrivals"], demand["in_flight"], demand["queued"]) == (1, 0, 0)
     assert demand["output_tokens"] == {"requests": 1, "sum": 8}

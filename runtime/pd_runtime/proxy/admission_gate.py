@@ -4,8 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Literal
 
 from pd_runtime.proxy.admission import Admission, too_many_requests
@@ -99,10 +98,13 @@ class AdmissionGate:
             del self._waiters[ticket]
             self._metrics.admission_queue.set(self.state.queued)
 
-    @contextlib.asynccontextmanager
-    async def admitted(self, deadline: Deadline) -> AsyncIterator[None]:
-        """Hold a slot for the body of the block; raises the 429 ApiError when refused, the 504 one when the
-        request's deadline passed while it waited."""
+    def admitted(self, deadline: Deadline) -> Admitted:
+        """Hold a slot for the body of ``async with``; raises the 429 ApiError when refused, the 504 one when
+        the request's deadline passed while it waited."""
+        return Admitted(self, deadline)
+
+    async def _enter(self, deadline: Deadline) -> float:
+        """Take a slot (waiting in the queue if need be): the clock when it was taken."""
         self._tickets += 1
         ticket = self._tickets
         decision = self.state.arrive(ticket)
@@ -112,8 +114,25 @@ class AdmissionGate:
             arrived = self._clock()
             await self._wait(ticket, deadline)
             self._metrics.admission_wait.observe(self._clock() - arrived)
-        started = self._clock()
-        try:
-            yield
-        finally:
-            self._release(self._clock() - started)
+        return self._clock()
+
+    def _exit(self, started: float) -> None:
+        self._release(self._clock() - started)
+
+
+class Admitted:
+    """``async with gate.admitted()``: a class rather than an async generator, which costs an object and a
+    generator step more per request and which mypyc does not compile (docs/benchmarks.md)."""
+
+    __slots__ = ("_deadline", "_gate", "_started")
+
+    def __init__(self, gate: AdmissionGate, deadline: Deadline) -> None:
+        self._gate = gate
+        self._deadline = deadline
+        self._started = 0.0
+
+    async def __aenter__(self) -> None:
+        self._started = await self._gate._enter(self._deadline)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._gate._exit(self._started)

@@ -7,10 +7,8 @@ a breaker opens or closes.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Iterator
 
 from pd_runtime.proxy.breaker import OpenReason
 from pd_runtime.proxy.errors import LegFailure
@@ -57,19 +55,10 @@ class Circuits:
             failure,
         )
 
-    @contextlib.contextmanager
-    def verdict(self, target: Target, prefill: Target | None) -> Iterator[None]:
-        """Tell ``target``'s circuit breaker how the leg inside ended; ``prefill``: the request's prefill
-        target, blamed when a write-mode decode timed out waiting for it."""
-        try:
-            yield
-        except LegFailure as failure:
-            self._leg_failed(target, prefill, failure)
-            raise
-        except BaseException:
-            self.abandoned_on(target)  # the client left or the leg was cancelled: no verdict
-            raise
-        self.answered_by(target)
+    def verdict(self, target: Target, prefill: Target | None) -> Verdict:
+        """``with``: tell ``target``'s circuit breaker how the leg inside ended; ``prefill``: the request's
+        prefill target, blamed when a write-mode decode timed out waiting for it."""
+        return Verdict(self, target, prefill)
 
     def _leg_failed(self, target: Target, prefill: Target | None, failure: LegFailure) -> None:
         """A leg on ``target`` failed: an engine failure counts against the instance it blames (a write-mode
@@ -86,3 +75,27 @@ class Circuits:
             self.abandoned_on(blamed)
         else:
             self.answered_by(blamed)
+
+
+class Verdict:
+    """``Circuits.verdict``: a failed leg's failure (``LegFailure``) counts against the instance it blames; any
+    other exit (the client left, the leg was cancelled) gives no verdict; a leg that ended well is an
+    answer. A class, not a generator context manager: contextlib's stays interpreted under mypyc."""
+
+    __slots__ = ("_circuits", "_prefill", "_target")
+
+    def __init__(self, circuits: Circuits, target: Target, prefill: Target | None) -> None:
+        self._circuits = circuits
+        self._target = target
+        self._prefill = prefill
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, kind: type[BaseException] | None, failure: BaseException | None, tb: object) -> None:
+        if failure is None:
+            self._circuits.answered_by(self._target)
+        elif isinstance(failure, LegFailure):
+            self._circuits._leg_failed(self._target, self._prefill, failure)
+        else:
+            self._circuits.abandoned_on(self._target)

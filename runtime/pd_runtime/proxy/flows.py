@@ -12,10 +12,8 @@ whose answer only the proxy reads.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -23,7 +21,7 @@ from typing import Any
 import aiohttp
 
 from pd_runtime.protocol import check_prefill_response
-from pd_runtime.proxy import migration
+from pd_runtime.proxy import jsoncodec, migration
 from pd_runtime.proxy.circuits import Circuits
 from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.contract import after_failure, phase
@@ -82,11 +80,12 @@ class ProxyCore:
         self.metrics = metrics
         self.session: aiohttp.ClientSession | None = None  # probes and /v1/models; the legs use ``upstream``
         self.upstream = UpstreamPool(config.timeouts.connect, UPSTREAM_KEEPALIVE_S)
-        self.last_transfer: LastTransfer | None = None
+        self._last_transfer: tuple[str, Target, Target, Source, float] | None = None  # ``last_transfer``'s facts
+        metrics.last_transfer.set_function(self._last_transfer_time)
         self.in_flight = 0
         self.demand = DemandWindow(time.monotonic())
         self.draining = False
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[Any]] = set()  # late prefill legs
         self.circuits = Circuits(registry, metrics)
         self.placement = Placement(config, registry, router, self.circuits, metrics)
         tracing = Tracing(config.otlp_traces_endpoint) if config.otlp_traces_endpoint else None
@@ -209,8 +208,10 @@ class ProxyCore:
         self, request: ClientRequest, exchange: Exchange | None, outcome: str, verified: bool, detail: str = ""
     ) -> Result:
         self.metrics.request_done(request.endpoint, outcome)
-        if exchange is not None:
-            log.info(
+        # At DEBUG: built and written per request, the line cost 7 % of the request path's instructions
+        # at INFO (docs/benchmarks.md); the metrics count every outcome, failures are logged as warnings.
+        if exchange is not None and log.isEnabledFor(logging.DEBUG):
+            log.debug(
                 "request done transfer_id=%s request=%s source=%s prefill=%s decode=%s outcome=%s ms=%.1f %s",
                 exchange.ids.transfer_id,
                 exchange.ids.uid,
@@ -315,51 +316,72 @@ class ProxyCore:
     async def _write_flow(self, exchange: Exchange, sink: Sink) -> bool:
         """docs/protocol.md#write-mode: both legs at once, but P is watched; if it fails, D is cancelled.
 
-        D goes out first: it must allocate blocks and send them to P before P's KV writes can start.
+        D goes out first: it must allocate blocks and send them to P before P's KV writes can start. It is
+        relayed in the request's own task, whose first wait starts prefill's; a callback on prefill's task
+        (``_PrefillWatch``), not a wait over two leg tasks, cancels D when P fails.
         """
-        decode = asyncio.create_task(self._decode(exchange, None, sink))
         prefill = asyncio.create_task(self._prefill(exchange, read_mode=False))
-        handed_off = False
+        outcome: bool | BaseException
         try:
-            prefill_failure: BaseException | None = None
-            done, _ = await asyncio.wait({prefill, decode}, return_when=asyncio.FIRST_COMPLETED)
-            if prefill in done and (prefill_failure := prefill.exception()) is not None:
-                await _cancel(decode)
-            elif not decode.done():
-                await _settled(decode)  # prefill answered: from here only decode's end matters
-            if prefill_failure is not None and (decode.cancelled() or decode.exception() is not None):
-                if isinstance(prefill_failure, NoKvTransfer):
-                    await self._without_kv(exchange, sink, prefill_failure)
-                    return False
-                raise prefill_failure
-            decode.result()
+            outcome = await self._write_legs(exchange, sink, prefill)
+        except BaseException as failure:  # re-raised once prefill's leg is closed
+            outcome = failure
+        if prefill not in self._background:  # unless it was left to finish late
+            # Not in a finally clause: compiled by mypyc, a finally that awaited lost the exception it was
+            # to re-raise (a cancelled request returned None).
+            await _cancel(prefill)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    async def _write_legs(self, exchange: Exchange, sink: Sink, prefill: asyncio.Task[Any]) -> bool:
+        """Decode relayed while ``prefill`` runs: True when the transfer was verified."""
+        watch = _PrefillWatch(prefill)
+        try:
+            await self._decode(exchange, None, sink)
+        except asyncio.CancelledError:
+            if not watch.stop():
+                raise  # the request's own cancellation: its client left
+        except Exception:
+            watch.stop()
+            if _failure(prefill) is None:
+                raise  # decode failed first
+        else:
+            watch.stop()
             if not prefill.done() and exchange.source == "request":
-                handed_off = True
-                self._spawn(self._await_late_prefill(exchange, prefill))
+                self._finish_late(exchange, prefill)
                 return False
-            await asyncio.wait({prefill})  # the canary waits for P's own answer to verify the transfer
-            prefill_failure = prefill.exception()
-            if prefill_failure is None:
+            await _settled(prefill)  # the canary waits for P's own answer to verify the transfer
+            if (late := _failure(prefill)) is None:
                 self._record_transfer(exchange)
                 return True
-            log.warning(
-                "prefill failed after decode finished transfer_id=%s: %s", exchange.ids.transfer_id, prefill_failure
-            )
+            log.warning("prefill failed after decode finished transfer_id=%s: %s", exchange.ids.transfer_id, late)
             return False
-        finally:
-            if not handed_off:
-                await _cancel(prefill)
-            await _cancel(decode)
+        prefill_failure = _failure(prefill)  # D was cancelled for it, or failed beside it: P's failure stands
+        assert prefill_failure is not None
+        if isinstance(prefill_failure, NoKvTransfer):
+            await self._without_kv(exchange, sink, prefill_failure)
+            return False
+        raise prefill_failure
 
-    async def _await_late_prefill(self, exchange: Exchange, prefill: asyncio.Task[Any]) -> None:
-        """D finished before P's HTTP answer arrived: record the transfer once P confirms it."""
-        try:
-            await prefill
-        except LegFailure as failure:
+    def _finish_late(self, exchange: Exchange, prefill: asyncio.Task[Any]) -> None:
+        """D finished before P's HTTP answer arrived: P's task runs on in the background (cancelled by
+        ``close``), and the transfer is recorded once P confirms it (a callback, not a task waiting on it)."""
+        self._background.add(prefill)
+        prefill.add_done_callback(self._background.discard)
+        prefill.add_done_callback(lambda task: self._late_prefill_done(exchange, task))
+
+    def _late_prefill_done(self, exchange: Exchange, prefill: asyncio.Task[Any]) -> None:
+        if prefill.cancelled():
+            return
+        failure = prefill.exception()
+        if failure is None:
+            self._record_transfer(exchange)
+        elif isinstance(failure, LegFailure):
             self.metrics.upstream_errors.labels(failure.leg, failure.kind).inc()
             log.warning("prefill failed after decode finished transfer_id=%s: %s", exchange.ids.transfer_id, failure)
-            return
-        self._record_transfer(exchange)
+        else:
+            raise failure  # a bug: the loop's exception handler logs it
 
     async def _prefill(self, exchange: Exchange, read_mode: bool) -> Any:
         """The prefill leg; its kv_transfer_params, checked as the transfer mode needs them for decode (a
@@ -401,7 +423,7 @@ class ProxyCore:
         if status != 200:
             raise LegFailure("prefill", "http", upstream_error_for_client(status, body, "prefill", exchange.rewriter))
         try:
-            document = json.loads(body)  # never the client's: decode answers it
+            document = jsoncodec.engine_loads(body)  # never the client's: decode answers it
         except ValueError as exc:
             raise LegFailure("prefill", "protocol", engine_failed("prefill", "prefill answered invalid JSON")) from exc
         if exchange.source == "request" and (prompt := reported_prompt_tokens(document)) is not None:
@@ -445,24 +467,67 @@ class ProxyCore:
         await self._plain(exchange, exchange.prefill, "prefill", sink)
 
     def _record_transfer(self, exchange: Exchange) -> None:
+        """The newest verified transfer's facts, kept as they are: ``last_transfer`` and the gauge build what
+        they show only when read (a dataclass, a datetime and a locked gauge's set were per request)."""
         assert exchange.prefill is not None and exchange.decode is not None
-        self.last_transfer = LastTransfer(
-            transfer_id=exchange.ids.transfer_id,
-            completed_at=datetime.now(UTC),
-            prefill=exchange.prefill.instance.http_address,
-            decode=exchange.decode.instance.http_address,
-            source=exchange.source,
+        self._last_transfer = (
+            exchange.ids.transfer_id,
+            exchange.prefill,
+            exchange.decode,
+            exchange.source,
+            time.time(),
         )
-        self.metrics.last_transfer.set(time.time())
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    @property
+    def last_transfer(self) -> LastTransfer | None:
+        """The newest transfer whose prefill and decode legs both succeeded (``/status``)."""
+        if self._last_transfer is None:
+            return None
+        transfer_id, prefill, decode, source, at = self._last_transfer
+        return LastTransfer(
+            transfer_id=transfer_id,
+            completed_at=datetime.fromtimestamp(at, UTC),
+            prefill=prefill.instance.http_address,
+            decode=decode.instance.http_address,
+            source=source,
+        )
+
+    def _last_transfer_time(self) -> float:
+        """pd_proxy_last_transfer_timestamp_seconds: Unix time of the last verified transfer (0: none yet)."""
+        return 0.0 if self._last_transfer is None else self._last_transfer[-1]
 
 
 def _address(target: Target | None) -> str:
     return "-" if target is None else target.instance.http_address
+
+
+class _PrefillWatch:
+    """While a write-mode decode leg runs in the request's task, prefill's failure cancels it (as
+    asyncio.TaskGroup cancels its other children): one callback on prefill's task instead of a task for
+    decode and asyncio.wait over both (docs/benchmarks.md)."""
+
+    __slots__ = ("_cancelled", "_task")
+
+    def __init__(self, prefill: asyncio.Task[Any]) -> None:
+        self._task = asyncio.current_task()
+        self._cancelled = False
+        prefill.add_done_callback(self._prefill_done)
+
+    def _prefill_done(self, prefill: asyncio.Task[Any]) -> None:
+        if self._task is not None and _failure(prefill) is not None:
+            self._cancelled = True
+            self._task.cancel()
+
+    def stop(self) -> bool:
+        """Decode is over: prefill's end cancels nothing from here. True when this watch cancelled decode
+        and nothing else cancelled the request's task (the cancellation is then taken back)."""
+        task, self._task = self._task, None
+        return self._cancelled and task is not None and task.uncancel() == 0
+
+
+def _failure(task: asyncio.Task[Any]) -> BaseException | None:
+    """How a finished leg task failed (None: it succeeded, or is not done, or was cancelled)."""
+    return None if not task.done() or task.cancelled() else task.exception()
 
 
 async def _settled(task: asyncio.Task[Any]) -> None:

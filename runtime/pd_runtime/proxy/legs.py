@@ -7,7 +7,6 @@ return the path, headers and body of each upstream request.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from pd_runtime.protocol import (
     new_transfer_id,
     prefill_leg_params,
 )
+from pd_runtime.proxy import jsoncodec
 from pd_runtime.proxy.errors import bad_request
 
 Endpoint = Literal["completions", "chat/completions"]
@@ -28,8 +28,6 @@ ProxyMode = Literal["disaggregated", "colocated"]
 MaxTokensPolicy = Literal["exact", "decrement"]
 
 TOKEN_LIMIT_KEYS = ("max_tokens", "max_completion_tokens")
-# One encoder for every leg: json.dumps with separators builds a new encoder per call.
-_compact_json = json.JSONEncoder(separators=(",", ":")).encode
 # Fields a client may send that would let it forge the transfer (docs/protocol.md#http-legs).
 CLIENT_FORBIDDEN_KEYS = ("kv_transfer_params", "request_id")
 
@@ -85,7 +83,7 @@ class Leg:
     """Streamed for a client that did not ask for a stream: its answer is assembled (``streams_whole``)."""
 
     def encoded(self) -> bytes:
-        return _compact_json(self.body).encode()
+        return jsoncodec.dumps(self.body)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,14 +144,9 @@ def trace_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return trace
 
 
-def _not_a_number(token: str) -> Any:
-    """NaN, Infinity and -Infinity: Python's json reads them, but they are not JSON (RFC 8259 6)."""
-    raise ValueError(f"{token} is not a JSON number")
-
-
 def _json_object(raw: bytes | bytearray) -> dict[str, Any]:
     try:
-        body = json.loads(raw, parse_constant=_not_a_number)
+        body = jsoncodec.loads(raw)
     except ValueError as exc:  # includes UnicodeDecodeError
         raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
     except RecursionError as exc:

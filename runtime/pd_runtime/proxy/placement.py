@@ -8,10 +8,8 @@ The policies are ``routing``'s (pure); this applies them to the registry's live 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Iterator
 
 from pd_runtime.protocol import new_request_uid
 from pd_runtime.proxy.affinity import prefix_key
@@ -100,21 +98,20 @@ class Placement:
         self.circuits.routed_to(prefill, decode)
         return prefill, decode, TransferIds.mint(prefill.instance, decode.instance)
 
-    @contextlib.contextmanager
-    def holding(self, *targets: Target | None) -> Iterator[None]:
-        """The targets' slots count as busy for the router while the request runs on them; once they are
-        free, requests waiting for a decode slot look again."""
-        slots = [Slot(t.instance.http_address, t.dp_rank) for t in targets if t is not None]
+    def holding(self, prefill: Target | None, decode: Target | None) -> Holding:
+        """``with``: the targets' slots count as busy for the router while the request runs on them; once
+        they are free, requests waiting for a decode slot look again."""
+        slots = [Slot(t.instance.http_address, t.dp_rank) for t in (prefill, decode) if t is not None]
         for slot in slots:
             self.router.acquire(slot)
-        try:
-            yield
-        finally:
-            for slot in slots:
-                self.router.release(slot)
-            if self.decode_queue:  # requests waiting for a decode slot look again (none: no Event to renew)
-                self._slot_freed.set()
-                self._slot_freed = asyncio.Event()
+        return Holding(self, slots)
+
+    def _release(self, slots: list[Slot]) -> None:
+        for slot in slots:
+            self.router.release(slot)
+        if self.decode_queue:  # requests waiting for a decode slot look again (none: no Event to renew)
+            self._slot_freed.set()
+            self._slot_freed = asyncio.Event()
 
     def fails_over(self, failed: Target, failure: LegFailure, transfer_id: str) -> bool:
         """Whether another live instance of the failed one's role exists to serve the request again (``leaves``)."""
@@ -224,3 +221,20 @@ def _decode_full(limit: int) -> ApiError:
         "decode_at_capacity",
         retry_after=1,
     )
+
+
+class Holding:
+    """``Placement.holding``: a class, not a generator context manager (contextlib's stays interpreted
+    under mypyc)."""
+
+    __slots__ = ("_placement", "_slots")
+
+    def __init__(self, placement: Placement, slots: list[Slot]) -> None:
+        self._placement = placement
+        self._slots = slots
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: object) -> None:
+        self._placement._release(self._slots)

@@ -16,11 +16,12 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pd_runtime.openai_api import DONE, Endpoint, SseDecoder, interpret
+from pd_runtime.proxy import jsoncodec
 from pd_runtime.proxy.circuits import Circuits
 from pd_runtime.proxy.config import ProxyConfig
 from pd_runtime.proxy.deadline import Deadline
@@ -77,19 +78,32 @@ class Exchange:
         if timer is not None and deadline is not None and deadline < (timer.when() or math.inf):
             timer.reschedule(deadline)
 
-    @contextlib.asynccontextmanager
-    async def first_byte_bounded(self, timer: asyncio.Timeout, bounded: bool) -> AsyncIterator[None]:
+    def first_byte_bounded(self, timer: asyncio.Timeout, bounded: bool) -> FirstByteBound:
         """While a streaming decode leg waits inside ``timer``, prefill's answer may bring its deadline
         forward; never once the leg is over (a decode that failed fast leaves a finished Timeout, which
         cannot be rescheduled: prefill's answer arriving just then was a 500)."""
-        if bounded:
-            self.first_byte_timer = timer
-            self.bound_first_byte()
-        try:
-            yield
-        finally:
-            if self.first_byte_timer is timer:
-                self.first_byte_timer = None
+        return FirstByteBound(self, timer, bounded)
+
+
+class FirstByteBound:
+    """``Exchange.first_byte_bounded``: a class rather than an async generator, which costs more per leg
+    and which mypyc does not compile (docs/benchmarks.md)."""
+
+    __slots__ = ("_bounded", "_exchange", "_timer")
+
+    def __init__(self, exchange: Exchange, timer: asyncio.Timeout, bounded: bool) -> None:
+        self._exchange = exchange
+        self._timer = timer
+        self._bounded = bounded
+
+    async def __aenter__(self) -> None:
+        if self._bounded:
+            self._exchange.first_byte_timer = self._timer
+            self._exchange.bound_first_byte()
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._exchange.first_byte_timer is self._timer:
+            self._exchange.first_byte_timer = None
 
 
 class Relay:
@@ -459,7 +473,7 @@ def stream_chunks(events: bytes) -> list[Any]:
         if payload == DONE:
             continue
         try:
-            chunks.append(json.loads(payload))
+            chunks.append(jsoncodec.engine_loads(payload))
         except ValueError:
             chunks.append(payload)
     return chunks

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pd_runtime.proxy import affinity
 from pd_runtime.proxy.load import EngineLoad
@@ -30,8 +30,10 @@ class Candidate:
     load: Mapping[int, EngineLoad] = field(default_factory=dict)  # DP rank -> fresh report; {} if none
 
 
-@dataclass(frozen=True)
-class Slot:
+class Slot(NamedTuple):
+    """A dict key on every request (the router's in-flight counts): a tuple hashes and compares in C, where
+    a frozen dataclass runs its generated ``__hash__`` and ``__eq__`` as Python, compiled or not."""
+
     key: str
     dp_rank: int | None  # None when the instance has a single DP rank (no header is sent)
 
