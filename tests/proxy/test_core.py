@@ -210,4 +210,4 @@ def test_non_json_numbers_are_a_400_before_any_engine(token: str) -> None:
     """Python's json reads NaN and Infinity; engines would get non-JSON tokens (issue 19)."""
     with pytest.raises(ApiError) as refused:
         parse_client_request(b'{"prompt": "x", "temperature": %s}' % token.encode(), "completions", "colocated", 100)
-    assert refused.value.status == 400 and refused.value.code == "invalid_json"
+    assert refused.value.status == 400 and refused.value.code == "invalid_json" and token in refused.value.message

@@ -39,6 +39,14 @@ def test_what_is_not_json_is_refused(codec: str, text: str) -> None:
         jsoncodec.loads(text.encode("latin-1"))
 
 
+def test_a_refusal_names_what_is_wrong_and_a_lone_surrogate_stays_refused(codec: str) -> None:
+    with pytest.raises(ValueError, match="NaN is not a JSON number"):
+        jsoncodec.loads(b'{"temperature": NaN}')
+    if codec == "orjson":  # json reads it; orjson, which the proxy runs with, refuses it
+        with pytest.raises(ValueError):
+            jsoncodec.loads(b'{"prompt": "\\ud800"}')
+
+
 def test_an_engines_nan_is_read_as_pythons_json_reads_it(codec: str) -> None:
     answer = jsoncodec.engine_loads(b'{"logprob": -Infinity, "x": NaN}')
     assert answer["logprob"] == float("-inf") and answer["x"] != answer["x"]

@@ -32,9 +32,18 @@ def _not_a_number(token: str) -> Any:
 
 def loads(data: bytes | bytearray | str) -> Any:
     """A JSON document; ValueError (json's and orjson's decode errors are ValueErrors) when it is not one,
-    RecursionError from json when it nests too deeply."""
-    if _orjson_loads is not None:
+    RecursionError when it nests too deeply. What is refused is told in json's words (``NaN is not a JSON
+    number``, where orjson says only where it stopped): json reads it again on that path alone."""
+    if _orjson_loads is None:
+        return _strict_loads(data)
+    try:
         return _orjson_loads(data)
+    except ValueError:
+        _strict_loads(data)  # raises json's error wherever json refuses the document too
+        raise  # what json accepts and orjson refuses (a lone surrogate escape) stays refused
+
+
+def _strict_loads(data: bytes | bytearray | str) -> Any:
     return json.loads(data, parse_constant=_not_a_number)
 
 
