@@ -54,7 +54,8 @@ async def test_a_rogue_decode_never_receives_a_request_when_the_proxy_knows_its_
     await wait_for(lambda: dropped._value.get() >= 1, what="the rogue's connection shut down")
     await serve_requests(setup)
     assert rogue.requests == [] and len(setup.decode.requests) == REQUESTS
-    assert list(setup.proxy.registry.instances) == [setup.prefill.http_address, setup.decode.http_address]
+    # the engines' first frames race each other: which one the registry met first is not the point
+    assert sorted(setup.proxy.registry.instances) == sorted([setup.prefill.http_address, setup.decode.http_address])
 
 
 async def test_without_the_list_the_same_rogue_would_be_routed_to(pd_setup: SetupFactory) -> None:
