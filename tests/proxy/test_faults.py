@@ -317,6 +317,8 @@ async def test_a_thousand_garbage_frames_are_counted_and_never_fatal(pd_setup: S
 async def test_conflicting_transfer_mode_is_refused_without_poisoning_others(pd_setup: SetupFactory) -> None:
     setup = await pd_setup(register=False, transfer_mode="auto")
     await setup.registrar.send(setup.decode.g2_registration("WRITE"))
+    # Each engine has its own connection, so frames from two engines race: decode's must land first to pick WRITE.
+    await wait_for(lambda: setup.decode.http_address in setup.proxy.registry.instances, what="decode registered")
     await setup.registrar.send(setup.prefill.g2_registration("READ"))
     await setup.registrar.send(setup.prefill.g2_registration("READ"))
     frames = setup.proxy.metrics.registration_frames
