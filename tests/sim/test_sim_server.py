@@ -214,6 +214,23 @@ async def test_a_request_aborted_during_its_final_step_leaves_the_engine_serving
     assert core.dead is None
 
 
+async def test_a_client_gone_before_the_first_output_aborts_its_request(
+    start_engine: EngineFactory, http: aiohttp.ClientSession
+) -> None:
+    """The client leaves while the response has not begun (here during the first-byte delay fault; in the
+    live tier it fell in the head's write): the request is aborted as vLLM aborts it on disconnect, not
+    left waiting for KV that will never come (a write-mode decode engine of 0.31 holds a plain request)."""
+    eng = await start_engine([*consumer_argv("0.31.0", read=False), "--sim-first-byte-delay", "30"])
+    core = eng.engine.cores[0]
+    request = asyncio.create_task(call(http, eng.url, {**PLAIN, "stream": True}))
+    while not core.load:
+        await asyncio.sleep(0.01)
+    request.cancel()
+    await asyncio.gather(request, return_exceptions=True)
+    while core.load:
+        await asyncio.sleep(0.01)  # before the fix: waiting for KV until the test's timeout
+
+
 async def test_a_dead_engine_core_fails_its_requests_and_health(
     start_engine: EngineFactory, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -125,6 +125,7 @@ class RequestHandle:
         """Its KV never loaded (a failed transfer): vLLM fails such a request."""
         self.producer_job: ProducerJob | None = None
         self._done = False
+        self._closed = False
         self.opened_at = engine.clock.now()
         self.ready_at: float | None = None
 
@@ -194,7 +195,11 @@ class RequestHandle:
         """Free the sequence; a request abandoned before its last token is aborted. A read in flight
         runs to its end and releases prefill's blocks (vLLM's read-mode decode notifies prefill of an
         aborted request too), one not started yet releases them at once where the version does
-        (``unallocated_read_releases``); a write-mode wait for KV ends with the request."""
+        (``unallocated_read_releases``); a write-mode wait for KV ends with the request. Once only: the
+        server closes a handle whose outputs were never read too (its client left before the first)."""
+        if self._closed:
+            return
+        self._closed = True
         read_mode = self._fetch_job is not None and self._fetch_job[0].config.read_mode
         if self._fetch is not None and not read_mode:
             self._fetch.cancel()

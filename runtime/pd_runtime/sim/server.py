@@ -88,13 +88,18 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     if parsed.model is not None and parsed.model not in names:
         raise openai.RequestError(404, f"The model `{parsed.model}` does not exist.", "model", "NotFoundError")
     handle = engine.open(parsed, request.headers.get("X-Request-Id"), _dp_rank(request))
-    delay = engine.config.faults.first_byte_delay_s
-    if delay > 0:
-        await asyncio.sleep(delay)
-    envelope = openai.Envelope.new(handle.record.id, parsed.model or names[0], chat)
-    if parsed.stream:
-        return await _stream(request, handle, envelope, parsed)
-    return await _complete(handle, envelope, parsed)
+    try:
+        delay = engine.config.faults.first_byte_delay_s
+        if delay > 0:
+            await asyncio.sleep(delay)
+        envelope = openai.Envelope.new(handle.record.id, parsed.model or names[0], chat)
+        if parsed.stream:
+            return await _stream(request, handle, envelope, parsed)
+        return await _complete(handle, envelope, parsed)
+    finally:
+        # A client gone before the first output (during the response head's write, or the fault's delay)
+        # never starts ``outputs``, whose own close would abort the request: vLLM aborts it all the same.
+        handle.close()
 
 
 async def _complete(handle: RequestHandle, env: openai.Envelope, req: openai.GenerationRequest) -> web.Response:
