@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -51,23 +50,31 @@ log = logging.getLogger(__name__)
 UPSTREAM_KEEPALIVE_S = 4.0
 
 
-@dataclass(frozen=True)
 class PrefillAnswer:
-    """Prefill's HTTP answer (status 200), parsed."""
+    """Prefill's HTTP answer (status 200), parsed. This and ``Result``, built per request, are plain classes
+    with slots, not dataclasses (``legs.ClientRequest`` says why)."""
 
-    document: Any
+    __slots__ = ("document",)
+
+    def __init__(self, document: Any) -> None:
+        self.document = document
 
     @property
     def kv_transfer_params(self) -> Any:
         return self.document.get("kv_transfer_params") if isinstance(self.document, dict) else None
 
 
-@dataclass(frozen=True)
 class Result:
-    outcome: str
-    verified_transfer: bool = False
-    exchange: Exchange | None = None
-    """The exchange that answered (its instances and ids), once routed."""
+    __slots__ = ("exchange", "outcome", "verified_transfer")
+
+    def __init__(self, outcome: str, verified_transfer: bool = False, exchange: Exchange | None = None) -> None:
+        self.outcome = outcome
+        self.verified_transfer = verified_transfer
+        self.exchange = exchange
+        """The exchange that answered (its instances and ids), once routed."""
+
+    def __repr__(self) -> str:
+        return f"Result(outcome={self.outcome!r}, verified_transfer={self.verified_transfer!r})"
 
 
 class ProxyCore:

@@ -17,7 +17,6 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pd_runtime.openai_api import DONE, Endpoint, SseDecoder, interpret
@@ -42,31 +41,52 @@ from pd_runtime.proxy.upstream import UpstreamError, UpstreamPool, UpstreamRespo
 Source = Literal["request", "canary"]
 
 
-@dataclass
 class Exchange:
-    """The state of one client request."""
+    """The state of one client request (a plain class with slots, not a dataclass: see ``legs.ClientRequest``)."""
 
-    request: ClientRequest
-    ids: TransferIds
-    source: Source
-    prefill: Target | None = None
-    decode: Target | None = None
-    started: float = field(default_factory=time.monotonic)
-    rewriter: IdRewriter = field(init=False)
-    kv_deadline: float | None = None
-    """Loop time after which decode can no longer get the KV (prefill's answer + the kv wait)."""
-    first_byte_timer: asyncio.Timeout | None = None
-    """The streaming decode leg's deadline while it waits for its first byte."""
-    prompt_details: dict[str, Any] | None = None
-    """Prefill's usage.prompt_tokens_details, merged into decode's usage (docs/proxy.md, "Usage")."""
-    deadline: Deadline = field(kw_only=True)
-    """The request's one deadline, shared by a failover's exchanges (``deadline``)."""
-    stream_filter: Callable[[bytes], bytes] | None = None
-    """Sees a streamed answer's whole events on their way to the client and may change them: a migrating
-    request's (``migration``)."""
+    __slots__ = (
+        "deadline",
+        "decode",
+        "first_byte_timer",
+        "ids",
+        "kv_deadline",
+        "prefill",
+        "prompt_details",
+        "request",
+        "rewriter",
+        "source",
+        "started",
+        "stream_filter",
+    )
 
-    def __post_init__(self) -> None:
-        self.rewriter = IdRewriter(self.ids.request_id, self.ids.uid)
+    def __init__(
+        self,
+        request: ClientRequest,
+        ids: TransferIds,
+        source: Source,
+        prefill: Target | None = None,
+        decode: Target | None = None,
+        *,
+        deadline: Deadline,
+    ) -> None:
+        self.request = request
+        self.ids = ids
+        self.source: Source = source
+        self.prefill = prefill
+        self.decode = decode
+        self.started = time.monotonic()
+        self.rewriter = IdRewriter(ids.request_id, ids.uid)
+        self.kv_deadline: float | None = None
+        """Loop time after which decode can no longer get the KV (prefill's answer + the kv wait)."""
+        self.first_byte_timer: asyncio.Timeout | None = None
+        """The streaming decode leg's deadline while it waits for its first byte."""
+        self.prompt_details: dict[str, Any] | None = None
+        """Prefill's usage.prompt_tokens_details, merged into decode's usage (docs/proxy.md, "Usage")."""
+        self.deadline = deadline
+        """The request's one deadline, shared by a failover's exchanges (``deadline``)."""
+        self.stream_filter: Callable[[bytes], bytes] | None = None
+        """Sees a streamed answer's whole events on their way to the client and may change them: a migrating
+        request's (``migration``)."""
 
     def prefill_answered(self, kv_wait: float) -> None:
         """From prefill's answer on, decode's first byte is due within the kv wait (dropped transfers)."""

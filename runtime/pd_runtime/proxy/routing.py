@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 from pd_runtime.proxy import affinity
@@ -23,11 +22,16 @@ DEFAULT_MAX_IMBALANCE = 4
 KV_USAGE_HIGH = 0.9
 
 
-@dataclass(frozen=True)
 class Candidate:
-    key: str  # http_address
-    dp_size: int
-    load: Mapping[int, EngineLoad] = field(default_factory=dict)  # DP rank -> fresh report; {} if none
+    """An instance a pick may choose, one per live instance per pick: a plain class with slots, not a
+    dataclass (``legs.ClientRequest`` says why)."""
+
+    __slots__ = ("dp_size", "key", "load")
+
+    def __init__(self, key: str, dp_size: int, load: Mapping[int, EngineLoad] | None = None) -> None:
+        self.key = key  # http_address
+        self.dp_size = dp_size
+        self.load: Mapping[int, EngineLoad] = {} if load is None else load  # DP rank -> fresh report; {} if none
 
 
 class Slot(NamedTuple):
