@@ -90,6 +90,7 @@ class ProxyCore:
         self._last_transfer: tuple[str, Target, Target, Source, float] | None = None  # ``last_transfer``'s facts
         metrics.last_transfer.set_function(self._last_transfer_time)
         self.in_flight = 0
+        metrics.in_flight.set_function(self._in_flight)
         self.demand = DemandWindow(time.monotonic())
         self.draining = False
         self._background: set[asyncio.Task[Any]] = set()  # late prefill legs
@@ -164,7 +165,6 @@ class ProxyCore:
 
     async def _handle(self, request: ClientRequest, sink: Sink, source: Source, deadline: Deadline) -> Result:
         self.in_flight += 1
-        self.metrics.in_flight.inc()
         exchange: Exchange | None = None
         try:
             exchange = await self._exchange(request, source, deadline)
@@ -190,7 +190,6 @@ class ProxyCore:
             raise
         finally:
             self.in_flight -= 1
-            self.metrics.in_flight.dec()
 
     async def _failed(
         self, request: ClientRequest, exchange: Exchange | None, error: ApiError, sink: Sink, outcome: str, detail: str
@@ -498,6 +497,10 @@ class ProxyCore:
             decode=decode.instance.http_address,
             source=source,
         )
+
+    def _in_flight(self) -> float:
+        """pd_proxy_in_flight: the requests in progress, read when scraped."""
+        return self.in_flight
 
     def _last_transfer_time(self) -> float:
         """pd_proxy_last_transfer_timestamp_seconds: Unix time of the last verified transfer (0: none yet)."""
