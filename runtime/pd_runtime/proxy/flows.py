@@ -42,6 +42,7 @@ from pd_runtime.proxy.relay import Exchange, Relay, Source, prompt_details, upst
 from pd_runtime.proxy.routing import Router
 from pd_runtime.proxy.sinks import ClientGone, ContinuedSink, Sink
 from pd_runtime.proxy.status import LastTransfer
+from pd_runtime.proxy.timer import Timer
 from pd_runtime.proxy.tracing import Tracing
 from pd_runtime.proxy.upstream import UpstreamError, UpstreamPool
 
@@ -413,9 +414,8 @@ class ProxyCore:
         bound = self.config.timeouts.prefill
         due = exchange.deadline.bound(asyncio.get_running_loop().time() + bound)
         try:
-            async with asyncio.timeout_at(due):
-                async with self.relay.open_leg(exchange.prefill, leg, "prefill") as resp:
-                    status, body = resp.status, await resp.read()
+            async with Timer(due), self.relay.open_leg(exchange.prefill, leg, "prefill") as resp:
+                status, body = resp.status, await resp.read()
         except TimeoutError as exc:
             if exchange.deadline.ended(due):
                 failure = deadline_exceeded(exchange.deadline.describe("before prefill answered"))

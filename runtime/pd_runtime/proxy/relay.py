@@ -35,6 +35,7 @@ from pd_runtime.proxy.errors import (
 from pd_runtime.proxy.legs import ClientRequest, Leg, Target, TransferIds
 from pd_runtime.proxy.metrics import ProxyMetrics
 from pd_runtime.proxy.sinks import Sink
+from pd_runtime.proxy.timer import Timer
 from pd_runtime.proxy.tracing import Tracing
 from pd_runtime.proxy.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
@@ -78,7 +79,7 @@ class Exchange:
         self.rewriter = IdRewriter(ids.request_id, ids.uid)
         self.kv_deadline: float | None = None
         """Loop time after which decode can no longer get the KV (prefill's answer + the kv wait)."""
-        self.first_byte_timer: asyncio.Timeout | None = None
+        self.first_byte_timer: Timer | None = None
         """The streaming decode leg's deadline while it waits for its first byte."""
         self.prompt_details: dict[str, Any] | None = None
         """Prefill's usage.prompt_tokens_details, merged into decode's usage (docs/proxy.md, "Usage")."""
@@ -98,9 +99,9 @@ class Exchange:
         if timer is not None and deadline is not None and deadline < (timer.when() or math.inf):
             timer.reschedule(deadline)
 
-    def first_byte_bounded(self, timer: asyncio.Timeout, bounded: bool) -> FirstByteBound:
+    def first_byte_bounded(self, timer: Timer, bounded: bool) -> FirstByteBound:
         """While a streaming decode leg waits inside ``timer``, prefill's answer may bring its deadline
-        forward; never once the leg is over (a decode that failed fast leaves a finished Timeout, which
+        forward; never once the leg is over (a decode that failed fast leaves a finished Timer, which
         cannot be rescheduled: prefill's answer arriving just then was a 500)."""
         return FirstByteBound(self, timer, bounded)
 
@@ -111,7 +112,7 @@ class FirstByteBound:
 
     __slots__ = ("_bounded", "_exchange", "_timer")
 
-    def __init__(self, exchange: Exchange, timer: asyncio.Timeout, bounded: bool) -> None:
+    def __init__(self, exchange: Exchange, timer: Timer, bounded: bool) -> None:
         self._exchange = exchange
         self._timer = timer
         self._bounded = bounded
@@ -161,7 +162,7 @@ class Relay:
         started = time.monotonic()
         try:
             async with (
-                asyncio.timeout_at(exchange.deadline.bound(first_byte_due)) as timer,
+                Timer(exchange.deadline.bound(first_byte_due)) as timer,
                 exchange.first_byte_bounded(timer, True),
                 self.open_leg(target, leg, "decode") as resp,
             ):
@@ -244,7 +245,7 @@ class Relay:
         bounded = exchange.request.stream and name == "decode"
         try:
             async with (
-                asyncio.timeout_at(exchange.deadline.bound(first_byte_due)) as timer,
+                Timer(exchange.deadline.bound(first_byte_due)) as timer,
                 exchange.first_byte_bounded(timer, bounded),
                 self.open_leg(target, leg, name) as resp,
             ):
@@ -334,7 +335,7 @@ class _ChunkRelay:
         self,
         exchange: Exchange,
         sink: Sink,
-        deadline: asyncio.Timeout,
+        deadline: Timer,
         metrics: ProxyMetrics,
         decode: bool,
         idle: float,
