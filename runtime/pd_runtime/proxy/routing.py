@@ -7,7 +7,6 @@ instances with different ``dp_size`` are handled, which the toy proxy assumes aw
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple
 
@@ -143,9 +142,11 @@ class Router:
     def __init__(self, policy: Policy, max_imbalance: int = DEFAULT_MAX_IMBALANCE) -> None:
         self.policy = policy
         self.max_imbalance = max_imbalance
-        self._counters: Counter[str] = Counter()
-        self._outstanding: Counter[Slot] = Counter()
-        self._routed: Counter[str] = Counter()  # requests ever sent to each instance (for /status)
+        # Plain dicts, not collections.Counter: Counter's ``__missing__`` and ``+=`` through it are Python,
+        # run on every pick, acquire and release even compiled (docs/benchmarks.md).
+        self._counters: dict[str, int] = {}
+        self._outstanding: dict[Slot, int] = {}
+        self._routed: dict[str, int] = {}  # requests ever sent to each instance (for /status)
 
     def pick(self, pool: str, candidates: Sequence[Candidate], limit: int = 0, key: bytes | None = None) -> Slot | None:
         """Choose a slot among ``candidates`` (non-empty) for the pool named ``pool`` (P, D, E); None when
@@ -155,8 +156,8 @@ class Router:
         slots = slots_with_room(candidates, self._outstanding, limit)
         if not slots:
             return None
-        counter = self._counters[pool]
-        self._counters[pool] += 1
+        counter = self._counters.get(pool, 0)
+        self._counters[pool] = counter + 1
         if self.policy == "least_outstanding":
             return least_outstanding(slots, self._outstanding, counter)
         if self.policy == "least_load" or (self.policy == "prefix_affinity" and pool == "D"):
@@ -167,13 +168,16 @@ class Router:
         return round_robin(slots, counter)
 
     def acquire(self, slot: Slot) -> None:
-        self._outstanding[slot] += 1
-        self._routed[slot.key] += 1
+        outstanding = self._outstanding
+        outstanding[slot] = outstanding.get(slot, 0) + 1
+        self._routed[slot.key] = self._routed.get(slot.key, 0) + 1
 
     def release(self, slot: Slot) -> None:
-        self._outstanding[slot] -= 1
-        if self._outstanding[slot] <= 0:
-            del self._outstanding[slot]
+        left = self._outstanding.get(slot, 0) - 1
+        if left > 0:
+            self._outstanding[slot] = left
+        else:
+            self._outstanding.pop(slot, None)
 
     def outstanding(self, slot: Slot) -> int:
         return self._outstanding.get(slot, 0)
