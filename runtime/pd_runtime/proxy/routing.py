@@ -8,7 +8,7 @@ instances with different ``dp_size`` are handled, which the toy proxy assumes aw
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal, NamedTuple
+from typing import Literal
 
 from pd_runtime.proxy import affinity
 from pd_runtime.proxy.load import EngineLoad
@@ -33,19 +33,16 @@ class Candidate:
         self.load: Mapping[int, EngineLoad] = {} if load is None else load  # DP rank -> fresh report; {} if none
 
 
-class Slot(NamedTuple):
-    """A dict key on every request (the router's in-flight counts): a tuple hashes and compares in C, where
-    a frozen dataclass runs its generated ``__hash__`` and ``__eq__`` as Python, compiled or not."""
-
-    key: str
-    dp_rank: int | None  # None when the instance has a single DP rank (no header is sent)
+Slot = tuple[str, int | None]
+"""An instance's key and a DP rank (None when the instance has a single DP rank: no header is sent). A dict
+key on every request (the router's in-flight counts): a tuple hashes and compares in C, where a frozen
+dataclass ran its generated ``__hash__`` and ``__eq__`` as Python; a plain tuple, not a NamedTuple, whose
+generated ``__new__`` ran as Python for every slot of every pick, compiled or not (docs/benchmarks.md)."""
 
 
 def interleaved_slots(candidates: Sequence[Candidate]) -> list[Slot]:
     widest = max((c.dp_size for c in candidates), default=0)
-    return [
-        Slot(c.key, rank if c.dp_size > 1 else None) for rank in range(widest) for c in candidates if rank < c.dp_size
-    ]
+    return [(c.key, rank if c.dp_size > 1 else None) for rank in range(widest) for c in candidates if rank < c.dp_size]
 
 
 def slots_with_room(candidates: Sequence[Candidate], outstanding: Mapping[Slot, int], limit: int) -> list[Slot]:
@@ -68,7 +65,7 @@ def least_outstanding(slots: list[Slot], outstanding: Mapping[Slot, int], counte
 def slot_loads(candidates: Sequence[Candidate]) -> dict[Slot, EngineLoad]:
     """Each slot's reported load (a single-rank instance reports as engine 0)."""
     return {
-        Slot(c.key, rank if c.dp_size > 1 else None): load
+        (c.key, rank if c.dp_size > 1 else None): load
         for c in candidates
         for rank, load in c.load.items()
         if rank < c.dp_size
@@ -118,8 +115,8 @@ def prefix_affinity(
     best = least_load(slots, outstanding, loads, counter)
     if key is None:
         return best
-    home = affinity.owner((slot.key for slot in slots), key)
-    chosen = least_load([slot for slot in slots if slot.key == home], outstanding, loads, counter)
+    home = affinity.owner((slot[0] for slot in slots), key)
+    chosen = least_load([slot for slot in slots if slot[0] == home], outstanding, loads, counter)
     mine, least = pressure(chosen, outstanding, loads), pressure(best, outstanding, loads)
     if (mine[0] and not least[0]) or mine[1] > least[1] + max_imbalance:
         return best
@@ -170,7 +167,7 @@ class Router:
     def acquire(self, slot: Slot) -> None:
         outstanding = self._outstanding
         outstanding[slot] = outstanding.get(slot, 0) + 1
-        self._routed[slot.key] = self._routed.get(slot.key, 0) + 1
+        self._routed[slot[0]] = self._routed.get(slot[0], 0) + 1
 
     def release(self, slot: Slot) -> None:
         left = self._outstanding.get(slot, 0) - 1
@@ -184,7 +181,7 @@ class Router:
 
     def in_flight(self, key: str) -> int:
         """Requests in flight on an instance, over all its DP ranks."""
-        return sum(n for slot, n in self._outstanding.items() if slot.key == key)
+        return sum(n for (slot_key, _), n in self._outstanding.items() if slot_key == key)
 
     def routed(self, key: str) -> int:
         return self._routed.get(key, 0)
