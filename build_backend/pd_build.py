@@ -55,6 +55,7 @@ COMPILED = (
     "pd_runtime/proxy/relay.py",
     "pd_runtime/proxy/routing.py",
     "pd_runtime/proxy/sinks.py",
+    "pd_runtime/proxy/timer.py",
     "pd_runtime/proxy/upstream.py",
 )
 """The modules a client request runs through (server.py stays Python: aiohttp's middleware decorator sets

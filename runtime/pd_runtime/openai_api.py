@@ -4,7 +4,6 @@ client and the proxy read streams alike with it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -57,14 +56,40 @@ def _data_of(event: bytes) -> str | None:
     return b"\n".join(lines).decode() if lines else None
 
 
-@dataclass(frozen=True)
 class ChunkInfo:
-    """What one stream chunk tells the client."""
+    """What one stream chunk tells the client. A plain class with slots, not a dataclass: the proxy reads
+    one per decode stream's opening chunk, and mypyc compiles a plain class's ``__init__`` (a dataclass's
+    generated one stays interpreted)."""
 
-    carries_token: bool
-    completion_tokens: int | None = None
-    prompt_tokens: int | None = None
-    error: str | None = None
+    __slots__ = ("carries_token", "completion_tokens", "error", "prompt_tokens")
+
+    def __init__(
+        self,
+        carries_token: bool,
+        completion_tokens: int | None = None,
+        prompt_tokens: int | None = None,
+        error: str | None = None,
+    ) -> None:
+        self.carries_token = carries_token
+        self.completion_tokens = completion_tokens
+        self.prompt_tokens = prompt_tokens
+        self.error = error
+
+    def _fields(self) -> tuple[bool, int | None, int | None, str | None]:
+        return (self.carries_token, self.completion_tokens, self.prompt_tokens, self.error)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ChunkInfo) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        carries, completion, prompt, error = self._fields()
+        return (
+            f"ChunkInfo(carries_token={carries!r}, completion_tokens={completion!r}, "
+            f"prompt_tokens={prompt!r}, error={error!r})"
+        )
 
 
 def interpret(chunk: Any, endpoint: Endpoint) -> ChunkInfo:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, Literal
 
 import msgpack
@@ -84,18 +83,19 @@ class Registration:
     http_address: str = field(init=False, repr=False, compare=False)
     """``host:port`` without scheme, the registry key (docs/protocol.md#registration-g2). Read several times
     per proxied request, so set once: compiled by mypyc, a ``cached_property`` built it on every read."""
+    zmq_address: str = field(init=False, repr=False, compare=False)
+    """``host:IP,handshake:P,notify:P``, split at first colons so IPv6 works (docs/protocol.md#registration-g2).
+    Set once like ``http_address``: it is in every request's X-Request-Id, read twice per request."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "http_address", f"{_bracket_ipv6(self.http_host or self.host)}:{self.http_port}")
+        object.__setattr__(
+            self, "zmq_address", f"host:{self.host},handshake:{self.handshake_port},notify:{self.notify_port}"
+        )
 
     @property
     def base_url(self) -> str:
         return f"http://{self.http_address}"
-
-    @cached_property
-    def zmq_address(self) -> str:
-        """``host:IP,handshake:P,notify:P``, split at first colons so IPv6 works (docs/protocol.md#registration-g2)."""
-        return f"host:{self.host},handshake:{self.handshake_port},notify:{self.notify_port}"
 
 
 def _bracket_ipv6(host: str) -> str:

@@ -75,11 +75,11 @@ def test_a_leaving_instance_hands_on_only_its_own_keys() -> None:
 
 # ---- the choice ---------------------------------------------------------------------------------
 
-A, B, C = Slot("a:1", None), Slot("b:1", None), Slot("c:1", None)
+A, B, C = ("a:1", None), ("b:1", None), ("c:1", None)
 
 
 def _key_homed_at(slot: Slot, slots: list[Slot]) -> bytes:
-    return next(key for key in KEYS if owner((s.key for s in slots), key) == slot.key)
+    return next(key for key in KEYS if owner((s[0] for s in slots), key) == slot[0])
 
 
 def test_the_prefix_goes_home_while_its_engine_is_not_saturated() -> None:
@@ -107,12 +107,12 @@ def test_the_home_instance_gets_its_least_loaded_dp_rank_and_decode_goes_by_load
     router = Router("prefix_affinity")
     candidates = [Candidate("a:1", 2), Candidate("b:1", 2)]
     key = next(key for key in KEYS if owner(["a:1", "b:1"], key) == "b:1")
-    router.acquire(Slot("b:1", 0))
-    assert router.pick("P", candidates, key=key) == Slot("b:1", 1)
-    router.acquire(Slot("a:1", 0))
-    router.acquire(Slot("a:1", 1))
+    router.acquire(("b:1", 0))
+    assert router.pick("P", candidates, key=key) == ("b:1", 1)
+    router.acquire(("a:1", 0))
+    router.acquire(("a:1", 1))
     picks = {router.pick("D", candidates, key=key) for _ in range(4)}
-    assert picks == {Slot("b:1", 1)}  # decode: the least loaded slot, whatever the prompt
+    assert picks == {("b:1", 1)}  # decode: the least loaded slot, whatever the prompt
 
 
 # ---- a real proxy -------------------------------------------------------------------------------

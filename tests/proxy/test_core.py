@@ -15,7 +15,6 @@ from pd_runtime.proxy.routing import (
     Candidate,
     Policy,
     Router,
-    Slot,
     decode_dp_rank,
     interleaved_slots,
     least_outstanding,
@@ -43,23 +42,23 @@ def _reg(role: str = "P", port: int = 20005, mode: str = "WRITE", dp: int = 1, g
 def test_slots_interleave_ranks_across_instances_of_different_dp_sizes() -> None:
     slots = interleaved_slots([Candidate("a", 2), Candidate("b", 1), Candidate("c", 3)])
     assert slots == [
-        Slot("a", 0), Slot("b", None), Slot("c", 0), Slot("a", 1), Slot("c", 1), Slot("c", 2),
+        ("a", 0), ("b", None), ("c", 0), ("a", 1), ("c", 1), ("c", 2),
     ]  # fmt: skip
 
 
 def test_round_robin_visits_every_slot_once_per_cycle() -> None:
     candidates = [Candidate("a", 2), Candidate("b", 2)]
     picks = [round_robin(interleaved_slots(candidates), n) for n in range(8)]
-    assert picks[:4] == [Slot("a", 0), Slot("b", 0), Slot("a", 1), Slot("b", 1)]
+    assert picks[:4] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
     assert picks[4:] == picks[:4]
 
 
 def test_least_outstanding_prefers_idle_slots_and_rotates_ties() -> None:
     candidates = [Candidate("a", 1), Candidate("b", 1), Candidate("c", 1)]
-    busy = {Slot("a", None): 3, Slot("b", None): 1}
+    busy = {("a", None): 3, ("b", None): 1}
     slots = interleaved_slots(candidates)
-    assert least_outstanding(slots, busy, 0) == Slot("c", None)
-    assert [least_outstanding(slots, {}, n).key for n in range(3)] == ["a", "b", "c"]
+    assert least_outstanding(slots, busy, 0) == ("c", None)
+    assert [least_outstanding(slots, {}, n)[0] for n in range(3)] == ["a", "b", "c"]
 
 
 def test_decode_rank_matches_prefill_only_when_sizes_match() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from pd_runtime.protocol import Registration
 from pd_runtime.proxy.load import KV_USAGE, RUNNING, WAITING, EngineLoad, parse_engine_load
 from pd_runtime.proxy.registry import LOAD_STALE_INTERVALS, Registry
-from pd_runtime.proxy.routing import KV_USAGE_HIGH, Candidate, Router, Slot, least_load, slot_loads
+from pd_runtime.proxy.routing import KV_USAGE_HIGH, Candidate, Router, least_load, slot_loads
 from pd_runtime.sim.metrics import EngineMetrics
 
 VLLM_FAMILIES = Path(__file__).parents[1] / "chart" / "vllm-0.29-metrics.txt"
@@ -57,7 +57,7 @@ def test_the_simulator_exports_the_same_gauges_per_dp_rank() -> None:
     assert parse_engine_load(page) == {0: EngineLoad(2, 4, 0.0), 1: EngineLoad(0, 0, 0.5)}
 
 
-A, B, C = Slot("a", None), Slot("b", None), Slot("c", None)
+A, B, C = ("a", None), ("b", None), ("c", None)
 
 
 def test_least_load_prefers_the_shortest_engine_queue_over_equal_proxy_counts() -> None:
@@ -88,7 +88,7 @@ def test_slot_loads_maps_dp_ranks_and_drops_ranks_the_instance_does_not_have() -
         Candidate("a", 2, {0: EngineLoad(1), 1: EngineLoad(2), 5: EngineLoad(9)}),
         Candidate("b", 1, {0: EngineLoad(3)}),
     ]
-    assert slot_loads(candidates) == {Slot("a", 0): EngineLoad(1), Slot("a", 1): EngineLoad(2), B: EngineLoad(3)}
+    assert slot_loads(candidates) == {("a", 0): EngineLoad(1), ("a", 1): EngineLoad(2), B: EngineLoad(3)}
 
 
 def test_router_least_load_balances_two_prefill_instances_by_their_reports() -> None:
@@ -99,7 +99,7 @@ def test_router_least_load_balances_two_prefill_instances_by_their_reports() -> 
         slot = router.pick("P", busy)
         assert slot is not None
         router.acquire(slot)
-        picks.append(slot.key)
+        picks.append(slot[0])
     # b takes requests until what the proxy has in flight there reaches a's reported queue
     assert picks == ["b"] * 5
     assert router.routed("b") == picks.count("b") and router.in_flight("b") == picks.count("b")

@@ -32,6 +32,11 @@ class AdmissionGate:
         self._clock = clock
         self._waiters: dict[int, asyncio.Future[None]] = {}
         self._tickets = 0
+        metrics.admission_queue.set_function(self._queued)
+
+    def _queued(self) -> float:
+        """pd_proxy_admission_queue, read when scraped (a locked set was per request)."""
+        return self.state.queued
 
     def reconfigure(self, limit: int, max_queued: int, timeout_s: float) -> None:
         self.timeout_s = timeout_s
@@ -42,7 +47,6 @@ class AdmissionGate:
             waiter = self._waiters.get(ticket)
             if waiter is not None and not waiter.done():
                 waiter.set_exception(error)
-        self._metrics.admission_queue.set(self.state.queued)
 
     def _wake(self, tickets: list[int]) -> None:
         for ticket in tickets:
@@ -51,7 +55,6 @@ class AdmissionGate:
                 waiter.set_result(None)
             else:  # its client left after its waiter was cancelled, before it ran: pass the slot on
                 self._release(None)
-        self._metrics.admission_queue.set(self.state.queued)
 
     def _release(self, held_s: float | None) -> None:
         self._wake(self.state.release(held_s))
@@ -74,7 +77,6 @@ class AdmissionGate:
         --queue-timeout, 504 when the request's deadline comes first."""
         waiter = asyncio.get_running_loop().create_future()
         self._waiters[ticket] = waiter
-        self._metrics.admission_queue.set(self.state.queued)
 
         def holds_slot() -> bool:  # out of the queue because a slot was handed to it
             left = self.state.leave(ticket)
@@ -96,7 +98,6 @@ class AdmissionGate:
             raise
         finally:
             del self._waiters[ticket]
-            self._metrics.admission_queue.set(self.state.queued)
 
     def admitted(self, deadline: Deadline) -> Admitted:
         """Hold a slot for the body of ``async with``; raises the 429 ApiError when refused, the 504 one when

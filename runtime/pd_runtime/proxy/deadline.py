@@ -13,19 +13,25 @@ Times are the event loop's clock; nothing here reads one, so the tests give the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
 class Deadline:
-    at: float
-    """Loop time by which the request has its whole answer."""
-    seconds: float
-    """The setting it came from (``--response-timeout``), for the client's message."""
+    """A plain class with slots, not a dataclass: one is built per request (``legs.ClientRequest`` says why).
+    Never changed once built."""
+
+    __slots__ = ("at", "seconds")
+
+    def __init__(self, at: float, seconds: float) -> None:
+        self.at = at
+        """Loop time by which the request has its whole answer."""
+        self.seconds = seconds
+        """The setting it came from (``--response-timeout``), for the client's message."""
 
     @classmethod
     def after(cls, now: float, seconds: float) -> Deadline:
         return cls(now + seconds, seconds)
+
+    def __repr__(self) -> str:
+        return f"Deadline(at={self.at!r}, seconds={self.seconds!r})"
 
     def bound(self, due: float) -> float:
         """When a wait whose own bound is ``due`` must end."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,6 +42,7 @@ from pd_runtime.proxy.relay import Exchange, Relay, Source, prompt_details, upst
 from pd_runtime.proxy.routing import Router
 from pd_runtime.proxy.sinks import ClientGone, ContinuedSink, Sink
 from pd_runtime.proxy.status import LastTransfer
+from pd_runtime.proxy.timer import Timer
 from pd_runtime.proxy.tracing import Tracing
 from pd_runtime.proxy.upstream import UpstreamError, UpstreamPool
 
@@ -51,23 +51,31 @@ log = logging.getLogger(__name__)
 UPSTREAM_KEEPALIVE_S = 4.0
 
 
-@dataclass(frozen=True)
 class PrefillAnswer:
-    """Prefill's HTTP answer (status 200), parsed."""
+    """Prefill's HTTP answer (status 200), parsed. This and ``Result``, built per request, are plain classes
+    with slots, not dataclasses (``legs.ClientRequest`` says why)."""
 
-    document: Any
+    __slots__ = ("document",)
+
+    def __init__(self, document: Any) -> None:
+        self.document = document
 
     @property
     def kv_transfer_params(self) -> Any:
         return self.document.get("kv_transfer_params") if isinstance(self.document, dict) else None
 
 
-@dataclass(frozen=True)
 class Result:
-    outcome: str
-    verified_transfer: bool = False
-    exchange: Exchange | None = None
-    """The exchange that answered (its instances and ids), once routed."""
+    __slots__ = ("exchange", "outcome", "verified_transfer")
+
+    def __init__(self, outcome: str, verified_transfer: bool = False, exchange: Exchange | None = None) -> None:
+        self.outcome = outcome
+        self.verified_transfer = verified_transfer
+        self.exchange = exchange
+        """The exchange that answered (its instances and ids), once routed."""
+
+    def __repr__(self) -> str:
+        return f"Result(outcome={self.outcome!r}, verified_transfer={self.verified_transfer!r})"
 
 
 class ProxyCore:
@@ -83,6 +91,7 @@ class ProxyCore:
         self._last_transfer: tuple[str, Target, Target, Source, float] | None = None  # ``last_transfer``'s facts
         metrics.last_transfer.set_function(self._last_transfer_time)
         self.in_flight = 0
+        metrics.in_flight.set_function(self._in_flight)
         self.demand = DemandWindow(time.monotonic())
         self.draining = False
         self._background: set[asyncio.Task[Any]] = set()  # late prefill legs
@@ -157,7 +166,6 @@ class ProxyCore:
 
     async def _handle(self, request: ClientRequest, sink: Sink, source: Source, deadline: Deadline) -> Result:
         self.in_flight += 1
-        self.metrics.in_flight.inc()
         exchange: Exchange | None = None
         try:
             exchange = await self._exchange(request, source, deadline)
@@ -183,7 +191,6 @@ class ProxyCore:
             raise
         finally:
             self.in_flight -= 1
-            self.metrics.in_flight.dec()
 
     async def _failed(
         self, request: ClientRequest, exchange: Exchange | None, error: ApiError, sink: Sink, outcome: str, detail: str
@@ -407,9 +414,8 @@ class ProxyCore:
         bound = self.config.timeouts.prefill
         due = exchange.deadline.bound(asyncio.get_running_loop().time() + bound)
         try:
-            async with asyncio.timeout_at(due):
-                async with self.relay.open_leg(exchange.prefill, leg, "prefill") as resp:
-                    status, body = resp.status, await resp.read()
+            async with Timer(due), self.relay.open_leg(exchange.prefill, leg, "prefill") as resp:
+                status, body = resp.status, await resp.read()
         except TimeoutError as exc:
             if exchange.deadline.ended(due):
                 failure = deadline_exceeded(exchange.deadline.describe("before prefill answered"))
@@ -491,6 +497,10 @@ class ProxyCore:
             decode=decode.instance.http_address,
             source=source,
         )
+
+    def _in_flight(self) -> float:
+        """pd_proxy_in_flight: the requests in progress, read when scraped."""
+        return self.in_flight
 
     def _last_transfer_time(self) -> float:
         """pd_proxy_last_transfer_timestamp_seconds: Unix time of the last verified transfer (0: none yet)."""

@@ -79,14 +79,26 @@ class Limits:
     head_timeout_s: float  # a request's first byte (a new connection's accept) to its complete head: 408
 
 
-@dataclass(frozen=True)
 class HttpRequest:
-    method: str
-    path: str
-    headers: dict[str, str]  # names lowercased; repeated headers joined with ", "
-    body: bytearray  # one buffer, grown as the body arrives: a big one is its own mmap'd block, freed whole
-    keep_alive: bool = True  # the connection may carry another request after this one
-    http10: bool = False
+    """One request as read (a plain class with slots, not a dataclass: ``legs.ClientRequest`` says why)."""
+
+    __slots__ = ("body", "headers", "http10", "keep_alive", "method", "path")
+
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        body: bytearray,
+        keep_alive: bool = True,
+        http10: bool = False,
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.headers = headers  # names lowercased; repeated headers joined with ", "
+        self.body = body  # one buffer, grown as the body arrives: a big one is its own mmap'd block, freed whole
+        self.keep_alive = keep_alive  # the connection may carry another request after this one
+        self.http10 = http10
 
 
 Handler = Callable[[HttpRequest, "ResponseSink"], Awaitable[None]]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pd_runtime.protocol import (
@@ -32,14 +31,24 @@ TOKEN_LIMIT_KEYS = ("max_tokens", "max_completion_tokens")
 CLIENT_FORBIDDEN_KEYS = ("kv_transfer_params", "request_id")
 
 
-@dataclass(frozen=True)
 class ClientRequest:
-    """A validated client request with client-controlled transfer fields already removed."""
+    """A validated client request with client-controlled transfer fields already removed.
 
-    endpoint: Endpoint
-    body: dict[str, Any]
-    trace: dict[str, str] = field(default_factory=dict)
-    """The client's valid W3C trace context headers, forwarded on every leg (``trace_headers``)."""
+    This and the other classes built per request (``Target``, ``TransferIds``, ``Leg``) are plain classes
+    with slots, not dataclasses: mypyc compiles a plain class's ``__init__``, a dataclass's generated one
+    (a frozen one's ``object.__setattr__`` per field) stays interpreted (docs/benchmarks.md). Never changed
+    once built."""
+
+    __slots__ = ("body", "endpoint", "trace")
+
+    def __init__(self, endpoint: Endpoint, body: dict[str, Any], trace: dict[str, str] | None = None) -> None:
+        self.endpoint = endpoint
+        self.body = body
+        self.trace: dict[str, str] = {} if trace is None else trace
+        """The client's valid W3C trace context headers, forwarded on every leg (``trace_headers``)."""
+
+    def __repr__(self) -> str:
+        return f"ClientRequest(endpoint={self.endpoint!r}, body={self.body!r}, trace={self.trace!r})"
 
     @property
     def stream(self) -> bool:
@@ -50,37 +59,49 @@ class ClientRequest:
         return f"/v1/{self.endpoint}"
 
 
-@dataclass(frozen=True)
 class Target:
     """One routing decision: an instance and, for DP>1 instances, the DP rank to pin."""
 
-    instance: Registration
-    dp_rank: int | None = None
+    __slots__ = ("dp_rank", "instance")
+
+    def __init__(self, instance: Registration, dp_rank: int | None = None) -> None:
+        self.instance = instance
+        self.dp_rank = dp_rank
+
+    def __repr__(self) -> str:
+        return f"Target(instance={self.instance!r}, dp_rank={self.dp_rank!r})"
 
 
-@dataclass(frozen=True)
 class TransferIds:
     """The ids of one disaggregated request (docs/protocol.md#request-ids)."""
 
-    uid: str  # 32 lowercase hex: the tail of X-Request-Id and the id clients see
-    transfer_id: str  # tx-<uuid4>
-    request_id: str  # X-Request-Id, the same on both legs
+    __slots__ = ("request_id", "transfer_id", "uid")
+
+    def __init__(self, uid: str, transfer_id: str, request_id: str) -> None:
+        self.uid = uid  # 32 lowercase hex: the tail of X-Request-Id and the id clients see
+        self.transfer_id = transfer_id  # tx-<uuid4>
+        self.request_id = request_id  # X-Request-Id, the same on both legs
 
     @classmethod
     def mint(cls, prefill: Registration, decode: Registration) -> TransferIds:
         uid = new_request_uid()
-        return cls(uid=uid, transfer_id=new_transfer_id(), request_id=make_request_id(prefill, decode, uid))
+        return cls(uid, new_transfer_id(), make_request_id(prefill, decode, uid))
+
+    def __repr__(self) -> str:
+        return f"TransferIds(uid={self.uid!r}, transfer_id={self.transfer_id!r}, request_id={self.request_id!r})"
 
 
-@dataclass(frozen=True)
 class Leg:
     """One upstream HTTP request."""
 
-    path: str
-    headers: dict[str, str]
-    body: dict[str, Any]
-    assembled: bool = False
-    """Streamed for a client that did not ask for a stream: its answer is assembled (``streams_whole``)."""
+    __slots__ = ("assembled", "body", "headers", "path")
+
+    def __init__(self, path: str, headers: dict[str, str], body: dict[str, Any], assembled: bool = False) -> None:
+        self.path = path
+        self.headers = headers
+        self.body = body
+        self.assembled = assembled
+        """Streamed for a client that did not ask for a stream: its answer is assembled (``streams_whole``)."""
 
     def encoded(self) -> bytes:
         return jsoncodec.dumps(self.body)

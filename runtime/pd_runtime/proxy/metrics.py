@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client import metrics as client_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from pd_runtime.proxy.breaker import STATE_VALUE
@@ -77,6 +77,45 @@ def _bound_text(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(bound)
 
 
+class _Count:
+    """One counter's value and when it was created (its ``_created`` sample)."""
+
+    __slots__ = ("created", "value")
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self.created = time.time()
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+
+class LoopCounter(Collector):
+    """A labelled counter for one event loop's hot path, exposed exactly like prometheus_client's Counter
+    (``_total`` and ``_created`` per label set, in the order first counted). Counted from the event loop
+    only: an increment adds to a float, where prometheus_client's child takes a lock (docs/benchmarks.md)."""
+
+    def __init__(self, name: str, documentation: str, labels: tuple[str, ...], registry: CollectorRegistry) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = labels
+        self._children: dict[tuple[str, ...], _Count] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> _Count:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = _Count()
+        return child
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        created = client_metrics._use_created  # PROMETHEUS_DISABLE_CREATED_SERIES, as prometheus_client reads it
+        for values, child in self._children.items():
+            family.add_metric(list(values), child.value, created=child.created if created else None)
+        yield family
+
+
 class _RegistryCollector(Collector):
     """Reads registry sizes at scrape time, so the gauges are never stale."""
 
@@ -107,8 +146,8 @@ class ProxyMetrics:
     def __init__(self, registry: Registry, clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
-            "pd_proxy_requests", "Client requests by endpoint and outcome", ["endpoint", "outcome"], registry=r
+        self.requests = LoopCounter(
+            "pd_proxy_requests", "Client requests by endpoint and outcome", ("endpoint", "outcome"), r
         )
         self.ttft = LoopHistogram("pd_proxy_ttft_seconds", "Time to first relayed byte", TTFT_BUCKETS, r)
         self.itl = LoopHistogram("pd_proxy_itl_seconds", "Gap between relayed reads", ITL_BUCKETS, r)
@@ -164,13 +203,13 @@ class ProxyMetrics:
             ["answer"],
             registry=r,
         )
-        self.disaggregation = Counter(
+        self.disaggregation = LoopCounter(
             "pd_proxy_disaggregation",
             "Client requests placed in disaggregated mode, by how they are served: disaggregated (prefill and "
             "decode legs), short_prompt or cached_prefix (on decode alone: the prompt, or its part decode has not "
             "cached, is below --disaggregation-threshold); a request failed over is placed again",
-            ["reason"],
-            registry=r,
+            ("reason",),
+            r,
         )
         self.disaggregation_reasons = {reason: self.disaggregation.labels(reason) for reason in REASONS}
         self.kv_load_failures = Counter(
@@ -180,12 +219,14 @@ class ProxyMetrics:
             registry=r,
         )
         self.in_flight = Gauge("pd_proxy_in_flight", "Client requests in progress", registry=r)
+        """Read when scraped (``ProxyCore`` sets its function): a locked ``inc`` and ``dec`` were per request."""
         self.decode_queue = Gauge(
             "pd_proxy_decode_queue", "Requests waiting for a decode DP rank below --decode-max-in-flight", registry=r
         )
         self.admission_queue = Gauge(
             "pd_proxy_admission_queue", "Client requests waiting for a slot below --max-in-flight", registry=r
         )
+        """Read when scraped (``AdmissionGate`` sets its function)."""
         self.admission_rejections = Counter(
             "pd_proxy_admission_rejections",
             "Client requests answered 429 by admission, by reason: queue_full, queue_timeout",
@@ -235,7 +276,6 @@ class ProxyMetrics:
             registry=r,
         )
         r.register(_RegistryCollector(registry, clock))
-        self._request_counts: dict[tuple[str, str], Any] = {}
 
     def failed(self, cause: str, phase: str) -> None:
         self.failures.labels(cause, phase).inc()
@@ -244,9 +284,4 @@ class ProxyMetrics:
         self.api_refusals.labels(reason).inc()
 
     def request_done(self, endpoint: str, outcome: str) -> None:
-        """Count a finished request (the labelled child cached: ``labels()`` costs more than the count)."""
-        key = (endpoint, outcome)
-        child = self._request_counts.get(key)
-        if child is None:
-            child = self._request_counts[key] = self.requests.labels(endpoint, outcome)
-        child.inc()
+        self.requests.labels(endpoint, outcome).value += 1

@@ -101,7 +101,7 @@ class Placement:
     def holding(self, prefill: Target | None, decode: Target | None) -> Holding:
         """``with``: the targets' slots count as busy for the router while the request runs on them; once
         they are free, requests waiting for a decode slot look again."""
-        slots = [Slot(t.instance.http_address, t.dp_rank) for t in (prefill, decode) if t is not None]
+        slots: list[Slot] = [(t.instance.http_address, t.dp_rank) for t in (prefill, decode) if t is not None]
         for slot in slots:
             self.router.acquire(slot)
         return Holding(self, slots)
@@ -177,7 +177,7 @@ class Placement:
         fresh = self.registry.fresh_load
         candidates = [Candidate(inst.key, inst.registration.dp_size, fresh(inst, now)) for inst in live]
         slot = self.router.pick(pool, candidates, limit, key)
-        return None if slot is None else Target(by_key[slot.key].registration, slot.dp_rank)
+        return None if slot is None else Target(by_key[slot[0]].registration, slot[1])
 
     async def _decode_slot(self, deadline: Deadline) -> Target:
         """A decode DP rank with fewer than --decode-max-in-flight requests (its max_num_seqs).

@@ -17,7 +17,6 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pd_runtime.openai_api import DONE, Endpoint, SseDecoder, interpret
@@ -36,37 +35,59 @@ from pd_runtime.proxy.errors import (
 from pd_runtime.proxy.legs import ClientRequest, Leg, Target, TransferIds
 from pd_runtime.proxy.metrics import ProxyMetrics
 from pd_runtime.proxy.sinks import Sink
+from pd_runtime.proxy.timer import Timer
 from pd_runtime.proxy.tracing import Tracing
 from pd_runtime.proxy.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 Source = Literal["request", "canary"]
 
 
-@dataclass
 class Exchange:
-    """The state of one client request."""
+    """The state of one client request (a plain class with slots, not a dataclass: see ``legs.ClientRequest``)."""
 
-    request: ClientRequest
-    ids: TransferIds
-    source: Source
-    prefill: Target | None = None
-    decode: Target | None = None
-    started: float = field(default_factory=time.monotonic)
-    rewriter: IdRewriter = field(init=False)
-    kv_deadline: float | None = None
-    """Loop time after which decode can no longer get the KV (prefill's answer + the kv wait)."""
-    first_byte_timer: asyncio.Timeout | None = None
-    """The streaming decode leg's deadline while it waits for its first byte."""
-    prompt_details: dict[str, Any] | None = None
-    """Prefill's usage.prompt_tokens_details, merged into decode's usage (docs/proxy.md, "Usage")."""
-    deadline: Deadline = field(kw_only=True)
-    """The request's one deadline, shared by a failover's exchanges (``deadline``)."""
-    stream_filter: Callable[[bytes], bytes] | None = None
-    """Sees a streamed answer's whole events on their way to the client and may change them: a migrating
-    request's (``migration``)."""
+    __slots__ = (
+        "deadline",
+        "decode",
+        "first_byte_timer",
+        "ids",
+        "kv_deadline",
+        "prefill",
+        "prompt_details",
+        "request",
+        "rewriter",
+        "source",
+        "started",
+        "stream_filter",
+    )
 
-    def __post_init__(self) -> None:
-        self.rewriter = IdRewriter(self.ids.request_id, self.ids.uid)
+    def __init__(
+        self,
+        request: ClientRequest,
+        ids: TransferIds,
+        source: Source,
+        prefill: Target | None = None,
+        decode: Target | None = None,
+        *,
+        deadline: Deadline,
+    ) -> None:
+        self.request = request
+        self.ids = ids
+        self.source: Source = source
+        self.prefill = prefill
+        self.decode = decode
+        self.started = time.monotonic()
+        self.rewriter = IdRewriter(ids.request_id, ids.uid)
+        self.kv_deadline: float | None = None
+        """Loop time after which decode can no longer get the KV (prefill's answer + the kv wait)."""
+        self.first_byte_timer: Timer | None = None
+        """The streaming decode leg's deadline while it waits for its first byte."""
+        self.prompt_details: dict[str, Any] | None = None
+        """Prefill's usage.prompt_tokens_details, merged into decode's usage (docs/proxy.md, "Usage")."""
+        self.deadline = deadline
+        """The request's one deadline, shared by a failover's exchanges (``deadline``)."""
+        self.stream_filter: Callable[[bytes], bytes] | None = None
+        """Sees a streamed answer's whole events on their way to the client and may change them: a migrating
+        request's (``migration``)."""
 
     def prefill_answered(self, kv_wait: float) -> None:
         """From prefill's answer on, decode's first byte is due within the kv wait (dropped transfers)."""
@@ -78,9 +99,9 @@ class Exchange:
         if timer is not None and deadline is not None and deadline < (timer.when() or math.inf):
             timer.reschedule(deadline)
 
-    def first_byte_bounded(self, timer: asyncio.Timeout, bounded: bool) -> FirstByteBound:
+    def first_byte_bounded(self, timer: Timer, bounded: bool) -> FirstByteBound:
         """While a streaming decode leg waits inside ``timer``, prefill's answer may bring its deadline
-        forward; never once the leg is over (a decode that failed fast leaves a finished Timeout, which
+        forward; never once the leg is over (a decode that failed fast leaves a finished Timer, which
         cannot be rescheduled: prefill's answer arriving just then was a 500)."""
         return FirstByteBound(self, timer, bounded)
 
@@ -91,7 +112,7 @@ class FirstByteBound:
 
     __slots__ = ("_bounded", "_exchange", "_timer")
 
-    def __init__(self, exchange: Exchange, timer: asyncio.Timeout, bounded: bool) -> None:
+    def __init__(self, exchange: Exchange, timer: Timer, bounded: bool) -> None:
         self._exchange = exchange
         self._timer = timer
         self._bounded = bounded
@@ -141,7 +162,7 @@ class Relay:
         started = time.monotonic()
         try:
             async with (
-                asyncio.timeout_at(exchange.deadline.bound(first_byte_due)) as timer,
+                Timer(exchange.deadline.bound(first_byte_due)) as timer,
                 exchange.first_byte_bounded(timer, True),
                 self.open_leg(target, leg, "decode") as resp,
             ):
@@ -224,7 +245,7 @@ class Relay:
         bounded = exchange.request.stream and name == "decode"
         try:
             async with (
-                asyncio.timeout_at(exchange.deadline.bound(first_byte_due)) as timer,
+                Timer(exchange.deadline.bound(first_byte_due)) as timer,
                 exchange.first_byte_bounded(timer, bounded),
                 self.open_leg(target, leg, name) as resp,
             ):
@@ -314,7 +335,7 @@ class _ChunkRelay:
         self,
         exchange: Exchange,
         sink: Sink,
-        deadline: asyncio.Timeout,
+        deadline: Timer,
         metrics: ProxyMetrics,
         decode: bool,
         idle: float,

@@ -7,10 +7,8 @@ instances with different ``dp_size`` are handled, which the toy proxy assumes aw
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Literal
 
 from pd_runtime.proxy import affinity
 from pd_runtime.proxy.load import EngineLoad
@@ -23,26 +21,28 @@ DEFAULT_MAX_IMBALANCE = 4
 KV_USAGE_HIGH = 0.9
 
 
-@dataclass(frozen=True)
 class Candidate:
-    key: str  # http_address
-    dp_size: int
-    load: Mapping[int, EngineLoad] = field(default_factory=dict)  # DP rank -> fresh report; {} if none
+    """An instance a pick may choose, one per live instance per pick: a plain class with slots, not a
+    dataclass (``legs.ClientRequest`` says why)."""
+
+    __slots__ = ("dp_size", "key", "load")
+
+    def __init__(self, key: str, dp_size: int, load: Mapping[int, EngineLoad] | None = None) -> None:
+        self.key = key  # http_address
+        self.dp_size = dp_size
+        self.load: Mapping[int, EngineLoad] = {} if load is None else load  # DP rank -> fresh report; {} if none
 
 
-class Slot(NamedTuple):
-    """A dict key on every request (the router's in-flight counts): a tuple hashes and compares in C, where
-    a frozen dataclass runs its generated ``__hash__`` and ``__eq__`` as Python, compiled or not."""
-
-    key: str
-    dp_rank: int | None  # None when the instance has a single DP rank (no header is sent)
+Slot = tuple[str, int | None]
+"""An instance's key and a DP rank (None when the instance has a single DP rank: no header is sent). A dict
+key on every request (the router's in-flight counts): a tuple hashes and compares in C, where a frozen
+dataclass ran its generated ``__hash__`` and ``__eq__`` as Python; a plain tuple, not a NamedTuple, whose
+generated ``__new__`` ran as Python for every slot of every pick, compiled or not (docs/benchmarks.md)."""
 
 
 def interleaved_slots(candidates: Sequence[Candidate]) -> list[Slot]:
     widest = max((c.dp_size for c in candidates), default=0)
-    return [
-        Slot(c.key, rank if c.dp_size > 1 else None) for rank in range(widest) for c in candidates if rank < c.dp_size
-    ]
+    return [(c.key, rank if c.dp_size > 1 else None) for rank in range(widest) for c in candidates if rank < c.dp_size]
 
 
 def slots_with_room(candidates: Sequence[Candidate], outstanding: Mapping[Slot, int], limit: int) -> list[Slot]:
@@ -65,7 +65,7 @@ def least_outstanding(slots: list[Slot], outstanding: Mapping[Slot, int], counte
 def slot_loads(candidates: Sequence[Candidate]) -> dict[Slot, EngineLoad]:
     """Each slot's reported load (a single-rank instance reports as engine 0)."""
     return {
-        Slot(c.key, rank if c.dp_size > 1 else None): load
+        (c.key, rank if c.dp_size > 1 else None): load
         for c in candidates
         for rank, load in c.load.items()
         if rank < c.dp_size
@@ -115,8 +115,8 @@ def prefix_affinity(
     best = least_load(slots, outstanding, loads, counter)
     if key is None:
         return best
-    home = affinity.owner((slot.key for slot in slots), key)
-    chosen = least_load([slot for slot in slots if slot.key == home], outstanding, loads, counter)
+    home = affinity.owner((slot[0] for slot in slots), key)
+    chosen = least_load([slot for slot in slots if slot[0] == home], outstanding, loads, counter)
     mine, least = pressure(chosen, outstanding, loads), pressure(best, outstanding, loads)
     if (mine[0] and not least[0]) or mine[1] > least[1] + max_imbalance:
         return best
@@ -139,9 +139,11 @@ class Router:
     def __init__(self, policy: Policy, max_imbalance: int = DEFAULT_MAX_IMBALANCE) -> None:
         self.policy = policy
         self.max_imbalance = max_imbalance
-        self._counters: Counter[str] = Counter()
-        self._outstanding: Counter[Slot] = Counter()
-        self._routed: Counter[str] = Counter()  # requests ever sent to each instance (for /status)
+        # Plain dicts, not collections.Counter: Counter's ``__missing__`` and ``+=`` through it are Python,
+        # run on every pick, acquire and release even compiled (docs/benchmarks.md).
+        self._counters: dict[str, int] = {}
+        self._outstanding: dict[Slot, int] = {}
+        self._routed: dict[str, int] = {}  # requests ever sent to each instance (for /status)
 
     def pick(self, pool: str, candidates: Sequence[Candidate], limit: int = 0, key: bytes | None = None) -> Slot | None:
         """Choose a slot among ``candidates`` (non-empty) for the pool named ``pool`` (P, D, E); None when
@@ -151,8 +153,8 @@ class Router:
         slots = slots_with_room(candidates, self._outstanding, limit)
         if not slots:
             return None
-        counter = self._counters[pool]
-        self._counters[pool] += 1
+        counter = self._counters.get(pool, 0)
+        self._counters[pool] = counter + 1
         if self.policy == "least_outstanding":
             return least_outstanding(slots, self._outstanding, counter)
         if self.policy == "least_load" or (self.policy == "prefix_affinity" and pool == "D"):
@@ -163,20 +165,23 @@ class Router:
         return round_robin(slots, counter)
 
     def acquire(self, slot: Slot) -> None:
-        self._outstanding[slot] += 1
-        self._routed[slot.key] += 1
+        outstanding = self._outstanding
+        outstanding[slot] = outstanding.get(slot, 0) + 1
+        self._routed[slot[0]] = self._routed.get(slot[0], 0) + 1
 
     def release(self, slot: Slot) -> None:
-        self._outstanding[slot] -= 1
-        if self._outstanding[slot] <= 0:
-            del self._outstanding[slot]
+        left = self._outstanding.get(slot, 0) - 1
+        if left > 0:
+            self._outstanding[slot] = left
+        else:
+            self._outstanding.pop(slot, None)
 
     def outstanding(self, slot: Slot) -> int:
         return self._outstanding.get(slot, 0)
 
     def in_flight(self, key: str) -> int:
         """Requests in flight on an instance, over all its DP ranks."""
-        return sum(n for slot, n in self._outstanding.items() if slot.key == key)
+        return sum(n for (slot_key, _), n in self._outstanding.items() if slot_key == key)
 
     def routed(self, key: str) -> int:
         return self._routed.get(key, 0)

@@ -1,0 +1,80 @@
+"""A leg's deadline: ``async with Timer(when)`` cancels the task inside once the loop's clock reaches
+``when`` and turns that cancellation into TimeoutError, as ``asyncio.timeout_at`` does.
+
+The same contract as asyncio's ``Timeout`` (``when``, ``reschedule``, a cancellation from elsewhere left as
+it is), written here so that mypyc compiles it: asyncio's is Python, entered and left on every leg and
+rescheduled on every relayed chunk (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+_CREATED, _ENTERED, _EXPIRING, _EXPIRED, _EXITED = range(5)
+
+
+class Timer:
+    __slots__ = ("_cancelling", "_handle", "_loop", "_state", "_task", "_when")
+
+    def __init__(self, when: float | None) -> None:
+        self._when = when
+        self._state = _CREATED
+        self._handle: asyncio.Handle | None = None
+        self._task: asyncio.Task[object] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._cancelling = 0
+
+    def when(self) -> float | None:
+        """Loop time it ends the task at (None: never)."""
+        return self._when
+
+    def expired(self) -> bool:
+        """Whether it ended the task (it did so once its ``async with`` raised TimeoutError)."""
+        return self._state == _EXPIRING or self._state == _EXPIRED
+
+    def reschedule(self, when: float | None) -> None:
+        """End the task at ``when`` instead (None: never); only inside its ``async with`` and before it
+        fired (RuntimeError otherwise, as asyncio's)."""
+        if self._state != _ENTERED or self._loop is None:
+            raise RuntimeError("Timer is not in its async with, or has expired")
+        self._when = when
+        if self._handle is not None:
+            self._handle.cancel()
+        if when is None:
+            self._handle = None
+        elif when <= self._loop.time():
+            self._handle = self._loop.call_soon(self._fire)
+        else:
+            self._handle = self._loop.call_at(when, self._fire)
+
+    async def __aenter__(self) -> Timer:
+        if self._state != _CREATED:
+            raise RuntimeError("Timer has already been entered")
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("Timer should be used inside a task")
+        self._task = task
+        self._loop = task.get_loop()
+        self._cancelling = task.cancelling()
+        self._state = _ENTERED
+        self.reschedule(self._when)
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._state == _EXPIRING:
+            self._state = _EXPIRED
+            assert self._task is not None
+            # Our own cancellation, and no other one pending: the deadline's TimeoutError
+            if self._task.uncancel() <= self._cancelling and kind is asyncio.CancelledError:
+                raise TimeoutError from exc
+        elif self._state == _ENTERED:
+            self._state = _EXITED
+
+    def _fire(self) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        self._state = _EXPIRING
+        self._handle = None
