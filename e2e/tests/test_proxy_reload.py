@@ -42,7 +42,7 @@ def _serving(cp: ControlPlane, namespace: str) -> dict[str, Any]:
 
 
 def _pids(stack: Stack, serving: dict[str, Any]) -> dict[str, int]:
-    return container_pids(stack.agent_dir(), serving, (*ENGINES, "proxy"))
+    return container_pids(stack.cp, serving, (*ENGINES, "proxy"))
 
 
 def _proxy_config(cp: ControlPlane, serving: dict[str, Any]) -> dict[str, Any]:
