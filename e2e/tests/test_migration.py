@@ -1,6 +1,6 @@
 """Migration end to end (docs/proxy.md, "Migration"): a simulated 1P2D PDDeployment (one prefill engine, two
-decode engines in one pod); the decode engine serving a greedy stream is killed mid-answer by the node agent,
-and the client's token ids equal those of the same request undisturbed.
+decode engines in one pod); the decode engine serving a greedy stream is killed mid-answer (its container's
+pid 1, as a crash), and the client's token ids equal those of the same request undisturbed.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from e2e.tests.kube import (
     wait_for,
     wait_pdd_ready,
 )
+
+pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
 
 NAME = "sim-1p2d"
 DECODES = {"decode-0": 40005, "decode-1": 40006}

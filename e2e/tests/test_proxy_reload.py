@@ -1,7 +1,7 @@
 """A proxy-only change reaches the running proxy through its ConfigMap; no engine restarts.
 
-The operator renders routing and timeouts into the `<name>-proxy` ConfigMap, the node agent refreshes
-the mounted volume as the kubelet does (an atomic ..data swap), and the proxy re-reads the file. A file
+The operator renders routing and timeouts into the `<name>-proxy` ConfigMap, the kubelet refreshes
+the mounted volume (an atomic ..data swap, within its `syncFrequency` of 5 s), and the proxy re-reads the file. A file
 that would break what the engines rely on (a KV wait past their defer timeout) is refused in place.
 """
 
@@ -26,6 +26,8 @@ from e2e.tests.kube import (
     wait_for,
     wait_pdd_ready,
 )
+
+pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
 
 NAME = "reload"
 ENGINES = ("prefill", "decode")

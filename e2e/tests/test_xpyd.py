@@ -1,6 +1,6 @@
 """xPyD on one node end to end: `kubectl apply` of examples/simulated-2p1d.yaml (two prefill engines and
 one decode engine in one pod, load-aware routing), served through the proxy; then one prefill engine's
-process is killed by the node agent and the proxy fails over while the kubelet restarts it.
+process is killed (its container's pid 1, as a crash) and the proxy fails over while the kubelet restarts it.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from e2e.tests.kube import (
     wait_for,
     wait_pdd_ready,
 )
+
+pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
 
 EXAMPLE = REPO_ROOT / "examples" / "simulated-2p1d.yaml"
 NAME = "sim-2p1d"
