@@ -461,6 +461,24 @@ def leftovers(layout: NodeLayout) -> list[str]:
     return found
 
 
+def container_pid(layout: NodeLayout, container_id: str) -> int:
+    """The machine's pid of a container's first process (pid 1 of its pid namespace), found through its
+    cgroup: with the cgroupfs driver each container's cgroup is named by its id (`containerd://` dropped)
+    under the pod's, below `<cgroup_root>/kubepods`. What the node agent kept in its pid files."""
+    cid = container_id.split("://")[-1]
+    kubepods = CGROUP_FS / "pids" / layout.cgroup_root.lstrip("/") / "kubepods"
+    found = [path for path in kubepods.rglob(cid) if path.is_dir()] if cid else []
+    if len(found) != 1:
+        raise LookupError(f"node {layout.name}: no one cgroup of container {container_id!r} ({found})")
+    for pid in (found[0] / "cgroup.procs").read_text().split():
+        with contextlib.suppress(OSError):
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+            nspids = next((line.split()[1:] for line in status if line.startswith("NSpid:")), [])
+            if nspids and nspids[-1] == "1":
+                return int(pid)
+    raise LookupError(f"node {layout.name}: container {container_id} has no process of pid 1 in its namespace")
+
+
 def _all_pids() -> list[int]:
     return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
 

@@ -185,6 +185,8 @@ class Stack:
             widened.write_text(json.dumps({"policy": policy}))  # JSON is YAML
             args += ["--values", str(widened)]
         self.helm(*args, "--wait", "--timeout", "120s", version=helm_version)
+        self.cp.extras["operator_in_cluster"] = in_cluster
+        self.cp.save()
 
     def operator_kubeconfig(self) -> Path:
         """Credentials of the chart's ServiceAccount, so the operator runs with exactly the chart's RBAC."""
@@ -198,13 +200,18 @@ class Stack:
             raise RuntimeError(f"expected one operator ServiceAccount in {OPERATOR_NAMESPACE}, found {names}")
         return str(names[0])
 
-    def operator_argv(self) -> list[str]:
-        """The chart's operator command line, with free ports: the Deployment's args are what we run."""
+    def operator_deployment(self) -> dict[str, Any]:
+        """The chart's one operator Deployment, as stored now."""
         out = self.cp.kubectl("get", "deployments", "-n", OPERATOR_NAMESPACE, "-o", "json")
         deployments = json.loads(out)["items"]
         if len(deployments) != 1:
             raise RuntimeError(f"expected the chart's one operator Deployment, found {len(deployments)}")
-        container = deployments[0]["spec"]["template"]["spec"]["containers"][0]
+        found: dict[str, Any] = deployments[0]
+        return found
+
+    def operator_argv(self) -> list[str]:
+        """The chart's operator command line, with free ports: the Deployment's args are what we run."""
+        container = self.operator_deployment()["spec"]["template"]["spec"]["containers"][0]
         argv = [*container.get("command", []), *container.get("args", [])]
         argv[0] = str(Path(sys.executable).parent / argv[0])  # pdctl of this project's install
         ports: dict[str, object] = {"--liveness-port": self.cp.ports.port(), "--metrics-port": self.cp.ports.port()}
@@ -242,6 +249,18 @@ class Stack:
             stop(ref, grace_s=20)
             self.cp.procs.remove(ref)
         self.cp.save()
+
+    def restart_operator(self, timeout_s: int = 180) -> None:
+        """The operator stopped (SIGTERM, as a rolling update does) and started again: in-cluster a rollout
+        restart of its Deployment, waited for until the new pod is available and the old one gone; else our
+        process stopped and started."""
+        if not self.cp.extras.get("operator_in_cluster"):
+            self.stop_operator()
+            self.start_operator()
+            return
+        name = f"deployment/{self.operator_deployment()['metadata']['name']}"
+        self.cp.kubectl("rollout", "restart", name, "-n", OPERATOR_NAMESPACE)
+        self.cp.kubectl("rollout", "status", name, "-n", OPERATOR_NAMESPACE, f"--timeout={timeout_s}s")
 
     # ---- external metrics API ------------------------------------------------------------------------------
 

@@ -1,5 +1,12 @@
-"""Session fixtures: one control plane, one node agent, one operator for the whole suite; and a cluster of
-real nodes (`real`, `ns`), started on first use, with the operator in-cluster.
+"""Session fixtures: two clusters, each started on first use and run for the whole session. The agent
+cluster (`agent_stack`, `agent_operator`): one control plane, one node agent, the operator as a process.
+The real cluster (`real_stack`, `real`, `ns`): a real node (kubelet, containerd), the operator in-cluster
+from its image (docs/e2e-real-node.md).
+
+A test module says where it runs: one with ``pytestmark = pytest.mark.real_node`` runs on the real cluster,
+the others on the agent one. The fixtures `stack`, `cp`, `operator` (module scope) and `namespace` resolve
+to the module's cluster, so a test body is the same on either; the table "Which e2e tests run where" in
+docs/e2e-real-node.md lists the modules of each (tests/test_e2e_real_node_table.py keeps it true).
 
 Tests that need more GPU nodes ask `node_pool(name, count)` (node agents) or `real_pool(name, count)`
 (real nodes with the fake MI300X device plugins): the pool's nodes start on first use and run until the
@@ -22,10 +29,11 @@ import pytest
 
 from e2e import device_plugins
 from e2e.cluster import ControlPlane, binaries_dir, new_workdir
-from e2e.stack import Stack
+from e2e.stack import OPERATOR_NAMESPACE, Stack
 from e2e.tests.kube import create_namespace
 
 pytestmark = pytest.mark.e2e
+REAL_NODE = "real_node"  # the marker of a module that runs on the real cluster
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -40,9 +48,14 @@ def _require_host_support() -> None:
         pytest.fail(f"the e2e suite needs root and {missing or 'ip, unshare, nsenter, mount'} (see README)")
 
 
+def on_real_node(request: pytest.FixtureRequest) -> bool:
+    """Whether the requesting test's module carries the `real_node` marker."""
+    return request.node.get_closest_marker(REAL_NODE) is not None
+
+
 @pytest.fixture(scope="session")
-def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
-    """The node-agent cluster most tests run on: control plane and one node agent."""
+def agent_stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
+    """The node-agent cluster: control plane and one node agent."""
     yield from _session_stack(request, Stack(ControlPlane(workdir=new_workdir(), bin_dir=binaries_dir())))
 
 
@@ -70,33 +83,52 @@ def _session_stack(request: pytest.FixtureRequest, st: Stack, real: bool = False
         if request.session.testsfailed:
             for logs in [cp.workdir / "logs", *cp.workdir.glob("nodes/*/logs")]:
                 _dump_logs(logs)
+            if real:
+                _dump_operator_pod_log(st)
         keep = os.environ.get("PD_E2E_KEEP") == "1"
         st.down(remove=not keep)
         if keep:
             sys.stderr.write(f"\ne2e work directory kept: {cp.workdir}\n")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
+def stack(request: pytest.FixtureRequest) -> Stack:
+    """The module's cluster: `real_stack` for a module marked `real_node`, else `agent_stack`."""
+    found: Stack = request.getfixturevalue("real_stack" if on_real_node(request) else "agent_stack")
+    return found
+
+
+@pytest.fixture(scope="module")
 def cp(stack: Stack) -> ControlPlane:
     return stack.cp
 
 
 @pytest.fixture(scope="session")
-def operator(stack: Stack) -> Stack:
-    """The chart installed (helm v3) and the operator running with the chart's ServiceAccount."""
-    stack.install_operator()
-    stack.start_operator()
-    return stack
+def agent_operator(agent_stack: Stack) -> Stack:
+    """The chart installed (helm v3) and the operator running as a process with the chart's ServiceAccount."""
+    agent_stack.install_operator()
+    agent_stack.start_operator()
+    return agent_stack
+
+
+@pytest.fixture(scope="module")
+def operator(request: pytest.FixtureRequest, stack: Stack) -> Stack:
+    """The module's cluster with the operator running: in-cluster from its image on the real cluster (the
+    chart's Deployment, installed when the cluster came up), as a process on the agent one."""
+    if on_real_node(request):
+        return stack
+    found: Stack = request.getfixturevalue("agent_operator")
+    return found
 
 
 @pytest.fixture(scope="session")
-def node_pool(stack: Stack) -> Callable[[str, int], list[str]]:
-    """Start a pool of `count` more 8-GPU nodes once per name; returns their node names."""
+def node_pool(agent_stack: Stack) -> Callable[[str, int], list[str]]:
+    """Start a pool of `count` more 8-GPU node agents once per name (agent cluster); returns their node names."""
     pools: dict[str, list[str]] = {}
 
     def start(name: str, count: int) -> list[str]:
         if name not in pools:
-            pools[name] = stack.start_pool(name, count)
+            pools[name] = agent_stack.start_pool(name, count)
         assert len(pools[name]) == count, f"pool {name} already runs {len(pools[name])} nodes"
         return pools[name]
 
@@ -128,6 +160,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "pod_security(level): the Pod Security level the test's namespace enforces (default baseline)"
     )
+    config.addinivalue_line(
+        "markers",
+        f"{REAL_NODE}: the module runs on the real cluster (real nodes, the operator in-cluster): `stack`, `cp`, "
+        "`operator` and `namespace` resolve there (module-level pytestmark; docs/e2e-real-node.md)",
+    )
 
 
 @pytest.fixture
@@ -139,6 +176,18 @@ def namespace(cp: ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]
     name = create_namespace(cp, f"t-{secrets.token_hex(3)}", marker.args[0] if marker else "baseline")
     yield name
     cp.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def _dump_operator_pod_log(st: Stack, lines: int = 80) -> None:
+    """The in-cluster operator's log, read through its pod (it is no process of ours)."""
+    try:
+        name = st.operator_deployment()["metadata"]["name"]
+    except RuntimeError as err:
+        sys.stderr.write(f"\nno operator pod's log: {err}\n")
+        return
+    argv = ("logs", "-n", OPERATOR_NAMESPACE, f"deployment/{name}", f"--tail={lines}", "--all-containers")
+    out = st.cp.kubectl(*argv, check=False)
+    sys.stderr.write(f"\n===== last {lines} lines of the operator pod's log =====\n{out}\n")
 
 
 def _dump_logs(logs: Path, lines: int = 80) -> None:

@@ -6,17 +6,20 @@ import base64
 import contextlib
 import json
 import logging
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, Literal, Self, TypeVar
 
 import httpx
 import yaml
 
+from e2e import real_node
 from e2e.cluster import REPO_ROOT, ControlPlane
+from e2e.node_config import NodeLayout
 
 T = TypeVar("T")
 Obj = dict[str, Any]
@@ -256,11 +259,33 @@ def serving_pod(cp: ControlPlane, namespace: str, name: str) -> Obj:
     return found
 
 
-def container_pids(agent_dir: Path, serving: Obj, names: Iterable[str]) -> dict[str, int]:
-    """The pid each named container's process has now, as the node agent (state in ``agent_dir``) started it."""
+def container_pids(cp: ControlPlane, serving: Obj, names: Iterable[str]) -> dict[str, int]:
+    """The pid each named container's first process has now (the machine's pid): on a real node the one of
+    pid 1 in the container's cgroup (the container ids the pod's status has now), on a node agent the one
+    the agent started (its pid file)."""
     meta = serving["metadata"]
+    node = serving["spec"]["nodeName"]
+    real_nodes = cp.extras.get("real_nodes", {})
+    if node in real_nodes:
+        layout = NodeLayout.from_dict(real_nodes[node]["layout"])
+        now = pod(cp, meta["namespace"], meta["name"]) or serving
+        ids = {c["name"]: str(c.get("containerID", "")) for c in now["status"].get("containerStatuses", [])}
+        return {name: real_node.container_pid(layout, ids.get(name, "")) for name in names}
+    agent_dir = cp.workdir / "agents" / node  # Stack.agent_dir
     containers = agent_dir / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}" / "containers"
     return {name: int((containers / name / "pid").read_text()) for name in names}
+
+
+def kill_container(cp: ControlPlane, serving: Obj, name: str, sig: int = signal.SIGKILL) -> int:
+    """Kill a container's processes as a crash would, so that its kubelet restarts it; returns the pid. On a
+    real node the signal goes to the container's pid 1 (SIGKILL of it ends its whole pid namespace), on a
+    node agent to the process group the agent started."""
+    pid = container_pids(cp, serving, [name])[name]
+    if serving["spec"]["nodeName"] in cp.extras.get("real_nodes", {}):
+        os.kill(pid, sig)
+    else:
+        os.killpg(pid, sig)
+    return pid
 
 
 def ready_pod(cp: ControlPlane, namespace: str, name: str) -> Obj | None:

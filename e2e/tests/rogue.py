@@ -71,7 +71,7 @@ def check_rogue_gets_nothing(stack: Stack, serving: Obj, tmp_path: Path, api_por
         },
     ]
     hits = tmp_path / "hits"
-    rogue = _rogue(container_pids(stack.agent_dir(), serving, ["proxy"])["proxy"], hits, frames)
+    rogue = _rogue(container_pids(stack.cp, serving, ["proxy"])["proxy"], hits, frames)
     try:
         # the rogue answers where it says it does, and the proxy sees and refuses its frames
         rogue_url = f"http://{pod_ip}:{ROGUE_PORT}/health"

@@ -36,6 +36,8 @@ from e2e.tests.kube import (
 from pd_operator import layout, render
 from pd_operator.validation import validate_spec
 
+pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
+
 LEVELS: tuple[PodSecurityLevel, ...] = ("restricted", "baseline", "privileged")  # strictest first
 NO_NODE = {"pd.serving.dev/e2e": "no-such-node"}  # the pods must never run: they would take the node's GPUs
 RDMA = {"rdma": {"resourceName": "rdma/hca_shared_devices_a"}}

@@ -1,13 +1,11 @@
 """Migration end to end (docs/proxy.md, "Migration"): a simulated 1P2D PDDeployment (one prefill engine, two
-decode engines in one pod); the decode engine serving a greedy stream is killed mid-answer by the node agent,
-and the client's token ids equal those of the same request undisturbed.
+decode engines in one pod); the decode engine serving a greedy stream is killed mid-answer (its container's
+pid 1, as a crash), and the client's token ids equal those of the same request undisturbed.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +15,19 @@ import yaml
 
 from e2e.cluster import REPO_ROOT, ControlPlane
 from e2e.stack import Stack
-from e2e.tests.kube import Obj, apply, create_namespace, pdd, pod, proxy_status, wait_for, wait_pdd_ready
+from e2e.tests.kube import (
+    Obj,
+    apply,
+    create_namespace,
+    kill_container,
+    pdd,
+    pod,
+    proxy_status,
+    wait_for,
+    wait_pdd_ready,
+)
+
+pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
 
 NAME = "sim-1p2d"
 DECODES = {"decode-0": 40005, "decode-1": 40006}
@@ -75,18 +85,15 @@ def stream_ids(pod_ip: str, model: str, on_tokens: Any = None) -> tuple[list[int
     return ids, events
 
 
-def test_a_decode_engine_killed_mid_stream_is_migrated_with_the_same_tokens(
-    stack: Stack, cp: ControlPlane, one_p_two_d: str
-) -> None:
+def test_a_decode_engine_killed_mid_stream_is_migrated_with_the_same_tokens(cp: ControlPlane, one_p_two_d: str) -> None:
     obj = pdd(cp, one_p_two_d, NAME)
     assert obj is not None
     live = pod(cp, one_p_two_d, obj["status"]["podName"])
     assert live is not None
-    meta, pod_ip = live["metadata"], live["status"]["podIP"]
+    pod_ip = live["status"]["podIP"]
     wait_for(lambda: proxy_status(cp, live)["counts"]["decode"] == 2 or None, 60, "both decode engines routable")
     model = httpx.get(f"http://{pod_ip}:8000/v1/models", timeout=10, trust_env=False).json()["data"][0]["id"]
     expected, _ = stream_ids(pod_ip, model)
-    containers = stack.agent_dir() / "pods" / f"{one_p_two_d}_{meta['name']}_{meta['uid'][:8]}" / "containers"
     killed: list[str] = []
 
     def kill_the_streaming_decode(tokens: int) -> None:
@@ -94,7 +101,7 @@ def test_a_decode_engine_killed_mid_stream_is_migrated_with_the_same_tokens(
             return
         busy = {i["http_address"].rsplit(":", 1)[1] for i in proxy_status(cp, live)["instances"] if i["in_flight"]}
         (name,) = [n for n, port in DECODES.items() if str(port) in busy]
-        os.killpg(int((containers / name / "pid").read_text()), signal.SIGKILL)  # its process group
+        kill_container(cp, live, name)
         killed.append(name)
 
     got, events = stream_ids(pod_ip, model, kill_the_streaming_decode)

@@ -30,6 +30,8 @@ from e2e.tests.kube import (
     wait_pdd_ready,
 )
 
+pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
+
 NAME = "lost"
 UNREACHABLE = "node.kubernetes.io/unreachable"
 TOLERATION_S = 5  # the pod's own tolerationSeconds for the unreachable taint: shorter than the operator's 300 s

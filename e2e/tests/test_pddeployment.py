@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import signal
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -28,6 +26,7 @@ from e2e.tests.kube import (
     condition,
     create_namespace,
     get,
+    kill_container,
     pdd,
     phase,
     pod,
@@ -278,12 +277,10 @@ def test_deleted_pod_comes_back(cp: ControlPlane, lifecycle: str) -> None:
     assert serving_pod(cp, lifecycle, LIFECYCLE)["metadata"]["uid"] != before["metadata"]["uid"]
 
 
-def test_killed_decode_degrades_then_recovers(stack: Stack, cp: ControlPlane, lifecycle: str) -> None:
+def test_killed_decode_degrades_then_recovers(cp: ControlPlane, lifecycle: str) -> None:
     serving = serving_pod(cp, lifecycle, LIFECYCLE)
     meta = serving["metadata"]
-    pid_file = stack.agent_dir() / "pods" / f"{lifecycle}_{meta['name']}_{meta['uid'][:8]}" / "containers"
-    pid = int((pid_file / "decode" / "pid").read_text())
-    os.killpg(pid, signal.SIGKILL)  # the decode engine's process group, started by our node agent
+    kill_container(cp, serving, "decode")  # the decode engine crashes
     wait_for(lambda: phase(pdd(cp, lifecycle, LIFECYCLE)) == "Degraded", 60, "phase Degraded", interval_s=0.1)
     obj = wait_pdd_ready(cp, lifecycle, LIFECYCLE, timeout_s=180)
     decode = next(r for r in obj["status"]["roles"] if r["name"] == "decode")
@@ -314,8 +311,7 @@ def test_operator_restart_mid_reconcile_converges_without_duplicates(
         "reconcile started (Service created)",
         interval_s=0.05,
     )
-    operator.stop_operator()  # SIGTERM, as a rolling update of the operator Deployment does
-    operator.start_operator()
+    operator.restart_operator()  # SIGTERM, as a rolling update of the operator Deployment does
     wait_pdd_ready(cp, namespace, "restart", timeout_s=180)
     found = children(cp, namespace, "restart")
     serving = pods(cp, namespace, "pd.serving.dev/deployment=restart,app.kubernetes.io/component=serving")

@@ -1,7 +1,7 @@
 """A proxy-only change reaches the running proxy through its ConfigMap; no engine restarts.
 
-The operator renders routing and timeouts into the `<name>-proxy` ConfigMap, the node agent refreshes
-the mounted volume as the kubelet does (an atomic ..data swap), and the proxy re-reads the file. A file
+The operator renders routing and timeouts into the `<name>-proxy` ConfigMap, the kubelet refreshes
+the mounted volume (an atomic ..data swap, within its `syncFrequency` of 5 s), and the proxy re-reads the file. A file
 that would break what the engines rely on (a KV wait past their defer timeout) is refused in place.
 """
 
@@ -27,6 +27,8 @@ from e2e.tests.kube import (
     wait_pdd_ready,
 )
 
+pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
+
 NAME = "reload"
 ENGINES = ("prefill", "decode")
 
@@ -42,7 +44,7 @@ def _serving(cp: ControlPlane, namespace: str) -> dict[str, Any]:
 
 
 def _pids(stack: Stack, serving: dict[str, Any]) -> dict[str, int]:
-    return container_pids(stack.agent_dir(), serving, (*ENGINES, "proxy"))
+    return container_pids(stack.cp, serving, (*ENGINES, "proxy"))
 
 
 def _proxy_config(cp: ControlPlane, serving: dict[str, Any]) -> dict[str, Any]:

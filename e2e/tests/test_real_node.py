@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from e2e import device_plugins, real_node
 from e2e.cluster import REPO_ROOT, ControlPlane
@@ -41,6 +42,8 @@ from e2e.tests.kube import (
     wait_for,
     wait_pdd_ready,
 )
+
+pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
 
 RUNTIME_IMAGE = "ghcr.io/pd-serving/pd-runtime:0.1.0"
 STREAM_TOKENS = 1500  # about 6 s from the simulated engines at timeScale 10

@@ -29,6 +29,8 @@ from e2e.node_config import MI300X_SERVER
 from e2e.stack import Stack
 from e2e.tests.kube import Obj, create_namespace, is_true, pdd, pod, wait_for, wait_pdd_ready
 
+pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
+
 SEED_NODE = "mi300x-seed"
 GPU_PRODUCT = {"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM"}
 RENDER_MINOR = 128  # the fake GPU i is /dev/dri/renderD(128+i), as on a real node (e2e/tools/devplugins)

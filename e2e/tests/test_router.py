@@ -3,7 +3,7 @@ PodDisruptionBudget), its ready pods in the PDDeployment's status (status.router
 completion streamed through each router pod, and disabling it removes every router object and that status.
 
 The router pods are real Deployment pods (the controller-manager makes the ReplicaSet and its pods, the
-node agent runs them), find the replicas by watching the PDDeployment Service's EndpointSlices with their
+node's kubelet runs them), find the replicas by watching the PDDeployment Service's EndpointSlices with their
 own ServiceAccount token (so the operator-rendered Role is what lets them), and read each replica's admin
 /status through the serving NetworkPolicy's router rule.
 """
@@ -33,6 +33,8 @@ from e2e.tests.kube import (
     wait_for,
     wait_pdd_ready,
 )
+
+pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
 
 NAME = "rt"
 ROUTER = f"{NAME}-router"

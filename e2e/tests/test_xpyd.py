@@ -1,13 +1,11 @@
 """xPyD on one node end to end: `kubectl apply` of examples/simulated-2p1d.yaml (two prefill engines and
 one decode engine in one pod, load-aware routing), served through the proxy; then one prefill engine's
-process is killed by the node agent and the proxy fails over while the kubelet restarts it.
+process is killed (its container's pid 1, as a crash) and the proxy fails over while the kubelet restarts it.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +17,20 @@ import yaml
 
 from e2e.cluster import REPO_ROOT, ControlPlane
 from e2e.stack import Stack
-from e2e.tests.kube import Obj, apply, condition, create_namespace, pdd, pod, proxy_status, wait_for, wait_pdd_ready
+from e2e.tests.kube import (
+    Obj,
+    apply,
+    condition,
+    create_namespace,
+    kill_container,
+    pdd,
+    pod,
+    proxy_status,
+    wait_for,
+    wait_pdd_ready,
+)
+
+pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
 
 EXAMPLE = REPO_ROOT / "examples" / "simulated-2p1d.yaml"
 NAME = "sim-2p1d"
@@ -99,15 +110,13 @@ def test_least_load_serves_through_both_prefill_instances(cp: ControlPlane, xpyd
     assert verified
 
 
-def test_a_killed_prefill_instance_fails_over_then_returns(stack: Stack, cp: ControlPlane, xpyd: str) -> None:
+def test_a_killed_prefill_instance_fails_over_then_returns(cp: ControlPlane, xpyd: str) -> None:
     live = serving(cp, xpyd)
     meta, pod_ip = live["metadata"], live["status"]["podIP"]
-    containers = stack.agent_dir() / "pods" / f"{xpyd}_{meta['name']}_{meta['uid'][:8]}" / "containers"
-    pid = int((containers / "prefill-0" / "pid").read_text())
     with ThreadPoolExecutor(1) as runner:
         probe = runner.submit(burst, pod_ip, 60)
         time.sleep(0.5)  # the probe is running
-        os.killpg(pid, signal.SIGKILL)  # the engine's process group, started by our node agent
+        kill_container(cp, live, "prefill-0")  # the engine crashes
         results = probe.result()
     # a request that met the dead engine before its first byte was served again on prefill-1; in write
     # mode a request already streaming needs prefill no more, so none is lost
