@@ -220,7 +220,11 @@ def test_goodput_probe_is_measured_on_the_real_engines(operator: Stack, deployme
     result = wait_for(goodput, 600, "status.goodput from the probe")
     assert (result["requests"], result["errors"]) == (PROBE["requests"], 0), result
     assert result["measured"]["engine"] == "vllm" and result["measured"]["transferMode"] == "write"
-    assert result["ttftMs"]["p50"] > 0 and result["itlMs"]["p50"] > 0, result
+    assert result["ttftMs"]["p50"] > 0, result
+    # ITL is measured (every request had tokens to space), but may be 0: vLLM merges streamed deltas
+    # its API server has not sent yet (RequestOutputCollector.put), so on a loaded machine all of a
+    # request's tokens can arrive in one chunk.
+    assert result["itlMs"]["p50"] is not None and result["itlMs"]["p50"] >= 0, result
     serving = pod(cp, NAMESPACE, NAME)
     assert serving is not None
     # decode took every prompt token of the probe's requests from prefill's KV (and the canary's)
