@@ -694,8 +694,10 @@ class ApiServer:
             return
         try:
             await handler(request, sink)
+            return
         except ApiError as err:
-            await sink.error(err)
+            refusal = err  # answered after the except clause (docs/proxy.md, "Compiled request path")
+        await sink.error(refusal)
 
     async def _sweep_idle(self) -> None:
         while True:
