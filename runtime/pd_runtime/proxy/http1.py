@@ -306,6 +306,8 @@ class _ApiConnection(asyncio.Protocol):
                 self._collect_request_line(data, pos, end)
             self._feed(view[pos:end])
             pos = end
+        if self._message is not None and not self._message.in_body:
+            self._await_head()  # a head not complete in this read: due from its first byte, read just now
         self._tail = (self._tail + data[-3:])[-3:]
         self._serve_next()
         far_ahead = len(self._queue) > MAX_QUEUED_REQUESTS or self._queued_bytes > self._server.limits.max_body_bytes
@@ -401,8 +403,7 @@ class _ApiConnection(asyncio.Protocol):
     # -- parser callbacks (llhttp, through httptools) ------------------------------------------
 
     def on_message_begin(self) -> None:
-        self._message = _Message()
-        self._await_head()
+        self._message = _Message()  # its head's timer is armed only if the head is not complete in this read
 
     def on_url(self, url: bytes) -> None:
         message = self._current()
