@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import logging
 import os
 import signal
@@ -176,9 +177,18 @@ async def serve(config: ProxyConfig) -> None:
     except BaseException:
         await server.stop()  # release whatever was bound before the failure
         raise
+    _freeze_startup_objects()
     await stop.wait()
     log.info("signal received: shutting down")
     await server.stop()
+
+
+def _freeze_startup_objects() -> None:
+    """Move what the start built (modules, classes, the registry, the metrics) out of the cyclic GC's
+    reach: it lives as long as the process, and each full collection walked all of it, pausing the loop
+    for about 12 ms at 64 saturated streams (docs/benchmarks.md); its garbage is collected first."""
+    gc.collect()
+    gc.freeze()
 
 
 def main(argv: Sequence[str]) -> int:
