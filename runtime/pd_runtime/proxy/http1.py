@@ -212,6 +212,7 @@ class _ApiConnection(asyncio.Protocol):
     """
 
     def __init__(self, server: ApiServer) -> None:
+        self._loop = asyncio.get_running_loop()  # kept: each lookup is a getpid system call in CPython 3.11
         self._server = server
         self._parser = httptools.HttpRequestParser(self)
         self._queue: deque[HttpRequest | _Refusal] = deque()
@@ -285,7 +286,7 @@ class _ApiConnection(asyncio.Protocol):
         if self.closed or self._transport is None or sink is None or sink.started or self.http10:
             return
         self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        self._probe_timer = asyncio.get_running_loop().call_later(EOF_PROBE_S, self._probe)
+        self._probe_timer = self._loop.call_later(EOF_PROBE_S, self._probe)
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -538,7 +539,7 @@ class _ApiConnection(asyncio.Protocol):
                 continue
             self._queued_bytes -= len(item.body)
             self.keep_alive, self.http10 = item.keep_alive, item.http10
-            self._task = asyncio.get_running_loop().create_task(self._serve(item))
+            self._task = self._loop.create_task(self._serve(item))
 
     def _answer_refusal(self, refusal: _Refusal) -> bool:
         """Answer ``refusal`` (then close, unless it leaves the connection usable); False: the client is gone."""
@@ -555,7 +556,7 @@ class _ApiConnection(asyncio.Protocol):
     def _await_head(self) -> None:
         if self._head_timer is None:
             limit = self._server.limits.head_timeout_s
-            self._head_timer = asyncio.get_running_loop().call_later(limit, self._head_late)
+            self._head_timer = self._loop.call_later(limit, self._head_late)
 
     def _head_late(self) -> None:
         """The head did not come in time (a slowloris holds its connection this way): 408, then close."""
@@ -623,7 +624,7 @@ class _ApiConnection(asyncio.Protocol):
 
     async def drain(self) -> None:
         while self.write_paused and not self.closed:
-            self._writable = asyncio.get_running_loop().create_future()
+            self._writable = self._loop.create_future()
             await self._writable
         if self.closed:
             raise ClientGone
@@ -654,7 +655,7 @@ class _ApiConnection(asyncio.Protocol):
         if self._reading_paused:
             self._reading_paused = False
             transport.resume_reading()
-        asyncio.get_running_loop().call_later(LINGER_S, transport.close)
+        self._loop.call_later(LINGER_S, transport.close)
 
 
 class ApiServer:

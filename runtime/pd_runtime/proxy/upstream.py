@@ -49,6 +49,7 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, on_lost: Callable[[_Connection], None]) -> None:
         self._on_lost = on_lost
+        self.loop = asyncio.get_running_loop()  # kept: each lookup is a getpid system call in CPython 3.11
         self._parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.key = ("", 0)  # the engine's address
@@ -172,7 +173,7 @@ class _Connection(asyncio.Protocol):
     # -- reading (one reader, the leg's task) --------------------------------------------------
 
     async def _wait(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
+        self._waiter = self.loop.create_future()
         try:
             await self._waiter
         finally:
@@ -344,10 +345,9 @@ class UpstreamPool:
             conn.close()
             return
         self._idle.setdefault(key, deque()).append(conn)
-        loop = asyncio.get_running_loop()
-        conn.pooled, conn.idle_since = True, loop.time()
+        conn.pooled, conn.idle_since = True, conn.loop.time()
         if conn.idle_timer is None:
-            conn.idle_timer = loop.call_at(conn.idle_since + self.keepalive_s, self._expire, conn)
+            conn.idle_timer = conn.loop.call_at(conn.idle_since + self.keepalive_s, self._expire, conn)
 
     def _expire(self, conn: _Connection) -> None:
         """Idle for the keep-alive time: closed before the engine's own keep-alive drops it. Taken since
@@ -355,10 +355,9 @@ class UpstreamPool:
         conn.idle_timer = None
         if not conn.pooled:
             return
-        loop = asyncio.get_running_loop()
         due = conn.idle_since + self.keepalive_s
-        if loop.time() < due:
-            conn.idle_timer = loop.call_at(due, self._expire, conn)
+        if conn.loop.time() < due:
+            conn.idle_timer = conn.loop.call_at(due, self._expire, conn)
             return
         self._forget(conn)
         conn.close()
