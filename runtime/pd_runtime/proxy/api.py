@@ -62,12 +62,12 @@ class ApiHandlers:
         await self._relay(request, sink, "chat/completions")
 
     def _refuse_after_kv_mismatch(self) -> None:
-        """--on-kv-mismatch stopServing: wrong answers with HTTP 200 are worse than none."""
-        if self.canary is not None and self.canary.stops_serving:
-            assert self.canary.mismatch is not None
+        """--on-kv-mismatch stopServing: wrong answers with HTTP 200 are worse than none. The mismatch, an
+        attribute, is read first: the canary's ``stops_serving`` is Python, two interpreted calls."""
+        canary = self.canary
+        if canary is not None and canary.mismatch is not None and canary.stops_serving:
             raise unavailable(
-                "the proxy stopped serving: its canary found wrong KV reaching decode: "
-                + self.canary.mismatch.describe(),
+                "the proxy stopped serving: its canary found wrong KV reaching decode: " + canary.mismatch.describe(),
                 "kv_mismatch",
             )
 
