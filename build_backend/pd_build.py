@@ -37,6 +37,7 @@ COMPILED = (
     "pd_runtime/proxy/admission.py",
     "pd_runtime/proxy/admission_gate.py",
     "pd_runtime/proxy/affinity.py",
+    "pd_runtime/proxy/api.py",
     "pd_runtime/proxy/breaker.py",
     "pd_runtime/proxy/circuits.py",
     "pd_runtime/proxy/contract.py",
@@ -59,7 +60,7 @@ COMPILED = (
     "pd_runtime/proxy/upstream.py",
 )
 """The modules a client request runs through (server.py stays Python: aiohttp's middleware decorator sets
-an attribute on its function, which a compiled function does not take)."""
+an attribute on its function, which a compiled function does not take; its API port's handlers are api.py)."""
 
 
 def compile_mode() -> str:

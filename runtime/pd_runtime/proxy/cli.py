@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import logging
 import os
 import signal
@@ -29,6 +30,9 @@ from pd_runtime.proxy.router import serve as serve_router
 from pd_runtime.proxy.server import ProxyServer
 
 log = logging.getLogger(__name__)
+
+GC_GEN0_THRESHOLD = 7000
+"""Net new container objects between collections of the youngest generation (Python's default: 700)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -176,9 +180,23 @@ async def serve(config: ProxyConfig) -> None:
     except BaseException:
         await server.stop()  # release whatever was bound before the failure
         raise
+    _tune_gc()
     await stop.wait()
     log.info("signal received: shutting down")
     await server.stop()
+
+
+def _tune_gc() -> None:
+    """Move what the start built (modules, classes, the registry, the metrics) out of the cyclic GC's
+    reach: it lives as long as the process, and each full collection walked all of it, pausing the loop
+    for about 12 ms at 64 saturated streams (docs/benchmarks.md); its garbage is collected first.
+
+    Then collect the youngest generation after GC_GEN0_THRESHOLD net new objects, not Python's 700: the
+    objects of the requests in flight made up most of each young generation, so every collection walked
+    them and moved them on to be walked again in the older ones (6 % of the instructions at 64 streams)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def main(argv: Sequence[str]) -> int:

@@ -156,41 +156,46 @@ class ProxyCore:
         request's span (docs/proxy.md, "Trace context")."""
         if deadline is None:
             deadline = Deadline.after(asyncio.get_running_loop().time(), self.config.timeouts.response)
-        if self.tracing is None:
-            return await self._handle(request, sink, source, deadline)
-        with self.tracing.request(request.path, request.trace, {"pd.source": source}) as span:
-            result = await self._handle(request, sink, source, deadline)
-            ids = {} if result.exchange is None else {"pd.transfer_id": result.exchange.ids.transfer_id}
-            self.tracing.finished(span, result.outcome, ids)
-            return result
+        self.in_flight += 1
+        try:
+            if self.tracing is None:
+                return await self._handle(request, sink, source, deadline)
+            with self.tracing.request(request.path, request.trace, {"pd.source": source}) as span:
+                result = await self._handle(request, sink, source, deadline)
+                ids = {} if result.exchange is None else {"pd.transfer_id": result.exchange.ids.transfer_id}
+                self.tracing.finished(span, result.outcome, ids)
+                return result
+        finally:
+            self.in_flight -= 1
 
     async def _handle(self, request: ClientRequest, sink: Sink, source: Source, deadline: Deadline) -> Result:
-        self.in_flight += 1
+        """Awaits nothing inside an except clause (docs/proxy.md, "Compiled request path"): a failure is
+        answered, or the request failed over, after the clause that caught it."""
         exchange: Exchange | None = None
         try:
             exchange = await self._exchange(request, source, deadline)
+            failed_over = False
             try:
                 exchange, verified = await self._serve_migrating(exchange, sink)
             except LegFailure as failure:
                 if not self._after_failure(exchange, failure, sink):
                     raise
+                failed_over = True
+            if failed_over:
                 exchange = await self._exchange(request, source, deadline)  # a new transfer id; both legs again
                 exchange, verified = await self._serve_migrating(exchange, sink)
             return self._finish(request, exchange, "ok", verified)
         except ApiError as err:  # placement's: no instance, decode at capacity, the deadline while waiting
-            return await self._failed(request, exchange, err, sink, err.outcome, err.message)
+            error, outcome, detail = err, err.outcome, err.message
         except LegFailure as failure:
             self.metrics.upstream_errors.labels(failure.leg, failure.kind).inc()
-            return await self._failed(
-                request, exchange, failure.error, sink, f"{failure.leg}_{failure.kind}", str(failure)
-            )
+            error, outcome, detail = failure.error, f"{failure.leg}_{failure.kind}", str(failure)
         except ClientGone:
             return self._gone(request, exchange, sink)
         except asyncio.CancelledError:
             self._gone(request, exchange, sink)
             raise
-        finally:
-            self.in_flight -= 1
+        return await self._failed(request, exchange, error, sink, outcome, detail)
 
     async def _failed(
         self, request: ClientRequest, exchange: Exchange | None, error: ApiError, sink: Sink, outcome: str, detail: str
@@ -273,15 +278,16 @@ class ProxyCore:
                 if decision != "migrate":
                     self.metrics.migrations.labels(decision).inc()
                     raise
-                assert tokens is not None and exchange.decode is not None
-                exchange = await self._continue(exchange, failure, migration.continuation(request, tokens))
-                exchange.stream_filter = migration.Splice(tokens).feed
-                sink = sink if migrations else ContinuedSink(sink)
-                migrations += 1
-                continue
-            if migrations:
-                self.metrics.migrations.labels("ok").inc()
-            return exchange, verified
+                broken = failure  # continued after the except clause, as _handle's failover
+            else:
+                if migrations:
+                    self.metrics.migrations.labels("ok").inc()
+                return exchange, verified
+            assert tokens is not None and exchange.decode is not None
+            exchange = await self._continue(exchange, broken, migration.continuation(request, tokens))
+            exchange.stream_filter = migration.Splice(tokens).feed
+            sink = sink if migrations else ContinuedSink(sink)
+            migrations += 1
 
     async def _continue(self, broken: Exchange, failure: LegFailure, request: ClientRequest) -> Exchange:
         """The exchange that continues a request whose decode stream broke, on another decode engine; the
@@ -314,11 +320,13 @@ class ProxyCore:
         try:
             params = await self._prefill(exchange, read_mode=True)
         except NoKvTransfer as missing:
-            await self._without_kv(exchange, sink, missing)
-            return False
-        await self._decode(exchange, params, sink)
-        self._record_transfer(exchange)
-        return True
+            without_kv = missing  # served after the except clause, as _handle's failures
+        else:
+            await self._decode(exchange, params, sink)
+            self._record_transfer(exchange)
+            return True
+        await self._without_kv(exchange, sink, without_kv)
+        return False
 
     async def _write_flow(self, exchange: Exchange, sink: Sink) -> bool:
         """docs/protocol.md#write-mode: both legs at once, but P is watched; if it fails, D is cancelled.

@@ -212,6 +212,7 @@ class _ApiConnection(asyncio.Protocol):
     """
 
     def __init__(self, server: ApiServer) -> None:
+        self._loop = asyncio.get_running_loop()  # kept: each lookup is a getpid system call in CPython 3.11
         self._server = server
         self._parser = httptools.HttpRequestParser(self)
         self._queue: deque[HttpRequest | _Refusal] = deque()
@@ -285,7 +286,7 @@ class _ApiConnection(asyncio.Protocol):
         if self.closed or self._transport is None or sink is None or sink.started or self.http10:
             return
         self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        self._probe_timer = asyncio.get_running_loop().call_later(EOF_PROBE_S, self._probe)
+        self._probe_timer = self._loop.call_later(EOF_PROBE_S, self._probe)
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -306,6 +307,8 @@ class _ApiConnection(asyncio.Protocol):
                 self._collect_request_line(data, pos, end)
             self._feed(view[pos:end])
             pos = end
+        if self._message is not None and not self._message.in_body:
+            self._await_head()  # a head not complete in this read: due from its first byte, read just now
         self._tail = (self._tail + data[-3:])[-3:]
         self._serve_next()
         far_ahead = len(self._queue) > MAX_QUEUED_REQUESTS or self._queued_bytes > self._server.limits.max_body_bytes
@@ -401,8 +404,7 @@ class _ApiConnection(asyncio.Protocol):
     # -- parser callbacks (llhttp, through httptools) ------------------------------------------
 
     def on_message_begin(self) -> None:
-        self._message = _Message()
-        self._await_head()
+        self._message = _Message()  # its head's timer is armed only if the head is not complete in this read
 
     def on_url(self, url: bytes) -> None:
         message = self._current()
@@ -537,7 +539,7 @@ class _ApiConnection(asyncio.Protocol):
                 continue
             self._queued_bytes -= len(item.body)
             self.keep_alive, self.http10 = item.keep_alive, item.http10
-            self._task = asyncio.get_running_loop().create_task(self._serve(item))
+            self._task = self._loop.create_task(self._serve(item))
 
     def _answer_refusal(self, refusal: _Refusal) -> bool:
         """Answer ``refusal`` (then close, unless it leaves the connection usable); False: the client is gone."""
@@ -554,7 +556,7 @@ class _ApiConnection(asyncio.Protocol):
     def _await_head(self) -> None:
         if self._head_timer is None:
             limit = self._server.limits.head_timeout_s
-            self._head_timer = asyncio.get_running_loop().call_later(limit, self._head_late)
+            self._head_timer = self._loop.call_later(limit, self._head_late)
 
     def _head_late(self) -> None:
         """The head did not come in time (a slowloris holds its connection this way): 408, then close."""
@@ -622,7 +624,7 @@ class _ApiConnection(asyncio.Protocol):
 
     async def drain(self) -> None:
         while self.write_paused and not self.closed:
-            self._writable = asyncio.get_running_loop().create_future()
+            self._writable = self._loop.create_future()
             await self._writable
         if self.closed:
             raise ClientGone
@@ -653,7 +655,7 @@ class _ApiConnection(asyncio.Protocol):
         if self._reading_paused:
             self._reading_paused = False
             transport.resume_reading()
-        asyncio.get_running_loop().call_later(LINGER_S, transport.close)
+        self._loop.call_later(LINGER_S, transport.close)
 
 
 class ApiServer:
@@ -694,8 +696,10 @@ class ApiServer:
             return
         try:
             await handler(request, sink)
+            return
         except ApiError as err:
-            await sink.error(err)
+            refusal = err  # answered after the except clause (docs/proxy.md, "Compiled request path")
+        await sink.error(refusal)
 
     async def _sweep_idle(self) -> None:
         while True:

@@ -77,7 +77,9 @@ class StreamTokens:
 
     def feed(self, data: bytes) -> bytes:
         """Whole SSE events (relay's ``IdRewriter`` hands on no partial one) as the client gets them."""
-        if _TOKEN_IDS not in data and _FINISHED not in data:
+        # find, not in: bytes.__contains__ first takes its operand for an int, and raising and clearing
+        # that TypeError cost about 2,500 instructions a test, on every read of every tracked stream
+        if data.find(_TOKEN_IDS) < 0 and data.find(_FINISHED) < 0:
             return data
         return b"\n\n".join(self._event(event) for event in data.split(b"\n\n"))
 

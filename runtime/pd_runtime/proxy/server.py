@@ -8,12 +8,11 @@ server), the admin port by aiohttp.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -22,15 +21,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pd_runtime.proxy.admin_auth import admitted
 from pd_runtime.proxy.admission_gate import AdmissionGate
+from pd_runtime.proxy.api import ApiHandlers
 from pd_runtime.proxy.canary import Canary
 from pd_runtime.proxy.config import ProxyConfig
-from pd_runtime.proxy.deadline import Deadline
-from pd_runtime.proxy.demand import asked_output_tokens
 from pd_runtime.proxy.errors import ApiError, unavailable
 from pd_runtime.proxy.flows import ProxyCore
 from pd_runtime.proxy.gate import parse_expected_engine
 from pd_runtime.proxy.http1 import ApiServer, Handler, HttpRequest, Limits, ResponseSink
-from pd_runtime.proxy.legs import Endpoint, parse_client_request
 from pd_runtime.proxy.listener import Housekeeping, RegistrationListener
 from pd_runtime.proxy.metrics import ProxyMetrics
 from pd_runtime.proxy.registry import Registry, static_engine
@@ -42,8 +39,6 @@ from pd_runtime.proxy.watcher import SettingsWatcher
 log = logging.getLogger(__name__)
 
 AdminHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-PUBLIC_PATHS = frozenset({"/health", "/ready"})
-"""The API port's paths that need no client key: the kubelet's and load balancers' probes."""
 
 
 def json_response(document: Any, status: int = 200) -> web.Response:
@@ -110,6 +105,7 @@ class ProxyServer:
         self.admission = AdmissionGate(
             config.max_in_flight, config.max_queued, config.queue_timeout_s, self.metrics, time.monotonic
         )
+        self.handlers = ApiHandlers(self.core, self.admission, self.metrics)
         self.listener = RegistrationListener(config.registration_address, self.registry, self.metrics)
         self.canary: Canary | None = None
         self.housekeeping: Housekeeping | None = None
@@ -136,12 +132,14 @@ class ProxyServer:
         )
         self.housekeeping.start()
         self.listener.on_added = self.housekeeping.probe_soon
-        self.canary = Canary(self.core, self.config)
+        self.canary = self.handlers.canary = Canary(self.core, self.config)
         self.canary.start()
         if self.watcher is not None:
             self.watcher.start(self.reconfigure)
         sock = _listen(self.config.host, self.config.port, self.config.backlog)
-        self._api = ApiServer(self._api_routes(), api_limits(self.config), self.check_head, self.metrics.api_refused)
+        self._api = ApiServer(
+            self._api_routes(), api_limits(self.config), self.handlers.check_head, self.metrics.api_refused
+        )
         await self._api.start(sock, self.config.backlog)
         api = self._api
         self.metrics.request_bytes_held.set_function(lambda: api.held_bytes)
@@ -208,76 +206,12 @@ class ProxyServer:
 
     def _api_routes(self) -> dict[str, dict[str, Handler]]:
         return {
-            "/v1/completions": {"POST": self._completions},
-            "/v1/chat/completions": {"POST": self._chat_completions},
+            "/v1/completions": {"POST": self.handlers.completions},
+            "/v1/chat/completions": {"POST": self.handlers.chat_completions},
             "/v1/models": {"GET": self._models},
             "/health": {"GET": self._health},
             "/ready": {"GET": self._ready},
         }
-
-    def check_head(self, method: str, path: str, headers: Mapping[str, str]) -> ApiError | None:
-        """The client key, checked on the request's head: a request without it is answered 401 and its
-        connection closed before any of its body is read, so nothing unauthenticated holds memory. With a
-        key set, every path needs it but the probes' (``PUBLIC_PATHS``), which take no body."""
-        if path in PUBLIC_PATHS:
-            if int(headers.get("content-length", "0")) == 0 and "transfer-encoding" not in headers:
-                return None
-            self.metrics.api_refused("unauthenticated")
-            return ApiError(413, f"{path} takes no request body", code="body_too_large")
-        expected = self.config.api_key
-        if not expected:
-            return None
-        supplied = headers.get("authorization", "")
-        if hmac.compare_digest(supplied.encode(), f"Bearer {expected}".encode()):
-            return None
-        self.metrics.api_refused("unauthenticated")
-        return ApiError(401, "invalid or missing API key", type="authentication_error", code="invalid_api_key")
-
-    async def _completions(self, request: HttpRequest, sink: ResponseSink) -> None:
-        await self._relay(request, sink, "completions")
-
-    async def _chat_completions(self, request: HttpRequest, sink: ResponseSink) -> None:
-        await self._relay(request, sink, "chat/completions")
-
-    def _refuse_after_kv_mismatch(self) -> None:
-        """--on-kv-mismatch stopServing: wrong answers with HTTP 200 are worse than none."""
-        if self.canary is not None and self.canary.stops_serving:
-            assert self.canary.mismatch is not None
-            raise unavailable(
-                "the proxy stopped serving: its canary found wrong KV reaching decode: "
-                + self.canary.mismatch.describe(),
-                "kv_mismatch",
-            )
-
-    async def _relay(self, request: HttpRequest, sink: ResponseSink, endpoint: Endpoint) -> None:
-        """Checks, then admission (``--max-in-flight``, a FIFO queue, 429 + Retry-After past it), then the
-        engines, all by the request's one deadline, which starts here (docs/proxy.md, "Failure contract").
-        A request refused by admission is demand too: it counts as an arrival (docs/proxy.md)."""
-        deadline = Deadline.after(asyncio.get_running_loop().time(), self.config.timeouts.response)
-        try:
-            self._refuse_after_kv_mismatch()
-            client_request = parse_client_request(
-                request.body, endpoint, self.config.mode, self.config.max_tokens_limit, request.headers
-            )
-        except ApiError:
-            self.metrics.request_done(endpoint, "rejected")
-            raise
-        self.core.demand.arrived(time.monotonic(), asked_output_tokens(client_request.body))
-        served = False
-        try:
-            async with self.admission.admitted(deadline):
-                served = True
-                await self.core.handle(client_request, sink, deadline=deadline)
-        except ApiError as err:  # refused by admission (429), its deadline passed (504), drained (503)
-            self.metrics.request_done(endpoint, err.outcome)
-            if err.cause is not None:
-                self.metrics.failed(err.cause, "before_headers")
-            raise
-        except asyncio.CancelledError:
-            if not served:  # the client left while queued (a served request is counted by handle)
-                self.metrics.request_done(endpoint, "cancelled")
-                self.metrics.failed("client_gone", "before_headers")
-            raise
 
     async def _models(self, request: HttpRequest, sink: ResponseSink) -> None:
         """The engines' own model list, from a live decode engine (or any engine when colocated)."""

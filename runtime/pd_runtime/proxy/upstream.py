@@ -49,10 +49,13 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, on_lost: Callable[[_Connection], None]) -> None:
         self._on_lost = on_lost
+        self.loop = asyncio.get_running_loop()  # kept: each lookup is a getpid system call in CPython 3.11
         self._parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.key = ("", 0)  # the engine's address
-        self.idle_timer: asyncio.TimerHandle | None = None  # while pooled: closes it when idle too long
+        self.idle_timer: asyncio.TimerHandle | None = None  # closes it when pooled and idle too long
+        self.idle_since = 0.0  # loop time it was last pooled
+        self.pooled = False
         self.closed = False
         self._waiter: asyncio.Future[None] | None = None
         self._reset()
@@ -170,7 +173,7 @@ class _Connection(asyncio.Protocol):
     # -- reading (one reader, the leg's task) --------------------------------------------------
 
     async def _wait(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
+        self._waiter = self.loop.create_future()
         try:
             await self._waiter
         finally:
@@ -297,7 +300,11 @@ class UpstreamRequest:
 
 class UpstreamPool:
     """Keep-alive connections per engine address, most recently used first; each closes once it has
-    been idle for ``keepalive_s`` (a timer per pooled connection), not only when next taken."""
+    been idle for ``keepalive_s`` (a timer per pooled connection), not only when next taken.
+
+    A connection's timer is not cancelled when it is taken: it checks the idle time when it fires and
+    arms again for the end of it, so a connection reused within ``keepalive_s`` arms no timer per request.
+    """
 
     def __init__(self, connect_timeout: float, keepalive_s: float) -> None:
         self.connect_timeout = connect_timeout
@@ -318,7 +325,7 @@ class UpstreamPool:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
-            _stop_timer(conn)
+            conn.pooled = False
             if not conn.closed:
                 return conn
         loop = asyncio.get_running_loop()
@@ -338,11 +345,20 @@ class UpstreamPool:
             conn.close()
             return
         self._idle.setdefault(key, deque()).append(conn)
-        conn.idle_timer = asyncio.get_running_loop().call_later(self.keepalive_s, self._expire, conn)
+        conn.pooled, conn.idle_since = True, conn.loop.time()
+        if conn.idle_timer is None:
+            conn.idle_timer = conn.loop.call_at(conn.idle_since + self.keepalive_s, self._expire, conn)
 
     def _expire(self, conn: _Connection) -> None:
-        """Idle for the keep-alive time: closed before the engine's own keep-alive drops it."""
+        """Idle for the keep-alive time: closed before the engine's own keep-alive drops it. Taken since
+        the timer was armed: nothing (its next release arms one), or arm again for its idle time's end."""
         conn.idle_timer = None
+        if not conn.pooled:
+            return
+        due = conn.idle_since + self.keepalive_s
+        if conn.loop.time() < due:
+            conn.idle_timer = conn.loop.call_at(due, self._expire, conn)
+            return
         self._forget(conn)
         conn.close()
 
@@ -353,8 +369,9 @@ class UpstreamPool:
 
     def _lost(self, conn: _Connection) -> None:
         self._open.discard(conn)
-        if conn.idle_timer is not None:  # an idle connection the engine closed
-            _stop_timer(conn)
+        _stop_timer(conn)
+        if conn.pooled:  # an idle connection the engine closed
+            conn.pooled = False
             self._forget(conn)
 
     def close(self) -> None:
