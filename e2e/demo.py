@@ -21,6 +21,7 @@ import httpx
 import yaml
 
 from e2e.cluster import DEFAULT_STATE_DIR, REPO_ROOT, ControlPlane, binaries_dir, new_workdir
+from e2e.node_config import MI300X_SERVER
 from e2e.stack import OPERATOR_NAMESPACE, Stack
 
 DEFAULT_EXAMPLE = REPO_ROOT / "examples" / "simulated-write.yaml"
@@ -107,8 +108,8 @@ def wait_goodput(cp: ControlPlane, namespace: str, name: str, timeout_s: float =
 def start_real(stack: Stack, say: Progress) -> None:
     """A real node and the chart, the operator running from its image."""
     stack.start_real_control_plane()
-    say("starting node mi300x-0: containerd, kubelet, kube-proxy, CoreDNS; importing the images")
-    stack.start_real_node()
+    say("starting node mi300x-0 (an MI300X server's CPUs and memory): containerd, kubelet, kube-proxy, CoreDNS")
+    stack.start_real_node(shape=MI300X_SERVER)
     sys.stdout.write(stack.cp.kubectl("get", "nodes", "-o", "wide"))
     say("helm install charts/pd-operator (CRD, RBAC, the operator Deployment from its image)")
     stack.install_operator(in_cluster=True)

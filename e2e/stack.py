@@ -33,7 +33,7 @@ from typing import Any
 from e2e import netns, real_node
 from e2e import pki as pki_mod
 from e2e.cluster import REPO_ROOT, ControlPlane
-from e2e.node_config import MachineShape, NodeLayout
+from e2e.node_config import MI300X_SERVER, MachineShape, NodeLayout
 from e2e.procs import ProcRef, is_running, spawn, stop
 from e2e.real_node import NodeImage, NodePlugin, RealNode
 from e2e.sandbox import unmount_leftovers
@@ -170,14 +170,28 @@ class Stack:
         helm_version: int = 3,
         values: dict[str, Any] | None = None,
         policy: dict[str, Any] | None = SUITE_POLICY,
-        in_cluster: bool = False,
+        in_cluster: bool | None = None,
     ) -> None:
         """Install the chart. `in_cluster`: the operator runs from its image, as users run it (real nodes);
-        else the Deployment is scaled to zero and the operator runs as our process (`start_operator`).
+        else the Deployment is scaled to zero and the operator runs as our process (`start_operator`); None
+        keeps how it ran before (an upgrade with other values must not scale the in-cluster operator away).
         ``policy`` widens the chart's tenancy policy (the suite's by default; None: the chart's defaults)."""
+        if in_cluster is None:
+            in_cluster = bool(self.cp.extras.get("operator_in_cluster", False))
         sets = {} if in_cluster else {"replicaCount": "0"}
         sets |= {k: str(v) for k, v in (values or {}).items()}
-        args = ["upgrade", "--install", RELEASE, str(CHART), "-n", OPERATOR_NAMESPACE, "--create-namespace"]
+        # --reset-values: the chart's defaults and ours, always (given no values at all, helm upgrade would
+        # reuse the previous release's, e.g. the suite's widened policy when the test asked the defaults).
+        args = [
+            "upgrade",
+            "--install",
+            RELEASE,
+            str(CHART),
+            "-n",
+            OPERATOR_NAMESPACE,
+            "--create-namespace",
+            "--reset-values",
+        ]
         for key, value in sets.items():
             args += ["--set", f"{key}={value}"]
         if policy is not None:
@@ -264,20 +278,32 @@ class Stack:
 
     # ---- external metrics API ------------------------------------------------------------------------------
 
+    def operator_metrics_url(self) -> str:
+        """Where the running operator serves /metrics: in-cluster its pod's address and the Deployment's
+        metrics port (the machine routes to every node's pod CIDR), else our process's loopback port."""
+        if not self.cp.extras.get("operator_in_cluster"):
+            return f"http://127.0.0.1:{self.cp.extras['operator_ports']['metrics-port']}/metrics"
+        container = self.operator_deployment()["spec"]["template"]["spec"]["containers"][0]
+        port = next(p["containerPort"] for p in container.get("ports", []) if p.get("name") == "metrics")
+        listing = json.loads(self.cp.kubectl("get", "pods", "-n", OPERATOR_NAMESPACE, "-o", "json"))
+        running = [p for p in listing["items"] if p["status"].get("phase") == "Running" and p["status"].get("podIP")]
+        if len(running) != 1:
+            raise RuntimeError(f"expected one running operator pod in {OPERATOR_NAMESPACE}, found {len(running)}")
+        return f"http://{running[0]['status']['podIP']}:{port}/metrics"
+
     @contextlib.contextmanager
     def external_metrics(self) -> Iterator[None]:
         """``e2e.metrics_api`` over the running operator's /metrics, registered with the aggregator (an
         APIService on an ExternalName Service, so the API server dials it on loopback) until Available;
         removed afterwards, APIService first (an unavailable aggregated API fails every discovery)."""
         name, port = "pd-external-metrics", self.cp.ports.port()
-        metrics_port = self.cp.extras["operator_ports"]["metrics-port"]
         certs = self.cp.workdir / "pki"
         cert, key = pki_mod.self_signed_serving_cert(certs, f"{name}.{OPERATOR_NAMESPACE}.svc", ["127.0.0.1"])
         argv = [
             sys.executable,
             "-m",
             "e2e.metrics_api",
-            f"--metrics-url=http://127.0.0.1:{metrics_port}/metrics",
+            f"--metrics-url={self.operator_metrics_url()}",
             f"--port={port}",
             f"--cert={cert}",
             f"--key={key}",
@@ -401,11 +427,13 @@ class Stack:
     # ---- all -----------------------------------------------------------------------------------------------
 
     def up(self, operator: bool = True, agent: bool = True, real: bool = False) -> None:
-        """Control plane, one node (real, or a node agent) and the operator (in-cluster on a real node)."""
+        """Control plane, one node (real, or a node agent) and the operator (in-cluster on a real node). The
+        real node is shaped as the MI300X server it is named after: several simulated deployments and their
+        probe Jobs ask more CPU than this machine's 2 cores (docs/e2e-real-node.md, "A GPU server's shape")."""
         if real:
             self.start_real_control_plane()
             if agent:
-                self.start_real_node()
+                self.start_real_node(shape=MI300X_SERVER)
             if operator:
                 self.install_operator(in_cluster=True)
             return

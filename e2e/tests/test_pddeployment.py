@@ -1,8 +1,9 @@
 """The mission end to end: `kubectl apply` a PDDeployment, the operator (chart RBAC) makes it serve.
 
-One operator and one node agent serve the whole module. The three simulated examples are applied at once
-and checked per mode; a separate deployment goes through the lifecycle tests (spec change, pod deletion,
-killed engine, garbage collection) in file order, each leaving it Ready for the next.
+The real cluster serves the whole module (a kubelet node shaped as an MI300X server, the operator
+in-cluster from its image). The three simulated examples are applied at once and checked per mode; a
+separate deployment goes through the lifecycle tests (spec change, pod deletion, killed engine, garbage
+collection) in file order, each leaving it Ready for the next.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from e2e.tests.kube import (
     wait_for,
     wait_pdd_ready,
 )
+
+pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
 
 EXAMPLES = {
     "write": REPO_ROOT / "examples" / "simulated-write.yaml",

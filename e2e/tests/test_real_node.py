@@ -4,14 +4,17 @@ The node reports kubelet v1.36.3 and containerd 1.6; the operator runs in-cluste
 probes, lifecycle hooks, restarts, downward API and `$(VAR)` expansion, `kubectl logs` and `exec`,
 Service DNS through CoreDNS and kube-proxy, and the simulated 2P1D example with its goodput probe and KV
 canary all run for real, every container a `containerd://` one. A second node, whose fake MI300X device
-plugins register with its own kubelet, reaches the first's pods, and tearing a node (or a whole
+plugins register with its own kubelet, has a pod CIDR of its own and reaches the first's pods by IP and
+through a Service (never through its endpoint that is not ready), and tearing a node (or a whole
 `make cluster-up` cluster) down leaves nothing of it on the machine.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -22,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from e2e import device_plugins, real_node
+from e2e import device_plugins, netns, real_node
 from e2e.cluster import REPO_ROOT, ControlPlane
 from e2e.node_config import NodeLayout
 from e2e.stack import NODE_NAME, OPERATOR_NAMESPACE, POOL_KEY, Stack, pool_placement
@@ -246,14 +249,26 @@ def test_a_second_node_with_device_plugins_reaches_the_first_ones_pods_and_leave
     placed = _web("far")
     placed["spec"] |= pool_placement("extra")
     placed["spec"]["containers"][0]["resources"] = {"limits": {"amd.com/gpu": "1"}}  # from the node's plugin
-    for manifest in (_web("near"), _service("far"), placed, _pod("client", ["sleep", "3600"])):
+    # Behind the same Service on the first node, never Ready: its EndpointSlice entry is not ready, so
+    # kube-proxy must not send the Service's traffic there (it does not listen).
+    never_ready = _pod("far-never-ready", ["sleep", "3600"], readinessProbe={"exec": {"command": ["false"]}})
+    never_ready["metadata"]["labels"] = {"app": "far"}
+    for manifest in (_web("near"), _service("far"), placed, never_ready, _pod("client", ["sleep", "3600"])):
         apply(real, json.dumps(manifest), ns)
     far = _ready(real, ns, "far")
     assert far["spec"]["nodeName"] == extra
     _ready(real, ns, "client")
-    near_ip = _ready(real, ns, "near")["status"]["podIP"]
+    near = _ready(real, ns, "near")
+    near_ip = near["status"]["podIP"]
+    cidrs = {node: _pod_cidr(real, node) for node in (NODE_NAME, extra)}
+    assert cidrs[NODE_NAME] != cidrs[extra]
+    assert all(cidr.subnet_of(ipaddress.IPv4Network(real.cluster_cidr)) for cidr in cidrs.values())
+    assert ipaddress.ip_address(far["status"]["podIP"]) in cidrs[extra]
+    assert ipaddress.ip_address(near_ip) in cidrs[NODE_NAME]
     assert _fetch(real, ns, "client", f"http://{far['status']['podIP']}:8080/") == "200"  # across nodes by IP
     _answers(real, ns, "client", "http://far/")  # and through the Service
+    fetched = [_fetch(real, ns, "client", f"http://far.{ns}.svc.cluster.local/") for _ in range(8)]
+    assert fetched == ["200"] * 8, "the Service sent traffic to its never-ready pod"
     assert _fetch(real, ns, "far", f"http://{near_ip}:8080/") == "200"  # and back
     assert _exec(real, ns, "far", "ls", "/dev/kfd").strip() == "/dev/kfd"  # the plugin's Allocate, by the kubelet
 
@@ -264,6 +279,28 @@ def test_a_second_node_with_device_plugins_reaches_the_first_ones_pods_and_leave
     real.kubectl("delete", "node", extra)
     assert real_node.leftovers(layout) == []
     assert _machine_iptables() == iptables_before
+
+
+def _pod_cidr(cp: ControlPlane, node: str) -> ipaddress.IPv4Network:
+    return ipaddress.IPv4Network(json.loads(cp.kubectl("get", "node", node, "-o", "json"))["spec"]["podCIDR"])
+
+
+def test_the_cluster_bridge_keeps_its_mac_when_a_port_comes_and_goes() -> None:
+    """A bridge whose MAC followed its lowest port's would change it when a pod goes, and the other pods'
+    traffic to the gateway would stall until they resolve it again."""
+    bridge = f"pdmac{secrets.token_hex(2)}"
+    port, address = f"{bridge}p", Path(f"/sys/class/net/{bridge}/address")
+    netns.create_bridge(bridge)
+    try:
+        before = address.read_text()
+        lowest = ["address", "00:00:00:00:00:01", "type", "veth", "peer", "name", f"{bridge}q"]
+        subprocess.run(["ip", "link", "add", port, *lowest], check=True, capture_output=True)
+        subprocess.run(["ip", "link", "set", port, "master", bridge], check=True, capture_output=True)
+        assert address.read_text() == before
+        subprocess.run(["ip", "link", "del", port], check=True, capture_output=True)
+        assert address.read_text() == before
+    finally:
+        netns.delete_bridge(bridge)
 
 
 def test_cluster_down_leaves_nothing_of_cluster_up_behind(tmp_path: Path) -> None:
