@@ -92,9 +92,18 @@ def _calls(layout: NodeLayout, op: str, claim_uid: str) -> list[Obj]:
     return [e for e in dra_driver.events(layout) if e["op"] == op and e["claim"] == claim_uid]
 
 
+def _device_health(cp: ControlPlane, namespace: str) -> dict[str, str]:
+    """What the kubelet says of the devices of the serving pod's containers (the driver's health stream):
+    resource ID (driver/pool/device) -> health."""
+    serving = pod(cp, namespace, (pdd(cp, namespace, NAME) or {})["status"]["podName"]) or {}
+    statuses = serving.get("status", {}).get("containerStatuses", [])
+    allocated = [a for s in statuses for a in s.get("allocatedResourcesStatus") or []]
+    return {r["resourceID"]: r["health"] for a in allocated for r in a["resources"]}
+
+
 def _prepared_by_the_kubelet(cp: ControlPlane, layout: NodeLayout, namespace: str, claim: Obj) -> None:
     """The serving pod runs on the DRA node in containerd containers, and the node's kubelet had the driver
-    prepare its claim, with exactly the claim's allocated devices, before that."""
+    prepare its claim, with exactly the claim's allocated devices, before that, and shows their health."""
     serving = pod(cp, namespace, (pdd(cp, namespace, NAME) or {})["status"]["podName"])
     assert serving is not None and serving["spec"]["nodeName"] == layout.name
     assert serving["status"]["phase"] == "Running"
@@ -104,6 +113,8 @@ def _prepared_by_the_kubelet(cp: ControlPlane, layout: NodeLayout, namespace: st
     *_, prepared = _calls(layout, "prepare", claim["metadata"]["uid"])  # the last call, which let the pod start
     assert prepared["devices"] == allocated and not prepared.get("error"), prepared
     assert prepared["namespace"] == namespace and prepared["name"] == claim["metadata"]["name"]
+    healthy = {f"{DRIVER}/{layout.name}/{device}": "Healthy" for device in allocated}
+    wait_for(lambda: _device_health(cp, namespace) == healthy, 30, f"the pod's devices Healthy: {healthy}")
 
 
 def test_the_kubelet_registers_the_driver_which_publishes_the_nodes_gpus(

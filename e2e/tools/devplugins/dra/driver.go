@@ -3,7 +3,8 @@
 // watcher, serves the DRA gRPC service the kubelet calls (NodePrepareResources, NodeUnprepareResources)
 // and publishes the node's ResourceSlice, as the real driver (ROCm/k8s-gpu-dra-driver) does. The
 // devices are the harness's (a JSON list, e2e/resourceslices.py); preparing a claim hands out no device
-// nodes (no CDI ids: the node's containerd 1.6 has no CDI), it checks and records what was allocated.
+// nodes (no CDI ids: the node's containerd 1.6 has no CDI), it checks and records what was allocated. It
+// also streams the devices' health, always healthy, to the kubelet.
 package dra
 
 import (
@@ -22,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
+	drahealth "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 )
 
 // DriverName is the AMD GPU DRA driver's name, and its DeviceClass's.
@@ -39,6 +41,7 @@ type Event struct {
 
 // Driver prepares the claims allocated to its node's devices: its pool is the node's name.
 type Driver struct {
+	drahealth.UnimplementedDRAResourceHealthServer
 	pool     string
 	devices  map[string]bool
 	events   io.Writer

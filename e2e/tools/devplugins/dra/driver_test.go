@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	drahealth "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
@@ -139,6 +140,9 @@ func TestRegistersAsTheKubeletsPluginWatcherExpects(t *testing.T) {
 	}
 	if len(info.SupportedVersions) == 0 || info.SupportedVersions[0] != drapb.DRAPluginService {
 		t.Fatalf("the kubelet 1.36 dials %s first; the driver offers %v", drapb.DRAPluginService, info.SupportedVersions)
+	}
+	if !slices.Contains(info.SupportedVersions, drahealth.DRAResourceHealth_ServiceDesc.ServiceName) {
+		t.Fatalf("no health service among %v", info.SupportedVersions)
 	}
 	if _, err := client.NotifyRegistrationStatus(context.Background(), &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
 		t.Fatal(err)
@@ -271,5 +275,29 @@ func TestLoadsTheHarnesssDevicesAndRefusesUnknownFields(t *testing.T) {
 	}
 	if _, err := LoadDevices(path); err == nil || !strings.Contains(err.Error(), "capacities") {
 		t.Fatalf("an unknown field: %v", err)
+	}
+}
+
+func TestStreamsEveryDeviceHealthy(t *testing.T) {
+	s := start(t)
+	conn := connect(t, filepath.Join(s.pluginDir, "dra.sock"))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := drahealth.NewDRAResourceHealthClient(conn).NodeWatchResources(ctx, &drahealth.NodeWatchResourcesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var healthy []string
+	for _, d := range answer.Devices {
+		if d.Device.PoolName == node && d.Health == drahealth.HealthStatus_HEALTHY {
+			healthy = append(healthy, d.Device.DeviceName)
+		}
+	}
+	if !slices.Equal(healthy, []string{"gpu-1-128", "gpu-2-129", "gpu-3-130"}) {
+		t.Fatalf("health %v", answer.Devices)
 	}
 }
