@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the fake node's device plugins (e2e/tools/devplugins: amd.com/gpu, rdma/hca_shared_devices_a,
-# amd.com/nic through the kubelet's device-plugin API) into a cache directory outside the repo, keyed
+# amd.com/nic through the kubelet's device-plugin API) and its DRA driver (gpu.amd.com through the
+# kubelet's DRA plugin API, cmd/pd-fake-dra-driver) into a cache directory outside the repo, keyed
 # by a hash of the module's sources: a change rebuilds, an unchanged tree returns at once. Runs the
 # module's Go tests before installing, so a binary in the cache passed them. Prints the bin directory
 # on its last line.

@@ -25,12 +25,13 @@ BINARY = "pd-fake-device-plugins"
 DEVICE_PLUGIN_PATH = "/var/lib/kubelet/device-plugins"  # pluginapi.DevicePluginPath, fixed in the kubelet
 
 
-def binary() -> Path:
-    """$PD_E2E_DEVPLUGINS (a built binary), or the one the build script keeps in its cache."""
-    if env_bin := os.environ.get("PD_E2E_DEVPLUGINS"):
-        return Path(env_bin)
+def binary(name: str = BINARY) -> Path:
+    """A binary of e2e/tools/devplugins (the device plugins, the DRA driver): in $PD_E2E_DEVPLUGINS (a
+    directory of them built before), else where the build script keeps them in its cache."""
+    if env_dir := os.environ.get("PD_E2E_DEVPLUGINS"):
+        return Path(env_dir) / name
     out = subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True).stdout
-    return Path(out.strip().splitlines()[-1]) / BINARY
+    return Path(out.strip().splitlines()[-1]) / name
 
 
 @dataclass(frozen=True)

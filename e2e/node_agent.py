@@ -42,7 +42,7 @@ from typing import Any
 
 from aiohttp import web
 
-from e2e import devices, pki, podspec, resourceslices
+from e2e import devices, pki, podspec
 from e2e.cluster_names import ClusterNames
 from e2e.kubeapi import MERGE, ApiError, KubeClient
 from e2e.netns import PodNetwork
@@ -185,7 +185,6 @@ class NodeAgent:
     async def run(self, stop: asyncio.Event) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         await self._create_node()
-        await resourceslices.publish(self.api, self.name, self.node_uid, self.node_devices)
         host_ip = "127.0.0.1"
         if self.network is not None:
             await self.network.setup(await self._pod_cidr() if self.args.bridge else None)

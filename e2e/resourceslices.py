@@ -1,22 +1,20 @@
-"""The emulated node's GPUs published for DRA, as the AMD GPU DRA driver's kubelet plugin does.
+"""A node's GPUs as the AMD GPU DRA driver publishes them: the one source of what the fake driver publishes.
 
 The driver (ROCm/k8s-gpu-dra-driver, ``cmd/gpu-kubeletplugin/deviceinfo.go``) publishes one
 ResourceSlice per node for driver ``gpu.amd.com``, pool = the node's name, one device per whole GPU
 named ``gpu-<cardIndex>-<renderIndex>`` with attributes ``type`` (amdgpu), ``productName``, ``numaNode``,
 ``deviceID``, ``partitionProfile``, ``driverVersion`` and the standard ``resource.kubernetes.io/pciBusID``
 and ``resource.kubernetes.io/pcieRoot``, and capacities ``memory``, ``computeUnits``, ``simdUnits``. Its
-Helm chart installs the DeviceClass ``gpu.amd.com`` (selector ``device.driver == 'gpu.amd.com'``). With
-these the real kube-scheduler allocates ResourceClaims for the node's GPUs; the controller manager
-creates each pod's claim from its template. The emulated node also keeps its device plugins (which a
-GPU Operator makes exclusive with the DRA driver): each PDDeployment uses one or the other.
+Helm chart installs the DeviceClass ``gpu.amd.com`` (selector ``device.driver == 'gpu.amd.com'``). The
+fake driver of a real node (e2e/dra_driver.py) publishes `devices` in its node's ResourceSlice; the real
+kube-scheduler allocates ResourceClaims from it, and the node's kubelet has the driver prepare them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from e2e.devices import CPU_SOCKETS, MI300X_SIMD_COUNT, Gpu, NodeDevices
-from e2e.kubeapi import ApiError, KubeClient
+from e2e.devices import CPU_SOCKETS, MI300X_SIMD_COUNT, Gpu
 
 Obj = dict[str, Any]
 DRIVER = "gpu.amd.com"
@@ -57,22 +55,9 @@ def _device(gpu: Gpu, gpus: int) -> Obj:
     }
 
 
-def resource_slice(node: str, node_uid: str, devices: NodeDevices) -> Obj:
-    gpus = devices.all_gpus()
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {
-            "name": f"{node}-{DRIVER}",
-            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}],
-        },
-        "spec": {
-            "driver": DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [_device(gpu, len(gpus)) for gpu in gpus],
-        },
-    }
+def devices(gpus: int) -> list[Obj]:
+    """The devices of a node with `gpus` MI300X GPUs, as resource.k8s.io/v1 Devices."""
+    return [_device(Gpu(i), gpus) for i in range(gpus)]
 
 
 def device_class() -> Obj:
@@ -82,21 +67,3 @@ def device_class() -> Obj:
         "metadata": {"name": DRIVER},
         "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]},
     }
-
-
-async def publish(api: KubeClient, node: str, node_uid: str, devices: NodeDevices) -> None:
-    """The DeviceClass (once per cluster, as the driver's chart) and this node's ResourceSlice, replaced."""
-    try:
-        await api.create("/apis/resource.k8s.io/v1/deviceclasses", device_class())
-    except ApiError as err:
-        if err.status != 409:
-            raise
-    body = resource_slice(node, node_uid, devices)
-    path = "/apis/resource.k8s.io/v1/resourceslices"
-    try:
-        await api.create(path, body)
-    except ApiError as err:
-        if err.status != 409:
-            raise
-        await api.delete(f"{path}/{body['metadata']['name']}")  # a slice of an earlier run of this node
-        await api.create(path, body)

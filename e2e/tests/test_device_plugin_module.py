@@ -1,6 +1,8 @@
 """The fake device plugins' own tests (Go): registration on kubelet.sock, ListAndWatch with NUMA topology,
 GetPreferredAllocation's contiguous ranges, Allocate's device nodes, re-registration after a kubelet
-restart, the device tree (mknod needs root); and the kubelet's mount namespace for its fixed socket path."""
+restart, the device tree (mknod needs root); the fake DRA driver's (registration, NodePrepareResources
+and NodeUnprepareResources over gRPC, the published ResourceSlice); and the kubelet's mount namespace
+for its fixed socket path."""
 
 from __future__ import annotations
 

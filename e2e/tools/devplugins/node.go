@@ -116,7 +116,9 @@ func (n NIC) devices() []CharDevice {
 	}
 }
 
-func (n Node) rdmaCM() CharDevice { return CharDevice{"/dev/infiniband/rdma_cm", miscMajor, n.RDMACMMinor} }
+func (n Node) rdmaCM() CharDevice {
+	return CharDevice{"/dev/infiniband/rdma_cm", miscMajor, n.RDMACMMinor}
+}
 
 // CharDevices is every device node of the node (what a privileged container would see).
 func (n Node) CharDevices() []CharDevice {
