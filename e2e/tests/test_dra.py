@@ -44,14 +44,14 @@ def dra_node(real_stack: Stack) -> Iterator[NodeLayout]:
 def deployed(operator: Stack, dra_node: NodeLayout) -> Iterator[str]:
     cp = operator.cp
     values = {"rbac.dynamicResourceAllocation": "true"}  # opt-in DRA rights
-    operator.install_operator(values=values, in_cluster=True)
+    operator.install_operator(values=values)
     namespace = "pd-dra"
     create_namespace(cp, namespace)
     apply(cp, json.dumps(deployment()), namespace)
     wait_pdd_ready(cp, namespace, NAME, timeout_s=180)
     yield namespace
     cp.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-    operator.install_operator(in_cluster=True)  # the suite's default grants again
+    operator.install_operator()  # the suite's default grants again
 
 
 def deployment() -> Obj:
