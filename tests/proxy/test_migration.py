@@ -116,6 +116,42 @@ def test_the_splice_makes_the_continuation_one_response_with_the_original() -> N
     assert done == b"data: [DONE]" and tokens.token_ids == [7, 8, 9]
 
 
+def texts(out: bytes) -> list[str]:
+    return [json.loads(e[6:])["choices"][0]["text"] for e in out.split(b"\n\n") if e.startswith(b"data: {")]
+
+
+@pytest.mark.parametrize("prompt", ["def f():", ["def f():"]])
+def test_a_continuation_that_repeats_the_prompt_and_the_streamed_text_first_is_cut_to_the_new(prompt: Any) -> None:
+    """vLLM's detokenizer primed with ids ending inside a character answers all the text first
+    (conformance/test_migration_text.py has vLLM's own); only that first text is cut, and only when it
+    repeats exactly."""
+    tokens = migration.StreamTokens(request(prompt=prompt))
+    streamed(
+        tokens,
+        event({"text": " x", "prompt_token_ids": PROMPT, "token_ids": [7]}),
+        event({"text": "", "token_ids": [8]}),  # the first byte of a character
+    )
+    out = migration.Splice(tokens).feed(
+        event({"text": "", "prompt_token_ids": [*PROMPT, 7, 8], "token_ids": [9]})
+        + b"\n\n"
+        + event({"text": "def f(): x\u00e9!", "token_ids": [10]})
+        + b"\n\n"
+        + event({"text": "def f(): x", "token_ids": [11]})
+        + b"\n\n"
+    )
+    assert texts(out) == ["", "\u00e9!", "def f(): x"]
+    assert tokens.text == [" x", "\u00e9!", "def f(): x"] and tokens.token_ids == [7, 8, 9, 10, 11]
+    different = migration.StreamTokens(request(prompt=prompt))
+    streamed(different, event({"text": " x", "prompt_token_ids": PROMPT, "token_ids": [7]}))
+    assert texts(migration.Splice(different).feed(event({"text": "def f():", "token_ids": [8]}))) == ["def f():"]
+
+
+def test_a_token_id_prompt_leaves_the_continuation_text_as_it_comes() -> None:
+    tokens = migration.StreamTokens(request())  # the proxy has no tokenizer to know the ids' text
+    streamed(tokens, event({"text": " x", "prompt_token_ids": PROMPT, "token_ids": [7]}))
+    assert texts(migration.Splice(tokens).feed(event({"text": " x y", "token_ids": [8]}))) == [" x y"]
+
+
 # ---------------------------------------------------------------------------------------------
 # The proxy, with fake engines that continue like a model
 # ---------------------------------------------------------------------------------------------

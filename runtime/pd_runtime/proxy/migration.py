@@ -32,6 +32,8 @@ _PROMPT_IDS = b'"prompt_token_ids":['
 _TOKEN_IDS = b'"token_ids":['
 _FINISHED = b'"finish_reason":"'
 _JSON_EVENT = b"data: {"
+_TEXT = b'"text":"'
+_decode_json = json.JSONDecoder().raw_decode
 _compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
@@ -61,19 +63,21 @@ def tracked_request(request: ClientRequest) -> ClientRequest:
 
 class StreamTokens:
     """What the client got of one tracked response, across its migrations: the prompt's and the generated
-    token ids, the text's length and whether it finished; ``feed`` sees every event on its way to the client
+    token ids, its text and whether it finished; ``feed`` sees every event on its way to the client
     and takes out the ids the client did not ask for (as vLLM answers without ``return_token_ids``: null)."""
 
     def __init__(self, request: ClientRequest) -> None:
         self.prompt_ids: list[int] | None = None
         self.token_ids: list[int] = []
+        self.text: list[str] = []
+        """The text the client got, chunk by chunk: a continuation's first text may repeat it (``Splice``)."""
         self.text_chars = 0
         """Characters of text streamed: a continuation's logprob ``text_offset`` counts on from here."""
         self.finished = False
         self.head: dict[str, Any] | None = None
         """The response's ``id`` and ``created`` (its first chunk's): every continuation chunk gets them."""
+        self.prompt_text = _prompt_text(request.body.get("prompt"))
         self._client_ids = request.body.get("return_token_ids") is True
-        self._count_text = request.body.get("logprobs") is not None
 
     def feed(self, data: bytes) -> bytes:
         """Whole SSE events (relay's ``IdRewriter`` hands on no partial one) as the client gets them."""
@@ -94,11 +98,29 @@ class StreamTokens:
             self.prompt_ids = prompt
         tokens, event = _take_ids(event, _TOKEN_IDS, self._client_ids)
         self.token_ids += tokens or []
-        if self._count_text:
-            choices = json.loads(event[6:]).get("choices") or [{}]
-            self.text_chars += len(choices[0].get("text") or "")
+        text = _text_of(event)
+        if text:
+            self.text.append(text)
+            self.text_chars += len(text)
         self.finished = self.finished or _FINISHED in event
         return event
+
+
+def _prompt_text(prompt: Any) -> str | None:
+    """A completion's one prompt as text (None: token ids)."""
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else None
+
+
+def _text_of(event: bytes) -> str:
+    """The text of an event's one choice ("" without one). No string value can hold the match (a JSON string
+    escapes its quotes) and no object before the choice has the key; the JSON decoder reads the value."""
+    start = event.find(_TEXT)
+    if start < 0:
+        return ""
+    text = _decode_json(event[start + len(_TEXT) - 1 :].decode())[0]
+    return text if isinstance(text, str) else ""
 
 
 def _take_ids(event: bytes, key: bytes, keep: bool) -> tuple[list[int] | None, bytes]:
@@ -157,17 +179,18 @@ def continuation(request: ClientRequest, tokens: StreamTokens) -> ClientRequest:
 class Splice:
     """A continuation's events made the original response's: its id and creation time, no prompt token ids,
     usage counted against the client's prompt (the streamed tokens move from prompt to completion: the
-    total stays), logprob text offsets counted on from the text already streamed. Its token ids are read
-    into the same ``StreamTokens`` first, so it can migrate in turn."""
+    total stays), logprob text offsets counted on from the text already streamed, and its first text
+    without the repeat of the prompt and the streamed text (``unrepeated``). Its ids and text are read into
+    the same ``StreamTokens`` after that, so it can migrate in turn."""
 
     def __init__(self, tokens: StreamTokens) -> None:
         self._tokens = tokens
         self._moved = len(tokens.token_ids)
         self._chars = tokens.text_chars
+        self._first_text = True
 
     def feed(self, data: bytes) -> bytes:
-        data = self._tokens.feed(data)
-        return b"\n\n".join(self._event(event) for event in data.split(b"\n\n"))
+        return b"\n\n".join(self._tokens.feed(self._event(event)) for event in data.split(b"\n\n"))
 
     def _event(self, event: bytes) -> bytes:
         if not event.startswith(_JSON_EVENT):
@@ -182,8 +205,23 @@ class Splice:
             logprobs = choice.get("logprobs")
             if isinstance(logprobs, dict) and isinstance(logprobs.get("text_offset"), list):
                 logprobs["text_offset"] = [offset + self._chars for offset in logprobs["text_offset"]]
+            if self._first_text and choice.get("text"):
+                self._first_text = False
+                choice["text"] = unrepeated(choice["text"], self._tokens)
         usage = document.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
             usage["prompt_tokens"] -= self._moved
             usage["completion_tokens"] = (usage.get("completion_tokens") or 0) + self._moved
         return b"data: " + _compact(document).encode()
+
+
+def unrepeated(text: str, tokens: StreamTokens) -> str:
+    """A continuation's first text without the prompt and the text streamed before it, when it repeats
+    them. vLLM primes its detokenizer with the prompt's ids (tokenizers' ``DecodeStream(ids=...)``), and
+    when they decode to text ending in U+FFFD (a character whose bytes the last ids only began: the break
+    fell inside it) the stream keeps no prefix, so its first text is the whole prompt's and the streamed
+    tokens' text before the new. Known only for a text prompt: the proxy has no tokenizer for ids."""
+    if tokens.prompt_text is None:
+        return text
+    repeated = tokens.prompt_text + "".join(tokens.text)
+    return text[len(repeated) :] if text.startswith(repeated) else text
