@@ -68,9 +68,13 @@ LOAD_CPU, PROXY_CPU = 0, 1
 
 _CHUNK = (
     b'data: {"id":"cmpl-%s-0-0a1b2c3d","object":"text_completion","created":1764403200,"model":"bench-model",'
-    b'"choices":[{"index":0,"text":" tok%d","logprobs":null,"finish_reason":null}],"usage":null,'
-    b'"bench_sent_ns":%d}\n\n'
+    b'"choices":[{"index":0,"text":" tok%d","logprobs":null,"finish_reason":null,"stop_reason":null,'
+    b'"prompt_token_ids":%s,"token_ids":%s}],"usage":null,"bench_sent_ns":%d}\n\n'
 )
+"""A completion chunk as vLLM writes it: the token ids are null unless the request asked for them
+(``return_token_ids``, which our proxy sets on a stream it may migrate); then the first chunk carries the
+prompt's ids and every chunk its token's."""
+_PROMPT_IDS = b"[%s]" % b",".join(b"%d" % (1000 + i) for i in range(32))
 _STAMP = b'"bench_sent_ns":'
 
 
@@ -164,14 +168,17 @@ class FakeEngine(asyncio.Protocol):
         request_id = headers.get(b"x-request-id", b"direct")
         count = int(document.get("max_tokens", 16))
         interval = float(document.get("bench_interval_ms", 0)) / 1000
-        self.streaming = asyncio.get_running_loop().create_task(self._stream(request_id, count, interval))
+        ids = document.get("return_token_ids") is True
+        self.streaming = asyncio.get_running_loop().create_task(self._stream(request_id, count, interval, ids))
 
-    async def _stream(self, request_id: bytes, count: int, interval: float) -> None:
+    async def _stream(self, request_id: bytes, count: int, interval: float, ids: bool) -> None:
         transport = self.transport
         assert transport is not None
         transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
         for index in range(count):
-            event = _CHUNK % (request_id, index, time.monotonic_ns())
+            prompt_ids = _PROMPT_IDS if ids and index == 0 else b"null"
+            token_ids = b"[%d]" % (2000 + index) if ids else b"null"
+            event = _CHUNK % (request_id, index, prompt_ids, token_ids, time.monotonic_ns())
             transport.write(b"%x\r\n%s\r\n" % (len(event), event))
             await asyncio.sleep(interval)
             await self.writable.wait()
