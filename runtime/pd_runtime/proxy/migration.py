@@ -12,10 +12,11 @@ continuation (``continuation``) and the splice of its chunks (``Splice``). ``flo
 
 from __future__ import annotations
 
-import json
+from _json import scanstring  # the C string scanner of json.decoder
 from typing import Any, Literal
 
 from pd_runtime.proxy.errors import LegFailure
+from pd_runtime.proxy.jsoncodec import dumps, engine_loads
 from pd_runtime.proxy.legs import ClientRequest
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -31,10 +32,8 @@ Decision = Literal["migrate", "limit_reached", "unsupported"]
 _PROMPT_IDS = b'"prompt_token_ids":['
 _TOKEN_IDS = b'"token_ids":['
 _FINISHED = b'"finish_reason":"'
-_JSON_EVENT = b"data: {"
 _TEXT = b'"text":"'
-_decode_json = json.JSONDecoder().raw_decode
-_compact = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_JSON_EVENT = b"data: {"
 
 
 def trackable(request: ClientRequest, limit: int) -> bool:
@@ -81,29 +80,67 @@ class StreamTokens:
 
     def feed(self, data: bytes) -> bytes:
         """Whole SSE events (relay's ``IdRewriter`` hands on no partial one) as the client gets them."""
-        # find, not in: bytes.__contains__ first takes its operand for an int, and raising and clearing
-        # that TypeError cost about 2,500 instructions a test, on every read of every tracked stream
+        # find, not in (here and in _event): bytes.__contains__ first takes its operand for an int, and
+        # raising and clearing that TypeError cost about 2,500 instructions a test, on every tracked event
         if data.find(_TOKEN_IDS) < 0 and data.find(_FINISHED) < 0:
             return data
-        return b"\n\n".join(self._event(event) for event in data.split(b"\n\n"))
+        return b"\n\n".join([self._event(event) for event in data.split(b"\n\n")])
 
     def _event(self, event: bytes) -> bytes:
         if not event.startswith(_JSON_EVENT):
             return event
-        if self.head is None:
-            document = json.loads(event[6:])
+        if self.head is None:  # the stream's first event: its id, its creation time, the prompt's ids
+            document = engine_loads(event[6:])
             self.head = {"id": document.get("id"), "created": document.get("created")}
-        prompt, event = _take_ids(event, _PROMPT_IDS, self._client_ids)
-        if prompt is not None and self.prompt_ids is None:
-            self.prompt_ids = prompt
+            prompt = _first_choice(document).get("prompt_token_ids")
+            self.prompt_ids = prompt if isinstance(prompt, list) else None
+            if not self._client_ids:  # read above (orjson reads a long prompt's ids many times faster)
+                event = _nulled(event, _PROMPT_IDS, event.find(_PROMPT_IDS))
+        # every event's token ids and text are read where they are, not the event parsed whole (that
+        # was a fifth of a relayed chunk's instructions)
         tokens, event = _take_ids(event, _TOKEN_IDS, self._client_ids)
-        self.token_ids += tokens or []
+        self.token_ids += tokens
         text = _text_of(event)
         if text:
             self.text.append(text)
             self.text_chars += len(text)
-        self.finished = self.finished or _FINISHED in event
+        self.finished = self.finished or event.find(_FINISHED) >= 0
         return event
+
+
+def _first_choice(document: Any) -> dict[str, Any]:
+    """A stream event's one choice (a tracked request has one prompt and one sequence); {} without one."""
+    choices = document.get("choices") if isinstance(document, dict) else None
+    return choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+
+
+def _take_ids(event: bytes, key: bytes, keep: bool) -> tuple[list[int], bytes]:
+    """The id list under ``key`` in an event (compact JSON, as vLLM and the simulator write it; [] without
+    one), and the event with that list kept or made null."""
+    start = event.find(key)
+    if start < 0:
+        return [], event
+    begin = start + len(key)
+    end = event.index(b"]", begin)
+    ids = [int(part) for part in event[begin:end].split(b",")] if end > begin else []
+    return ids, event if keep else _nulled(event, key, start)
+
+
+def _nulled(event: bytes, key: bytes, start: int) -> bytes:
+    """The event with the list under ``key``, found at ``start`` (-1: none), made null: the bytes cut, not
+    the document written again."""
+    if start < 0:
+        return event
+    return b"".join((event[:start], key[:-1], b"null", event[event.index(b"]", start) + 1 :]))
+
+
+def _text_of(event: bytes) -> str:
+    """The text of an event's one choice ("" without one). No string value can hold the match (a JSON string
+    escapes its quotes) and no object before the choice has the key; json's own string scanner reads it."""
+    start = event.find(_TEXT)
+    if start < 0:
+        return ""
+    return scanstring(event[start + len(_TEXT) :].decode(), 0)[0]
 
 
 def _prompt_text(prompt: Any) -> str | None:
@@ -111,30 +148,6 @@ def _prompt_text(prompt: Any) -> str | None:
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
     return prompt if isinstance(prompt, str) else None
-
-
-def _text_of(event: bytes) -> str:
-    """The text of an event's one choice ("" without one). No string value can hold the match (a JSON string
-    escapes its quotes) and no object before the choice has the key; the JSON decoder reads the value."""
-    start = event.find(_TEXT)
-    if start < 0:
-        return ""
-    text = _decode_json(event[start + len(_TEXT) - 1 :].decode())[0]
-    return text if isinstance(text, str) else ""
-
-
-def _take_ids(event: bytes, key: bytes, keep: bool) -> tuple[list[int] | None, bytes]:
-    """The id list under ``key`` in an event (compact JSON, as vLLM and the simulator write it), and the
-    event with that list kept or made null."""
-    start = event.find(key)
-    if start < 0:
-        return None, event
-    begin = start + len(key)
-    end = event.index(b"]", begin)
-    ids = [int(part) for part in event[begin:end].split(b",")] if end > begin else []
-    if keep:
-        return ids, event
-    return ids, event[:start] + key[:-1] + b"null" + event[end + 1 :]
 
 
 def decide(
@@ -195,7 +208,7 @@ class Splice:
     def _event(self, event: bytes) -> bytes:
         if not event.startswith(_JSON_EVENT):
             return event
-        document = json.loads(event[6:])
+        document = engine_loads(event[6:])
         if "error" in document:
             return event
         document.update({k: v for k, v in (self._tokens.head or {}).items() if v is not None})
@@ -212,7 +225,7 @@ class Splice:
         if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
             usage["prompt_tokens"] -= self._moved
             usage["completion_tokens"] = (usage.get("completion_tokens") or 0) + self._moved
-        return b"data: " + _compact(document).encode()
+        return b"data: " + dumps(document)
 
 
 def unrepeated(text: str, tokens: StreamTokens) -> str:
