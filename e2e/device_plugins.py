@@ -36,11 +36,13 @@ def binary(name: str = BINARY) -> Path:
 
 @dataclass(frozen=True)
 class NodeDevicesSpec:
-    """What the node has: `nics=0` leaves out the RDMA resources."""
+    """What the node has: `nics=0` leaves out the RDMA resources; `uverbs=False` is a misconfigured node
+    without ib_uverbs, whose RDMA resources stay advertised but hand out no /dev/infiniband/uverbs*."""
 
     gpus: int = 8
     nics: int = 8
     numa_nodes: int = 2
+    uverbs: bool = True
 
     def argv(self, kubelet_root: Path, devices_root: Path) -> list[str]:
         return [
@@ -49,6 +51,7 @@ class NodeDevicesSpec:
             f"-gpus={self.gpus}",
             f"-nics={self.nics}",
             f"-numa-nodes={self.numa_nodes}",
+            *([] if self.uverbs else ["-no-uverbs"]),
         ]
 
 

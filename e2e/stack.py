@@ -47,7 +47,7 @@ OPERATOR_NAMESPACE = "pd-system"
 EXTERNAL_METRICS = "v1beta1.external.metrics.k8s.io"  # the APIService of e2e.metrics_api
 RELEASE = "pd-operator"
 CHART = REPO_ROOT / "charts" / "pd-operator"
-MISCONFIGURED_TAINT = "pd.serving.dev/e2e-misconfigured"  # test_seed_examples: a node without RDMA verbs
+MISCONFIGURED_TAINT = "pd.serving.dev/e2e-misconfigured"  # test_real_node_seed_examples: a node without uverbs
 # The chart's tenancy policy (docs/security.md) widened for what the suite's tests ask for, as an
 # administrator who trusts every PDDeployment author would; test_tenancy.py runs the chart's defaults.
 SUITE_POLICY: dict[str, Any] = {
@@ -61,7 +61,7 @@ SUITE_POLICY: dict[str, Any] = {
         MISCONFIGURED_TAINT,
     ],
     "allowPrivileged": True,
-    "allowHostNetwork": True,  # test_seed_examples: the write example's RoCE GIDs
+    "allowHostNetwork": True,  # test_real_node_seed_examples: the write example's RoCE GIDs
     # test_pod_template: a runtime class and a Multus network of another namespace reach the serving pod
     "runtimeClassNames": ["e2e-rocm"],
     "podAnnotationKeys": ["k8s.v1.cni.cncf.io/networks"],

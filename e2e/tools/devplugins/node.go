@@ -34,6 +34,9 @@ var mi300xBuses = []int{0x05, 0x26, 0x46, 0x65, 0x85, 0xa6, 0xc6, 0xe5}
 
 // Node is what the fake node has. KFDMajor and RDMACMMinor stand for numbers the kernel hands out
 // dynamically (amdkfd's char major, rdma_cm's misc minor); pick ones this kernel has not registered.
+// NoUVerbs is a misconfigured node whose ib_uverbs module is not loaded: its NICs show in
+// /sys/class/infiniband and have umad nodes (ib_umad) and rdma_cm (rdma_ucm), but no uverbs node and no
+// infiniband_verbs class, so what the RDMA plugins hand out lacks them (see sharedRDMAResource).
 type Node struct {
 	Root        string // host directory holding dev/ and sys/class/ of the fake devices
 	GPUs        int
@@ -41,6 +44,7 @@ type Node struct {
 	NUMANodes   int
 	KFDMajor    uint32
 	RDMACMMinor uint32
+	NoUVerbs    bool
 }
 
 // GPU is one whole MI300X (SPX/NPS1).
@@ -61,10 +65,11 @@ func (g GPU) ID() string {
 func (g GPU) Card() string   { return "card" + strconv.Itoa(g.Index+1) } // card0: the BMC's display
 func (g GPU) Render() string { return "renderD" + strconv.Itoa(renderMinor+g.Index) }
 
-// NIC is one RoCE NIC (AMD Pollara 400, ionic driver).
+// NIC is one RoCE NIC (AMD Pollara 400, ionic driver); NoUVerbs: its node lacks ib_uverbs.
 type NIC struct {
-	Index int
-	NUMA  int
+	Index    int
+	NUMA     int
+	NoUVerbs bool
 }
 
 func (n NIC) Name() string   { return "ionic_" + strconv.Itoa(n.Index) }
@@ -89,7 +94,7 @@ func (n Node) AllGPUs() []GPU {
 func (n Node) AllNICs() []NIC {
 	out := make([]NIC, n.NICs)
 	for i := range out {
-		out[i] = NIC{Index: i, NUMA: n.numaOf(i, n.NICs)}
+		out[i] = NIC{Index: i, NUMA: n.numaOf(i, n.NICs), NoUVerbs: n.NoUVerbs}
 	}
 	return out
 }
@@ -109,11 +114,13 @@ func (g GPU) devices() []CharDevice {
 	}
 }
 
+// devices: the NIC's umad node, and its uverbs node unless ib_uverbs is missing.
 func (n NIC) devices() []CharDevice {
-	return []CharDevice{
-		{"/dev/infiniband/" + n.UMAD(), verbsMajor, uint32(n.Index)},
-		{"/dev/infiniband/" + n.UVerbs(), verbsMajor, uint32(uverbsMinor + n.Index)},
+	out := []CharDevice{{"/dev/infiniband/" + n.UMAD(), verbsMajor, uint32(n.Index)}}
+	if !n.NoUVerbs {
+		out = append(out, CharDevice{"/dev/infiniband/" + n.UVerbs(), verbsMajor, uint32(uverbsMinor + n.Index)})
 	}
+	return out
 }
 
 func (n Node) rdmaCM() CharDevice {

@@ -50,8 +50,12 @@ func (n Node) gpuResource() Resource {
 		Allocate: allocator(n, GPUResource, byID, n.kfd()), Prefer: prefer}
 }
 
-// sharedRDMAResource: the Mellanox shared-device plugin, SharedRDMACapacity interchangeable units,
-// each mounting rdma_cm and every NIC's umad and uverbs node, for any number of containers.
+// sharedRDMAResource: the Mellanox shared-device plugin, SharedRDMACapacity interchangeable units for
+// any number of containers. Allocate hands out what the plugin's discovery found for its NICs (rdmamap's
+// GetRdmaCharDevices: rdma_cm and each NIC's umad and uverbs nodes). On a node without ib_uverbs
+// (NoUVerbs) that is rdma_cm and the umad nodes, the units still advertised: the plugin's answer before
+// v1.1.0, which since drops a NIC lacking any of the three at discovery and, with no NIC left,
+// advertises no unit (docs/e2e-real-node.md, "The misconfigured node").
 func (n Node) sharedRDMAResource() Resource {
 	devices := make([]*pluginapi.Device, SharedRDMACapacity)
 	for i := range devices {

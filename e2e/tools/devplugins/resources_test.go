@@ -2,6 +2,7 @@ package devplugins
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -100,6 +101,41 @@ func TestSharedRDMAMountsEveryNIC(t *testing.T) {
 	}
 	if answer.Devices[2].ContainerPath != "/dev/infiniband/uverbs0" {
 		t.Fatalf("devices %v", answer.Devices)
+	}
+}
+
+func TestWithoutUVerbsTheRDMAResourcesStayButHandOutNoUVerbs(t *testing.T) {
+	broken := mi300x
+	broken.NoUVerbs = true
+	shared := broken.sharedRDMAResource()
+	if len(shared.Devices) != SharedRDMACapacity {
+		t.Fatalf("%d devices advertised", len(shared.Devices))
+	}
+	answer, _ := shared.Allocate([]string{shared.Devices[0].ID})
+	paths := []string{}
+	for _, d := range answer.Devices {
+		paths = append(paths, d.ContainerPath)
+	}
+	if len(paths) != 1+broken.NICs || paths[0] != "/dev/infiniband/rdma_cm" || paths[1] != "/dev/infiniband/umad0" {
+		t.Fatalf("devices %v", paths)
+	}
+	nic, _ := broken.nicResource().Allocate([]string{"ionic_3"})
+	if len(nic.Devices) != 2 || nic.Devices[1].ContainerPath != "/dev/infiniband/umad3" {
+		t.Fatalf("devices %v", nic.Devices)
+	}
+	for _, d := range broken.CharDevices() {
+		if strings.Contains(d.Path, "uverbs") {
+			t.Fatalf("the node has %s", d.Path)
+		}
+	}
+	files := broken.Files()
+	if files["infiniband/ionic_0/ports/1/state"] == "" {
+		t.Fatal("the NICs still show in /sys/class/infiniband")
+	}
+	for name := range files {
+		if strings.HasPrefix(name, "infiniband_verbs/") {
+			t.Fatalf("sysfs has %s", name)
+		}
 	}
 }
 

@@ -45,7 +45,9 @@ func (n Node) Files() map[string]string {
 		files[port+"state"] = "4: ACTIVE\n"
 		files[port+"link_layer"] = "Ethernet\n"
 		files["infiniband/"+nic.Name()+"/device/numa_node"] = strconv.Itoa(nic.NUMA) + "\n"
-		files["infiniband_verbs/"+nic.UVerbs()+"/ibdev"] = nic.Name() + "\n"
+		if !nic.NoUVerbs {
+			files["infiniband_verbs/"+nic.UVerbs()+"/ibdev"] = nic.Name() + "\n"
+		}
 	}
 	return files
 }

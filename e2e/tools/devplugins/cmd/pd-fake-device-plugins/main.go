@@ -20,6 +20,8 @@ func main() {
 	flag.IntVar(&node.GPUs, "gpus", 8, "MI300X GPUs (amd.com/gpu)")
 	flag.IntVar(&node.NICs, "nics", 8, "RoCE NICs (rdma/hca_shared_devices_a, amd.com/nic); 0 for none")
 	flag.IntVar(&node.NUMANodes, "numa-nodes", 2, "NUMA nodes (CPU sockets); GPUs and NICs spread evenly")
+	flag.BoolVar(&node.NoUVerbs, "no-uverbs", false,
+		"a misconfigured node without ib_uverbs: the RDMA resources stay advertised, but no uverbs node exists or is handed out")
 	kfdMajor := flag.Uint("kfd-major", 510, "char major of /dev/kfd (the kernel's is dynamic)")
 	cmMinor := flag.Uint("rdma-cm-minor", 58, "misc minor of /dev/infiniband/rdma_cm (dynamic on a real node)")
 	flag.Parse()
