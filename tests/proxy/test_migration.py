@@ -235,3 +235,15 @@ async def test_no_migration_without_another_decode_gives_the_in_band_error(pd_se
     assert status == 200 and len(texts) == 4 and text.endswith("data: [DONE]\n\n")
     assert events[-1]["error"]["code"] == "decode_failed"
     assert setup.proxy.metrics.migrations.labels("no_instance")._value.get() == 1
+
+
+async def test_a_stream_is_read_for_its_tokens_only_where_another_decode_could_continue_it(
+    pd_setup: SetupFactory,
+) -> None:
+    setup = await model_pd(pd_setup, "WRITE")
+    status, _ = await setup.stream(BODY)
+    assert status == 200 and "return_token_ids" not in setup.decode.requests[-1].body  # 1P1D: nowhere to go
+    other = await second_instance(setup, "D", "WRITE", model=True)
+    status, _ = await setup.stream(BODY)
+    (leg,) = [r for e in (setup.decode, other) for r in e.requests if r is not setup.decode.requests[0]]
+    assert status == 200 and leg.body["return_token_ids"] is True

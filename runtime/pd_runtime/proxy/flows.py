@@ -261,10 +261,15 @@ class ProxyCore:
         Returns the exchange that finished the request and whether its transfer was verified."""
         request, limit = exchange.request, self.config.migration_limit
         tokens: migration.StreamTokens | None = None
+        alone = False
         if exchange.prefill is not None and exchange.source == "request" and migration.trackable(request, limit):
-            tokens = migration.StreamTokens(request)
-            exchange.request = migration.tracked_request(request)
-            exchange.stream_filter = tokens.feed
+            # a stream is read for its tokens only where another decode engine could continue it: reading
+            # costs about a tenth of a request's CPU (docs/benchmarks.md), which a 1P1D pod never needs
+            alone = not self.placement.registry.several("D")
+            if not alone:
+                tokens = migration.StreamTokens(request)
+                exchange.request = migration.tracked_request(request)
+                exchange.stream_filter = tokens.feed
         migrations = 0
         while True:
             try:
@@ -272,7 +277,7 @@ class ProxyCore:
             except LegFailure as failure:
                 if migrations:
                     self.metrics.migrations.labels("failed").inc()
-                decision = migration.decide(failure, request, tokens, sink.started, migrations, limit)
+                decision = migration.decide(failure, request, tokens, sink.started, migrations, limit, alone)
                 if decision is None:
                     raise
                 if decision != "migrate":

@@ -24,10 +24,11 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 Outcome = Literal["ok", "failed", "limit_reached", "no_instance", "unsupported"]
 """How one migration ended (``ok``: its stream completed; ``failed``: it failed too), or why a broken
-stream was not migrated: the limit was used up, no other decode engine was routable, or the request
+stream was not migrated: the limit was used up, no other decode engine was routable (or known when the
+request began, so its stream was not read), or the request
 cannot be continued exactly (``trackable``, or nothing left to continue)."""
 
-Decision = Literal["migrate", "limit_reached", "unsupported"]
+Decision = Literal["migrate", "limit_reached", "no_instance", "unsupported"]
 
 _PROMPT_IDS = b'"prompt_token_ids":['
 _TOKEN_IDS = b'"token_ids":['
@@ -157,13 +158,17 @@ def decide(
     streamed: bool,
     migrations: int,
     limit: int,
+    alone: bool = False,
 ) -> Decision | None:
     """Whether a failed request migrates. None: not a broken decode stream after the client's stream began
-    (before it, failover serves the request whole elsewhere); else migrate, or why not."""
+    (before it, failover serves the request whole elsewhere); else migrate, or why not. ``alone``: the
+    proxy knew no other decode engine when the request began, so its stream was not read."""
     if failure.leg != "decode" or not failure.engine_failed or not streamed:
         return None
     if migrations >= limit:
         return "limit_reached"
+    if alone:
+        return "no_instance"
     if tokens is None or tokens.prompt_ids is None or tokens.finished:
         return "unsupported"
     if remaining_budget(request.body, len(tokens.token_ids)) == 0:

@@ -224,6 +224,17 @@ class Registry:
             last = max(last, inst.last_health_ok)
         return max(0.0, now - last)
 
+    def several(self, role: InstanceRole) -> bool:
+        """Whether more than one instance of a role is known, live or not: only then can a decode stream
+        that breaks go on elsewhere (docs/proxy.md, "Migration")."""
+        seen = False
+        for inst in self.instances.values():
+            if inst.role == role:
+                if seen:
+                    return True
+                seen = True
+        return False
+
     def sweep(self, now: float) -> list[Instance]:
         """Remove instances whose last liveness signal is older than their TTL; returns the evicted ones."""
         evicted = [inst for inst in self.instances.values() if (self.signal_age(inst, now) or 0.0) > self.ttl(inst)]
