@@ -293,7 +293,6 @@ OURS_BODIES = {
         "body:min_tokens": 4,
         "body:stream": True,
         "body:stream_options": {"include_usage": True},
-        "body:return_token_ids": True,
     },
     ("chat", "prefill"): CHAT
     | {"body:max_tokens": 1, "body:max_completion_tokens": 1, "body:min_tokens": 1, "body:stream": False},
@@ -345,7 +344,6 @@ ROWS: dict[str, dict[str, Any]] = {
         "body:stream_reasoning": True,
     },
     "chat decode `stream`": {"body:stream": False, "body:stream_options": ABSENT},
-    "streamed completion's decode `return_token_ids`": {"body:return_token_ids": ABSENT},
     "response id": {"id": f"cmpl-{RID}-0-<8 hex>"},
 }
 EVERY_LEG = ("client's `request_id`", "`Authorization`", "`Accept`", "transfer id")
@@ -364,8 +362,6 @@ def documented_rows(mode: str, case: str, leg: str) -> list[str]:
         rows += ["read mode: decode's peer from prefill's answer"]
     if case == "chat" and leg == "decode":
         rows += ["chat decode `stream`"]
-    if case == "completion" and leg == "decode":
-        rows += ["streamed completion's decode `return_token_ids`"]
     return rows
 
 
