@@ -11,14 +11,17 @@ trained in the test (the live tier's kind of tokenizer; no hub access).
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+import vllm
 from tokenizers import ByteLevelBPETokenizer
 from transformers import PreTrainedTokenizerFast
 from vllm import SamplingParams
+from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
 from vllm.tokenizers import get_tokenizer
 from vllm.v1.engine import EngineCoreRequest
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
@@ -83,6 +86,19 @@ def test_a_break_inside_a_character_splices_the_undisturbed_text(tokenizer: Any)
         rest = events(tokenizer, continued.body["prompt"], generated[break_at:])
         if break_at in inside:  # vLLM repeats the prompt's and the streamed text in its first text
             assert text_of(b"\n\n".join(rest)).startswith(PROMPT)
-        after = migration.Splice(tokens).feed(b"\n\n".join(rest) + b"\n\n")
+        after = migration.Splice(tokens, migration.offsets_by_tokens(vllm.__version__)).feed(
+            b"\n\n".join(rest) + b"\n\n"
+        )
         assert text_of(before + after) == ANSWER, f"break after {break_at} tokens"
         assert tokens.token_ids == generated
+
+
+def test_the_splice_counts_text_offsets_as_this_release_does() -> None:
+    """Where a stream's next chunk's logprob ``text_offset`` begins, read in this release's completions
+    stream: 0.31 adds each chunk's text (held-back text not yet counted), 0.32 on the reported tokens'
+    strings; the splice shifts a continuation's offsets by the same rule (``migration.offsets_by_tokens``)."""
+    source = inspect.getsource(OpenAIServingCompletion.completion_stream_generator)
+    by_text = "previous_text_lens[i] += len(delta_text)" in source
+    by_tokens = "next_text_offsets[i] = logprobs.text_offset[-1] + len(" in source
+    assert by_text != by_tokens, "the release counts offsets some third way: read its completion_stream_generator"
+    assert migration.offsets_by_tokens(vllm.__version__) is by_tokens

@@ -102,6 +102,7 @@ class Release:
     kv_wait_abort_leak_seen: bool  # measured: an aborted write-mode KV wait keeps decode's blocks
     streams_error_before_first_token: bool  # a completions stream that fails before a token sends its error
     prompt_limit_is_the_context: bool  # a prompt is refused past max_model_len only; max_tokens is clamped
+    offsets_by_tokens: bool  # a stream's logprob text_offset counts the reported tokens, not the text sent
 
     @property
     def name(self) -> str:
@@ -112,14 +113,14 @@ T, F = True, False
 # fmt: off
 # line, supported, KVTransferConfig fields, then: grouped block ids, write guard, read guard, preemption
 # fixed, heartbeat subprocess, write_failed, heterogeneous TP in write mode, read abort releases, leak seen,
-# error streamed before the first token, prompt limit the whole context.
+# error streamed before the first token, prompt limit the whole context, stream text offsets by tokens.
 RELEASES: tuple[Release, ...] = (
     # The previous pin: the simulator reproduces it; its fields as 0.31's (the keys we render passed there).
-    Release((0, 29), F, _KV_FIELDS_0_31, F, F, F, F, F, F, F, F, F, F, F),
-    Release((0, 31), T, _KV_FIELDS_0_31, T, F, F, F, F, F, F, T, T, F, F),
-    Release((0, 32), T, _KV_FIELDS_0_32, T, T, F, T, T, F, F, T, T, T, T),
-    Release((0, 33), T, _KV_FIELDS_0_32, T, T, T, T, T, T, T, T, F, T, T),
-    Release((0, 34), T, _KV_FIELDS_0_32, T, T, T, T, T, T, T, T, F, T, T),
+    Release((0, 29), F, _KV_FIELDS_0_31, F, F, F, F, F, F, F, F, F, F, F, F),
+    Release((0, 31), T, _KV_FIELDS_0_31, T, F, F, F, F, F, F, T, T, F, F, F),
+    Release((0, 32), T, _KV_FIELDS_0_32, T, T, F, T, T, F, F, T, T, T, T, T),
+    Release((0, 33), T, _KV_FIELDS_0_32, T, T, T, T, T, T, T, T, F, T, T, T),
+    Release((0, 34), T, _KV_FIELDS_0_32, T, T, T, T, T, T, T, T, F, T, T, T),
 )
 # fmt: on
 

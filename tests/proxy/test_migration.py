@@ -96,7 +96,7 @@ def test_the_continuation_asks_for_the_rest_from_the_prompt_and_the_streamed_tok
 def test_the_splice_makes_the_continuation_one_response_with_the_original() -> None:
     tokens = migration.StreamTokens(request(logprobs=0))
     streamed(tokens, event({"text": " ab", "prompt_token_ids": PROMPT, "token_ids": [7, 8]}))
-    splice = migration.Splice(tokens)
+    splice = migration.Splice(tokens, False)
     usage = {"prompt_tokens": 6, "completion_tokens": 3, "total_tokens": 9}
     out = splice.feed(
         event({"text": " c", "prompt_token_ids": [*PROMPT, 7, 8], "token_ids": [9], "logprobs": {"text_offset": [0]}})
@@ -131,7 +131,7 @@ def test_a_continuation_that_repeats_the_prompt_and_the_streamed_text_first_is_c
         event({"text": " x", "prompt_token_ids": PROMPT, "token_ids": [7]}),
         event({"text": "", "token_ids": [8]}),  # the first byte of a character
     )
-    out = migration.Splice(tokens).feed(
+    out = migration.Splice(tokens, False).feed(
         event({"text": "", "prompt_token_ids": [*PROMPT, 7, 8], "token_ids": [9]})
         + b"\n\n"
         + event({"text": "def f(): x\u00e9!", "token_ids": [10]})
@@ -143,13 +143,39 @@ def test_a_continuation_that_repeats_the_prompt_and_the_streamed_text_first_is_c
     assert tokens.text == [" x", "\u00e9!", "def f(): x"] and tokens.token_ids == [7, 8, 9, 10, 11]
     different = migration.StreamTokens(request(prompt=prompt))
     streamed(different, event({"text": " x", "prompt_token_ids": PROMPT, "token_ids": [7]}))
-    assert texts(migration.Splice(different).feed(event({"text": "def f():", "token_ids": [8]}))) == ["def f():"]
+    assert texts(migration.Splice(different, False).feed(event({"text": "def f():", "token_ids": [8]}))) == ["def f():"]
+
+
+@pytest.mark.parametrize(("by_tokens", "offsets"), [(False, [[2], [4]]), (True, [[3], [4]])])
+def test_text_offsets_go_on_by_the_rule_of_the_engines_release(by_tokens: bool, offsets: list[list[int]]) -> None:
+    """vLLM 0.31 begins a chunk's offsets at the text sent (the repeat of the prompt counted in, after it);
+    0.32 on at the last offset plus its token's length (a byte token "\ufffd" counted while its text is held)."""
+    tokens = migration.StreamTokens(request(prompt="def f():", logprobs=0))
+    streamed(
+        tokens,
+        event({"text": " x", "prompt_token_ids": PROMPT, "token_ids": [7], "logprobs": lp([" x"], [0])}),
+        event({"text": "", "token_ids": [8], "logprobs": lp(["\ufffd"], [2])}),
+    )
+    assert (tokens.text_chars, tokens.next_offset) == (2, 3)
+    repeat = "def f(): x\u00e9!"  # the prompt, the streamed " x", then the held character and "!"
+    out = migration.Splice(tokens, by_tokens).feed(
+        event({"text": repeat, "token_ids": [9], "logprobs": lp(["!"], [0])})
+        + b"\n\n"
+        + event({"text": " y", "token_ids": [10], "logprobs": lp([" y"], [1 if by_tokens else len(repeat)])})
+    )
+    chunks = [json.loads(e[6:])["choices"][0] for e in out.split(b"\n\n")]
+    assert [c["text"] for c in chunks] == ["\u00e9!", " y"]
+    assert [c["logprobs"]["text_offset"] for c in chunks] == offsets
+
+
+def lp(strings: list[str], offsets: list[int]) -> dict[str, Any]:
+    return {"tokens": strings, "token_logprobs": [-0.1] * len(strings), "text_offset": offsets}
 
 
 def test_a_token_id_prompt_leaves_the_continuation_text_as_it_comes() -> None:
     tokens = migration.StreamTokens(request())  # the proxy has no tokenizer to know the ids' text
     streamed(tokens, event({"text": " x", "prompt_token_ids": PROMPT, "token_ids": [7]}))
-    assert texts(migration.Splice(tokens).feed(event({"text": " x y", "token_ids": [8]}))) == [" x y"]
+    assert texts(migration.Splice(tokens, False).feed(event({"text": " x y", "token_ids": [8]}))) == [" x y"]
 
 
 # ---------------------------------------------------------------------------------------------

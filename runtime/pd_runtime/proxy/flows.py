@@ -290,7 +290,10 @@ class ProxyCore:
                 return exchange, verified
             assert tokens is not None and exchange.decode is not None
             exchange = await self._continue(exchange, broken, migration.continuation(request, tokens))
-            exchange.stream_filter = migration.Splice(tokens).feed
+            assert exchange.decode is not None
+            engine = self.circuits.instance(exchange.decode)
+            by_tokens = migration.offsets_by_tokens(engine.vllm_version if engine is not None else None)
+            exchange.stream_filter = migration.Splice(tokens, by_tokens).feed
             sink = sink if migrations else ContinuedSink(sink)
             migrations += 1
 

@@ -18,6 +18,8 @@ from typing import Any, Literal
 from pd_runtime.proxy.errors import LegFailure
 from pd_runtime.proxy.jsoncodec import dumps, engine_loads
 from pd_runtime.proxy.legs import ClientRequest
+from pd_runtime.vllm_pin import PINNED_VLLM_VERSION
+from pd_runtime.vllm_releases import release
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 """vLLM 0.31's ``CompletionRequest.max_tokens`` default (completion/protocol.py)."""
@@ -72,12 +74,16 @@ class StreamTokens:
         self.text: list[str] = []
         """The text the client got, chunk by chunk: a continuation's first text may repeat it (``Splice``)."""
         self.text_chars = 0
-        """Characters of text streamed: a continuation's logprob ``text_offset`` counts on from here."""
+        """Characters of text streamed: where vLLM 0.31's next logprob ``text_offset`` would begin."""
+        self.next_offset = 0
+        """Where vLLM 0.32+'s next logprob ``text_offset`` would begin: the last one plus its token's length
+        (from 0.32 the offsets count the reported tokens, which run ahead of text held back)."""
         self.finished = False
         self.head: dict[str, Any] | None = None
         """The response's ``id`` and ``created`` (its first chunk's): every continuation chunk gets them."""
         self.prompt_text = _prompt_text(request.body.get("prompt"))
         self._client_ids = request.body.get("return_token_ids") is True
+        self._logprobs = request.body.get("logprobs") is not None
 
     def feed(self, data: bytes) -> bytes:
         """Whole SSE events (relay's ``IdRewriter`` hands on no partial one) as the client gets them."""
@@ -106,6 +112,8 @@ class StreamTokens:
             self.text.append(text)
             self.text_chars += len(text)
         self.finished = self.finished or event.find(_FINISHED) >= 0
+        if self._logprobs:
+            self.next_offset = _next_offset(_first_choice(engine_loads(event[6:])).get("logprobs"), self.next_offset)
         return event
 
 
@@ -142,6 +150,18 @@ def _text_of(event: bytes) -> str:
     if start < 0:
         return ""
     return scanstring(event[start + len(_TEXT) :].decode(), 0)[0]
+
+
+def _next_offset(logprobs: Any, current: int) -> int:
+    """The offset after an event's last reported token (``current`` when it reports none)."""
+    if not isinstance(logprobs, dict):
+        return current
+    offsets, tokens = logprobs.get("text_offset"), logprobs.get("tokens")
+    if isinstance(offsets, list) and isinstance(tokens, list) and offsets and tokens:
+        last_offset, last_token = offsets[-1], tokens[-1]
+        if isinstance(last_offset, int) and isinstance(last_token, str):
+            return last_offset + len(last_token)
+    return current
 
 
 def _prompt_text(prompt: Any) -> str | None:
@@ -197,18 +217,20 @@ def continuation(request: ClientRequest, tokens: StreamTokens) -> ClientRequest:
 class Splice:
     """A continuation's events made the original response's: its id and creation time, no prompt token ids,
     usage counted against the client's prompt (the streamed tokens move from prompt to completion: the
-    total stays), logprob text offsets counted on from the text already streamed, and its first text
-    without the repeat of the prompt and the streamed text (``unrepeated``). Its ids and text are read into
-    the same ``StreamTokens`` after that, so it can migrate in turn."""
+    total stays), logprob text offsets counted on from where the original stream's next one would begin (by
+    the rule of the engine's release), and its first text without the repeat of the prompt and the streamed
+    text (``unrepeated``). Its ids and text are read into the same ``StreamTokens`` after that, so it can
+    migrate in turn."""
 
-    def __init__(self, tokens: StreamTokens) -> None:
+    def __init__(self, tokens: StreamTokens, offsets_by_tokens: bool) -> None:
         self._tokens = tokens
         self._moved = len(tokens.token_ids)
-        self._chars = tokens.text_chars
+        self._offsets_by_tokens = offsets_by_tokens
+        self._shift = tokens.next_offset if offsets_by_tokens else tokens.text_chars
         self._first_text = True
 
     def feed(self, data: bytes) -> bytes:
-        return b"\n\n".join(self._tokens.feed(self._event(event)) for event in data.split(b"\n\n"))
+        return b"\n\n".join([self._tokens.feed(self._event(event)) for event in data.split(b"\n\n")])
 
     def _event(self, event: bytes) -> bytes:
         if not event.startswith(_JSON_EVENT):
@@ -222,15 +244,27 @@ class Splice:
                 choice["prompt_token_ids"] = None
             logprobs = choice.get("logprobs")
             if isinstance(logprobs, dict) and isinstance(logprobs.get("text_offset"), list):
-                logprobs["text_offset"] = [offset + self._chars for offset in logprobs["text_offset"]]
+                logprobs["text_offset"] = [offset + self._shift for offset in logprobs["text_offset"]]
             if self._first_text and choice.get("text"):
                 self._first_text = False
-                choice["text"] = unrepeated(choice["text"], self._tokens)
+                text = choice["text"]
+                choice["text"] = unrepeated(text, self._tokens)
+                if not self._offsets_by_tokens:  # vLLM 0.31 counts the repeat into the offsets after it
+                    self._shift -= len(text) - len(choice["text"])
         usage = document.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
             usage["prompt_tokens"] -= self._moved
             usage["completion_tokens"] = (usage.get("completion_tokens") or 0) + self._moved
         return b"data: " + dumps(document)
+
+
+def offsets_by_tokens(version: str | None) -> bool:
+    """Whether the engine's release counts a stream's logprob ``text_offset`` by the reported tokens (0.32+)
+    rather than by the text sent (0.31); an engine whose release is not known yet is taken for the pin's."""
+    try:
+        return release(version or PINNED_VLLM_VERSION).offsets_by_tokens
+    except ValueError:
+        return release(PINNED_VLLM_VERSION).offsets_by_tokens
 
 
 def unrepeated(text: str, tokens: StreamTokens) -> str:
