@@ -3,8 +3,9 @@ drops every notify from decode, so decode's block list never reaches it and pref
 ``defer_timeout``.
 
 Simulated engines declare ``spec.engineVersion`` and reproduce that release's connector; the fault is the
-simulator's ``PD_SIM_DROP_NOTIFY=1`` in prefill's ``env`` (the suite's way of giving one role a simulator
-fault: test_kv_canary.py's ``PD_SIM_CORRUPT_KV``; the extraArgs guard stays as it is). ``defer_timeout``
+simulator's ``--sim-drop-notify 1`` in ``prefill.extraArgs`` (the extraArgs guard refuses only the flags the
+operator renders or counts on, so a simulator flag passes, as it would to a real vLLM that then refuses it;
+``env`` with ``PD_SIM_DROP_NOTIFY`` is the other way, test_kv_canary.py's for its fault). ``defer_timeout``
 is ``kvTransfer.deferTimeoutSeconds`` (20 engine seconds, 2 s at ``timeScale`` 10) and the proxy's KV wait
 ``proxy.timeouts.kvWaitSeconds`` one second above it. So a ``kv_load_failed`` answer, rather than the KV
 wait's ``kv_transfer_timeout``, is itself the proof that the client heard within a second past
@@ -57,7 +58,7 @@ def deployment(name: str, version: str, policy: str) -> Obj:
     }
     # no canary: its KV transfer would meet the dropped notifies too
     spec["proxy"] |= {"canaryIntervalSeconds": 0, "timeouts": {"kvWaitSeconds": KV_WAIT_S}}
-    spec["prefill"] |= {"gpus": "0", "tensorParallelSize": 1, "env": [{"name": "PD_SIM_DROP_NOTIFY", "value": "1"}]}
+    spec["prefill"] |= {"gpus": "0", "tensorParallelSize": 1, "extraArgs": ["--sim-drop-notify", "1"]}
     spec["decode"] |= {"gpus": "1", "tensorParallelSize": 1}
     return obj
 
@@ -116,6 +117,7 @@ def test_the_kv_transfer_config_carries_the_load_failure_policy(cp: ControlPlane
             config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
             assert config["kv_load_failure_policy"] == policy, (name, container["name"], config)
             assert config["kv_connector_extra_config"]["defer_timeout"] == DEFER_TIMEOUT_S
+            assert ("--sim-drop-notify" in argv) == (container["name"] == "prefill")
 
 
 @pytest.mark.parametrize("stream", [True, False])
