@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.cluster import ControlPlane
 from e2e.stack import Stack
-from e2e.tests.kube import Obj, apply, create_namespace, serving_pod, simulated_example, wait_pdd_ready
+from e2e.tests.kube import Obj, applied_in, serving_pod, simulated_example, wait_pdd_ready
 
 pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
 
@@ -65,14 +65,10 @@ def deployment(name: str, version: str, policy: str) -> Obj:
 
 @pytest.fixture(scope="module")
 def deployed(operator: Stack) -> Iterator[str]:
-    cp = operator.cp
-    create_namespace(cp, NAMESPACE)
-    for name, (version, policy) in CASES.items():
-        apply(cp, json.dumps(deployment(name, version, policy)), NAMESPACE)
-    for name in CASES:
-        wait_pdd_ready(cp, NAMESPACE, name, timeout_s=180)
-    yield NAMESPACE
-    cp.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+    with applied_in(operator.cp, NAMESPACE, [deployment(name, *case) for name, case in CASES.items()]):
+        for name in CASES:
+            wait_pdd_ready(operator.cp, NAMESPACE, name, timeout_s=180)
+        yield NAMESPACE
 
 
 def pod_ip(cp: ControlPlane, name: str) -> str:
