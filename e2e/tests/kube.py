@@ -342,16 +342,24 @@ def simulated_example(name: str) -> Obj:
 
 
 @contextlib.contextmanager
-def simulated_deployment(cp: ControlPlane, namespace: str, name: str) -> Iterator[str]:
-    """``simulated_example(name)`` without the goodput probe, Ready in a new namespace (Pod Security
-    baseline, as the suite's other namespaces); the namespace is deleted afterwards."""
+def applied_in(cp: ControlPlane, namespace: str, objs: Iterable[Obj]) -> Iterator[str]:
+    """``objs`` applied together in a new namespace (Pod Security baseline, as the suite's other
+    namespaces), which is deleted afterwards."""
     create_namespace(cp, namespace)
-    obj = simulated_example(name)
-    obj["spec"]["goodputProbe"] = {"enabled": False}
-    apply(cp, json.dumps(obj), namespace)
-    wait_pdd_ready(cp, namespace, name, timeout_s=180)
+    for obj in objs:
+        apply(cp, json.dumps(obj), namespace)
     yield namespace
     cp.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+@contextlib.contextmanager
+def simulated_deployment(cp: ControlPlane, namespace: str, name: str) -> Iterator[str]:
+    """``simulated_example(name)`` without the goodput probe, Ready in a new namespace (``applied_in``)."""
+    obj = simulated_example(name)
+    obj["spec"]["goodputProbe"] = {"enabled": False}
+    with applied_in(cp, namespace, [obj]):
+        wait_pdd_ready(cp, namespace, name, timeout_s=180)
+        yield namespace
 
 
 def apply(cp: ControlPlane, manifest: str, namespace: str) -> str:

@@ -8,7 +8,6 @@ release). Both deployments fit one node: four simulated GPUs each.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 import pytest
@@ -16,7 +15,7 @@ import yaml
 
 from e2e.cluster import REPO_ROOT, ControlPlane
 from e2e.stack import Stack
-from e2e.tests.kube import Obj, apply, condition, create_namespace, pdd, wait_for, wait_pdd_ready
+from e2e.tests.kube import Obj, applied_in, condition, pdd, wait_for, wait_pdd_ready
 
 pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
 
@@ -38,13 +37,10 @@ def deployment(name: str, prefill_env: list[Obj]) -> Obj:
 
 @pytest.fixture(scope="module")
 def namespace(operator: Stack) -> Iterator[str]:
-    cp = operator.cp
-    create_namespace(cp, NAMESPACE)
-    apply(cp, json.dumps(deployment("declared", [])), NAMESPACE)
     other_image = [{"name": "PD_SIM_VLLM_VERSION", "value": IMAGE_RUNS}]
-    apply(cp, json.dumps(deployment("mismatched", other_image)), NAMESPACE)
-    yield NAMESPACE
-    cp.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+    objs = [deployment("declared", []), deployment("mismatched", other_image)]
+    with applied_in(operator.cp, NAMESPACE, objs) as namespace:
+        yield namespace
 
 
 def test_the_status_shows_the_release_each_engine_runs(cp: ControlPlane, namespace: str) -> None:

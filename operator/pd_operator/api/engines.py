@@ -358,7 +358,7 @@ class KVTransferSpec(ApiModel):
         description=(
             "kv_load_failure_policy: what a decode engine does with a request whose KV cannot load (a failed "
             "read; from vLLM 0.33 in write mode also a transfer prefill gave up on after deferTimeoutSeconds, "
-            "write_failed): fail it at once (the proxy answers 502 decode_failed) or recompute its prompt on "
+            "write_failed): fail it at once (the proxy answers 502 kv_load_failed) or recompute its prompt on "
             "decode (the client is served, decode pays the prefill). Unset: vLLM's default, fail. Rendered "
             "into --kv-transfer-config for the releases whose KVTransferConfig has the key (0.31 - 0.34 all do)."
         ),
