@@ -15,7 +15,7 @@ from pd_runtime.proxy.timer import Timer
 def _exchange() -> Exchange:
     request = ClientRequest("completions", {"model": "m", "prompt": "p", "stream": True})
     ids = TransferIds(uid="u", transfer_id="t", request_id="r")
-    return Exchange(request, ids, "request", deadline=Deadline.after(0.0, 1e9))
+    return Exchange(request, ids, "request", deadline=Deadline.after(0.0, 1e9), loop=asyncio.get_running_loop())
 
 
 async def test_prefill_answering_moves_a_running_legs_deadline_forward() -> None:

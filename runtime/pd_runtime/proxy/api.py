@@ -76,7 +76,7 @@ class ApiHandlers:
         engines, all by the request's one deadline, which starts here (docs/proxy.md, "Failure contract").
         A request refused by admission is demand too: it counts as an arrival (docs/proxy.md)."""
         config = self.core.config
-        deadline = Deadline.after(asyncio.get_running_loop().time(), config.timeouts.response)
+        deadline = Deadline.after(self.core.loop.time(), config.timeouts.response)
         try:
             self._refuse_after_kv_mismatch()
             client_request = parse_client_request(

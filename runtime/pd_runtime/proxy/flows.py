@@ -42,7 +42,7 @@ from pd_runtime.proxy.relay import Exchange, Relay, Source, prompt_details, upst
 from pd_runtime.proxy.routing import Router
 from pd_runtime.proxy.sinks import ClientGone, ContinuedSink, Sink
 from pd_runtime.proxy.status import LastTransfer
-from pd_runtime.proxy.timer import Timer
+from pd_runtime.proxy.timer import RunningLoop, Timer
 from pd_runtime.proxy.tracing import Tracing
 from pd_runtime.proxy.upstream import UpstreamError, UpstreamPool
 
@@ -95,8 +95,9 @@ class ProxyCore:
         self.demand = DemandWindow(time.monotonic())
         self.draining = False
         self._background: set[asyncio.Task[Any]] = set()  # late prefill legs
+        self.loop = RunningLoop()
         self.circuits = Circuits(registry, metrics)
-        self.placement = Placement(config, registry, router, self.circuits, metrics)
+        self.placement = Placement(config, registry, router, self.circuits, metrics, self.loop)
         tracing = Tracing(config.otlp_traces_endpoint) if config.otlp_traces_endpoint else None
         self.relay = Relay(config, self.upstream, self.circuits, metrics, tracing)
 
@@ -155,7 +156,7 @@ class ProxyCore:
         the client went away, and the upstream legs are closed on the way out). With tracing on, inside the
         request's span (docs/proxy.md, "Trace context")."""
         if deadline is None:
-            deadline = Deadline.after(asyncio.get_running_loop().time(), self.config.timeouts.response)
+            deadline = Deadline.after(self.loop.time(), self.config.timeouts.response)
         self.in_flight += 1
         try:
             if self.tracing is None:
@@ -242,7 +243,7 @@ class ProxyCore:
         if self.draining:
             raise unavailable("the proxy is shutting down", "shutting_down")
         prefill, decode, ids = await self.placement.place(request, deadline, selective=source == "request")
-        return Exchange(request, ids, source, prefill, decode, deadline=deadline)
+        return Exchange(request, ids, source, prefill, decode, deadline=deadline, loop=self.loop.get())
 
     def _after_failure(self, exchange: Exchange, failure: LegFailure, sink: Sink) -> bool:
         """The one place that decides what becomes of a request whose leg failed (``contract.after_failure``):
@@ -359,7 +360,7 @@ class ProxyCore:
 
     async def _write_legs(self, exchange: Exchange, sink: Sink, prefill: asyncio.Task[Any]) -> bool:
         """Decode relayed while ``prefill`` runs: True when the transfer was verified."""
-        watch = _PrefillWatch(prefill)
+        watch = _PrefillWatch(prefill, exchange.loop)
         try:
             await self._decode(exchange, None, sink)
         except asyncio.CancelledError:
@@ -428,9 +429,9 @@ class ProxyCore:
         leg = prefill_leg(exchange.request, exchange.prefill, exchange.decode, exchange.ids, self.config.engine_api_key)
         started = time.monotonic()
         bound = self.config.timeouts.prefill
-        due = exchange.deadline.bound(asyncio.get_running_loop().time() + bound)
+        due = exchange.deadline.bound(exchange.loop.time() + bound)
         try:
-            async with Timer(due), self.relay.open_leg(exchange.prefill, leg, "prefill") as resp:
+            async with Timer(due, exchange.loop), self.relay.open_leg(exchange.prefill, leg, "prefill") as resp:
                 status, body = resp.status, await resp.read()
         except TimeoutError as exc:
             if exchange.deadline.ended(due):
@@ -534,8 +535,8 @@ class _PrefillWatch:
 
     __slots__ = ("_cancelled", "_task")
 
-    def __init__(self, prefill: asyncio.Task[Any]) -> None:
-        self._task = asyncio.current_task()
+    def __init__(self, prefill: asyncio.Task[Any], loop: asyncio.AbstractEventLoop) -> None:
+        self._task = asyncio.current_task(loop)
         self._cancelled = False
         prefill.add_done_callback(self._prefill_done)
 

@@ -22,15 +22,23 @@ from pd_runtime.proxy.legs import ClientRequest, Target, TransferIds
 from pd_runtime.proxy.metrics import ProxyMetrics
 from pd_runtime.proxy.registry import Instance, InstanceRole, Registry
 from pd_runtime.proxy.routing import Candidate, Router, Slot, decode_dp_rank
+from pd_runtime.proxy.timer import RunningLoop
 
 log = logging.getLogger(__name__)
 
 
 class Placement:
     def __init__(
-        self, config: ProxyConfig, registry: Registry, router: Router, circuits: Circuits, metrics: ProxyMetrics
+        self,
+        config: ProxyConfig,
+        registry: Registry,
+        router: Router,
+        circuits: Circuits,
+        metrics: ProxyMetrics,
+        loop: RunningLoop,
     ) -> None:
         self.config = config
+        self.loop = loop
         self.registry = registry
         self.router = router
         self.circuits = circuits
@@ -189,7 +197,7 @@ class Placement:
         the request's deadline first 504.
         """
         limit = self.config.decode_max_in_flight
-        until = deadline.bound(asyncio.get_running_loop().time() + self.config.timeouts.first_byte)
+        until = deadline.bound(self.loop.time() + self.config.timeouts.first_byte)
         while (target := self._pick_within("D", "D", limit, time.monotonic())) is None:
             ranks = sum(inst.registration.dp_size for inst in self.registry.live("D", time.monotonic()))
             if self.decode_queue >= limit * ranks:

@@ -51,6 +51,7 @@ class Exchange:
         "first_byte_timer",
         "ids",
         "kv_deadline",
+        "loop",
         "prefill",
         "prompt_details",
         "request",
@@ -69,8 +70,11 @@ class Exchange:
         decode: Target | None = None,
         *,
         deadline: Deadline,
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.request = request
+        self.loop = loop
+        """The loop the request is served on (``timer.RunningLoop``)."""
         self.ids = ids
         self.source: Source = source
         self.prefill = prefill
@@ -91,7 +95,7 @@ class Exchange:
 
     def prefill_answered(self, kv_wait: float) -> None:
         """From prefill's answer on, decode's first byte is due within the kv wait (dropped transfers)."""
-        self.kv_deadline = asyncio.get_running_loop().time() + kv_wait
+        self.kv_deadline = self.loop.time() + kv_wait
         self.bound_first_byte()
 
     def bound_first_byte(self) -> None:
@@ -157,12 +161,12 @@ class Relay:
         """A decode leg streamed for a client that did not ask for a stream (legs.streams_whole): its first
         byte is due as a stream's (the first-byte bound and the kv wait); the whole answer by the request's
         deadline; the client gets the answer assembled from the stream (``whole_from_stream``)."""
-        first_byte_due = asyncio.get_running_loop().time() + self.config.timeouts.first_byte
+        first_byte_due = exchange.loop.time() + self.config.timeouts.first_byte
         answered = False
         started = time.monotonic()
         try:
             async with (
-                Timer(exchange.deadline.bound(first_byte_due)) as timer,
+                Timer(exchange.deadline.bound(first_byte_due), exchange.loop) as timer,
                 exchange.first_byte_bounded(timer, True),
                 self.open_leg(target, leg, "decode") as resp,
             ):
@@ -237,15 +241,14 @@ class Relay:
         answered whole has nothing to show before it is done: the request's deadline alone bounds it), then
         every chunk within --idle-timeout of the last, all by the request's deadline."""
         timeouts = self.config.timeouts
-        loop = asyncio.get_running_loop()
-        first_byte_due = loop.time() + timeouts.first_byte if exchange.request.stream else math.inf
+        first_byte_due = exchange.loop.time() + timeouts.first_byte if exchange.request.stream else math.inf
         answered = False  # the engine's first body bytes came (for decode: its KV came, or loading it failed)
         streaming = False  # the client's stream has begun
         started = time.monotonic()
         bounded = exchange.request.stream and name == "decode"
         try:
             async with (
-                Timer(exchange.deadline.bound(first_byte_due)) as timer,
+                Timer(exchange.deadline.bound(first_byte_due), exchange.loop) as timer,
                 exchange.first_byte_bounded(timer, bounded),
                 self.open_leg(target, leg, name) as resp,
             ):
@@ -269,7 +272,7 @@ class Relay:
                 held = b"" if name == "decode" else None
                 while not streaming and (data := await resp.read_some()):
                     out = relay.rewrite(data)
-                    now = loop.time()
+                    now = exchange.loop.time()
                     relay.due = timer.when() or 0.0  # the kv wait may have moved it
                     if out:
                         answered = True
@@ -350,7 +353,7 @@ class _ChunkRelay:
         self._idle = idle
         self._end = exchange.deadline.at  # no chunk is waited for past the request's deadline
         self._slack = min(1.0, idle / 10)  # the idle deadline moves only when it is this far off
-        self._loop = asyncio.get_running_loop()
+        self._loop = exchange.loop
         self.last = self.due = 0.0
         self.failure: Exception | None = None
 

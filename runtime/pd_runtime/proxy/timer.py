@@ -13,15 +13,36 @@ import asyncio
 _CREATED, _ENTERED, _EXPIRING, _EXPIRED, _EXITED = range(5)
 
 
+class RunningLoop:
+    """The loop the proxy serves on, looked up at its first use and kept: ``asyncio.get_running_loop()``,
+    and ``asyncio.current_task()`` without a loop, make a getpid system call each in CPython 3.11 (its
+    check for a fork), nine per request before (docs/benchmarks.md). The proxy runs on one loop."""
+
+    __slots__ = ("_loop",)
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def get(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
+    def time(self) -> float:
+        return self.get().time()
+
+
 class Timer:
     __slots__ = ("_cancelling", "_handle", "_loop", "_state", "_task", "_when")
 
-    def __init__(self, when: float | None) -> None:
+    def __init__(self, when: float | None, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """``loop``: the running loop, when the caller has it (looking it up is a system call)."""
         self._when = when
         self._state = _CREATED
         self._handle: asyncio.Handle | None = None
         self._task: asyncio.Task[object] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop = loop
         self._cancelling = 0
 
     def when(self) -> float | None:
@@ -50,7 +71,7 @@ class Timer:
     async def __aenter__(self) -> Timer:
         if self._state != _CREATED:
             raise RuntimeError("Timer has already been entered")
-        task = asyncio.current_task()
+        task = asyncio.current_task(self._loop)
         if task is None:
             raise RuntimeError("Timer should be used inside a task")
         self._task = task
