@@ -68,9 +68,10 @@ class ImageManifest:
     roles: dict[str, str]
 
     @classmethod
-    def load(cls) -> ImageManifest:
-        """The manifest named by $PD_E2E_IMAGE_MANIFEST, else the one images/build.sh builds or reuses."""
-        data = json.loads(Path(os.environ.get("PD_E2E_IMAGE_MANIFEST") or _built_manifest()).read_text())
+    def load(cls, path: str | None = None) -> ImageManifest:
+        """The manifest at `path`, else the one named by $PD_E2E_IMAGE_MANIFEST, else the one images/build.sh
+        builds or reuses."""
+        data = json.loads(Path(path or os.environ.get("PD_E2E_IMAGE_MANIFEST") or _built_manifest()).read_text())
         return cls(images=data["images"], roles=data["roles"])
 
     def role(self, role: str) -> str:
@@ -378,6 +379,14 @@ def teardown(cp: ControlPlane, state: Mapping[str, Any]) -> None:
     cp.extras.get("real_nodes", {}).pop(layout.name, None)
     cp.save()
     log.info("node %s torn down", layout.name)
+
+
+def node_path(cp: ControlPlane, node: str, path: str) -> Path:
+    """`path` of a running node's filesystem as the machine reaches it: through its containerd's root, in the
+    node's mount namespace, where /var/lib, /var/log and /run are the node's own tmpfs and a pod's hostPath
+    is resolved. The node's disk, for a test that puts files where a hostPath names them."""
+    containerd = next(p for p in cp.procs if p.name == proc_name("containerd", node))
+    return Path(f"/proc/{containerd.pid}/root") / path.lstrip("/")
 
 
 def power_off(cp: ControlPlane, layout: NodeLayout) -> None:
