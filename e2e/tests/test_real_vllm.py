@@ -126,7 +126,9 @@ def cpu_node(operator: Stack, vllm_image: tuple[real_node.ImageManifest, str], m
     taint = f"{POOL_KEY}={POOL}:NoSchedule"
     plugins = {"devices": device_plugins.real_node_plugin()}
     operator.start_real_node(NODE, images, {POOL_KEY: POOL}, (taint,), plugins, CPU_SERVER)
-    shutil.copytree(model, real_node.node_path(cp, NODE, MODEL_HOST_DIR) / Path(MODEL).name)
+    weights = shutil.copytree(model, real_node.node_path(cp, NODE, MODEL_HOST_DIR) / Path(MODEL).name)
+    for path in weights.iterdir():  # readable by the engines' user (safetensors writes its file 0600)
+        path.chmod(0o644)
     mori = real_node.node_path(cp, NODE, MORI_HOST_DIR)
     mori.mkdir()
     mori.chmod(0o777)
