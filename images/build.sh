@@ -30,8 +30,10 @@ source "$here/storage.sh"
 [[ -n ${PD_IMAGES_NAMESPACE:-} ]] || bash "$here/tools.sh"
 source "$here/namespace.sh"
 export GOTOOLCHAIN=local CGO_ENABLED=0
-# Under the lock, in storage of our own, any working container is what an interrupted build left.
+# Under the lock, in storage of our own, any working container is what an interrupted build left, and so
+# is anything in the temporary directory (a layer being committed: GBs for the vllm-cpu image).
 buildah rm --all >/dev/null
+find "$cache/tmp" -mindepth 1 -maxdepth 1 -exec rm -rf {} +
 
 version=$(sed -n 's/^appVersion: "\(.*\)"$/\1/p' "$repo/charts/pd-operator/Chart.yaml")
 # Once built, the vllm-cpu image stays in the manifest (a warm rebuild of it takes seconds): without
