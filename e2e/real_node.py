@@ -295,8 +295,19 @@ class RealNode:
         for name in image.names:
             if name != imported[0]:
                 _run(self._ctr("images", "tag", "--force", imported[0], name))
+        self._drop_layer_blobs(imported[0])
         took = time.monotonic() - started
         log.info("node %s: imported %s as %s (%.1fs)", self.layout.name, image.archive.name, image.names, took)
+
+    def _drop_layer_blobs(self, name: str) -> None:
+        """Remove the image's layer blobs from the content store once they are unpacked: containers start
+        from the snapshots (the manifest and config stay, and the config's labels keep the snapshots), so
+        the node holds an image once on disk, not twice (the vllm-cpu image: 6.9 GB, not 13.8)."""
+        (digest,) = [row[2] for row in map(str.split, _run(self._ctr("images", "ls")).splitlines()) if row[0] == name]
+        manifest = json.loads(_run(self._ctr("content", "get", digest)))
+        if "manifests" in manifest:  # an index: the one platform's manifest
+            manifest = json.loads(_run(self._ctr("content", "get", manifest["manifests"][0]["digest"])))
+        _run(self._ctr("content", "rm", *(layer["digest"] for layer in manifest["layers"])))
 
     def _start_kubelet(self, labels: Mapping[str, str], taints: Iterable[str]) -> None:
         layout = self.layout
