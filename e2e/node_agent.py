@@ -14,9 +14,6 @@ different nodes reach each other. Node loss is no fault of the agent's: a real n
 (`real_node.power_off`, docs/e2e-real-node.md).
 
 `--status-only` runs no processes: pods just become Running and Ready (for the operator benchmark).
-`--cpu-vllm VENV` makes `vllm` the real CPU build of vLLM in VENV (the live tier's) instead of the
-simulator (shims/cpu-vllm/vllm says what the node adds to the rendered command line); its `mori.io`
-stand-in's fault switch is `mori-faults.json` in the state directory.
 
     python -m e2e.node_agent --kubeconfig admin.kubeconfig --state-dir /tmp/agent [--status-only]
 """
@@ -61,11 +58,6 @@ POD_CIDR_WAIT_S = 60.0
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 VLLM_SHIM = Path(__file__).with_name("shims") / "vllm"
-CPU_VLLM_SHIM = Path(__file__).with_name("shims") / "cpu-vllm" / "vllm"
-# On a --cpu-vllm node: the mori.io stand-in's fault switch and transfer log (live/support/mori/io.py), in
-# the agent's state directory, the same for every engine of the node.
-MORI_FAULTS_FILE = "mori-faults.json"
-MORI_LOG_FILE = "mori-transfers.jsonl"
 
 
 def mi300x_labels(name: str) -> dict[str, str]:
@@ -258,20 +250,11 @@ class NodeAgent:
 
     def _base_env(self) -> dict[str, str]:
         """PATH maps the runtime image's executables to this project's install: `pdctl` and `python` from
-        the venv, `vllm` to a shim that serves with the simulated engine, or with --cpu-vllm the real CPU
-        build (and the node's mori.io fault switch and transfer log). The directories are outside the
+        the venv, `vllm` to a shim that serves with the simulated engine. The directories are outside the
         agent's state, and no volume may hide them (sandbox.py refuses such mounts), so lookups work after
         any mount."""
         env = {"HOME": "/root", "LANG": "C.UTF-8"}
-        shim = VLLM_SHIM
-        if self.args.cpu_vllm:
-            shim = CPU_VLLM_SHIM
-            env |= {
-                "PD_E2E_CPU_VLLM": str(self.args.cpu_vllm.resolve()),
-                "PD_LIVE_MORI_FAULTS": str(self.state_dir / MORI_FAULTS_FILE),
-                "PD_LIVE_MORI_LOG": str(self.state_dir / MORI_LOG_FILE),
-            }
-        return {"PATH": f"{shim.parent}:{Path(sys.executable).parent}:{SYSTEM_PATH}", **env}
+        return {"PATH": f"{VLLM_SHIM.parent}:{Path(sys.executable).parent}:{SYSTEM_PATH}", **env}
 
     async def _create_node(self) -> None:
         """Register the Node (its status follows once the network is up, as the kubelet's first update)."""
@@ -570,12 +553,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--extra-resource", action="append", default=[], metavar="NAME=QTY", help="more extended resources"
     )
     parser.add_argument("--status-only", action="store_true", help="run no processes; pods become Ready at once")
-    parser.add_argument(
-        "--cpu-vllm",
-        type=Path,
-        metavar="VENV",
-        help="`vllm` is the real CPU build of vLLM in VENV (the live tier's venv, live/venv.sh), not the simulator",
-    )
     parser.add_argument("--client-ca", type=Path, help="CA of the API server's kubelet client certificate")
     parser.add_argument("--backoff-base", type=float, default=1.0, help="first restart back-off (kubelet: 10s)")
     parser.add_argument("--backoff-max", type=float, default=20.0, help="back-off cap (kubelet: 300s)")

