@@ -120,3 +120,14 @@ async def test_a_deadline_moved_later_ends_the_wait_at_the_later_time(kind: Call
             timer.reschedule(started + 0.06)
             await asyncio.sleep(10)
     assert _now() >= started + 0.059  # not at the first time, nor the second
+
+
+async def test_a_deadline_past_the_timers_check_is_kept_exactly() -> None:
+    """The Timer's loop handle fires every few seconds (timer._CHECK_S) and arms again for what is left; the
+    deadline itself neither moves nor fires at a check."""
+    started = _now()
+    with pytest.raises(TimeoutError):
+        async with Timer(started + 5.3) as timer:
+            timer.reschedule(started + 5.4)  # later: no new handle, the check carries it
+            await asyncio.sleep(60)
+    assert _now() >= started + 5.4 and timer.when() == started + 5.4

@@ -11,6 +11,11 @@ from __future__ import annotations
 import asyncio
 
 _CREATED, _ENTERED, _EXPIRING, _EXPIRED, _EXITED = range(5)
+_CHECK_S = 5.0
+"""A Timer's loop handle fires at its time or this much from when it was armed, whichever is first, and arms
+again for what is left: a deadline moved later then costs no new loop timer (uvloop's cost thousands of
+instructions each), and a leg's deadlines mostly move later (300 s to the first byte, then the 95 s kv wait
+from prefill's answer, then 60 s between chunks, all beyond the first check of a request of seconds)."""
 
 
 class RunningLoop:
@@ -34,13 +39,14 @@ class RunningLoop:
 
 
 class Timer:
-    __slots__ = ("_cancelling", "_handle", "_loop", "_state", "_task", "_when")
+    __slots__ = ("_armed", "_cancelling", "_handle", "_loop", "_state", "_task", "_when")
 
     def __init__(self, when: float | None, loop: asyncio.AbstractEventLoop | None = None) -> None:
         """``loop``: the running loop, when the caller has it (looking it up is a system call)."""
         self._when = when
         self._state = _CREATED
         self._handle: asyncio.Handle | None = None
+        self._armed = 0.0  # the loop time the handle fires at
         self._task: asyncio.Task[object] | None = None
         self._loop = loop
         self._cancelling = 0
@@ -59,14 +65,22 @@ class Timer:
         if self._state != _ENTERED or self._loop is None:
             raise RuntimeError("Timer is not in its async with, or has expired")
         self._when = when
+        if when is not None and self._handle is not None and when >= self._armed:
+            return  # the armed handle fires first and arms again for the rest (_CHECK_S)
         if self._handle is not None:
             self._handle.cancel()
-        if when is None:
-            self._handle = None
-        elif when <= self._loop.time():
+        self._handle = None
+        if when is not None:
+            self._arm(when)
+
+    def _arm(self, when: float) -> None:
+        assert self._loop is not None
+        now = self._loop.time()
+        self._armed = min(when, now + _CHECK_S)
+        if when <= now:
             self._handle = self._loop.call_soon(self._fire)
         else:
-            self._handle = self._loop.call_at(when, self._fire)
+            self._handle = self._loop.call_at(self._armed, self._fire)
 
     async def __aenter__(self) -> Timer:
         if self._state != _CREATED:
@@ -95,7 +109,10 @@ class Timer:
             self._state = _EXITED
 
     def _fire(self) -> None:
-        assert self._task is not None
+        assert self._task is not None and self._loop is not None
+        if self._when is not None and self._when > self._armed:  # a check, or moved later since it was armed
+            self._arm(self._when)
+            return
         self._task.cancel()
         self._state = _EXPIRING
         self._handle = None
