@@ -139,6 +139,9 @@ build "$standin" "$here/rocm-standin/Dockerfile" "$here/rocm-standin" --build-ar
 build "${roles[runtime-rocm-standin]}" "$repo/Dockerfile.rocm" "$repo" \
   --build-arg "BASE_NAME=${standin%:*}" --build-arg "BASE_DIGEST=$(digest_of "$standin")"
 build_pause
+# The images each rebuild replaces stay behind untagged (some GB a day of pdctl changes, the vllm-cpu
+# image's top layers among them); the stages the images build on are their parents and stay cached.
+podman image prune --force >/dev/null
 for name in "${roles[@]}"; do
   export_archive "$name"
 done
