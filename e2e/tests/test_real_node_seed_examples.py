@@ -78,9 +78,11 @@ def _start_mi300x_node(stack: Stack, name: str, devices: NodeDevicesSpec, taints
     images = [*manifest.node_images(("pause",)), manifest.image_as("runtime-rocm-standin", manifest.role("runtime"))]
     plugins = {"devices": device_plugins.real_node_plugin(devices)}
     stack.start_real_node(name, images, GPU_PRODUCT, taints, plugins, MI300X_SERVER)
+    # The node is Ready before the kubelet has its plugins' resources (they register after it starts):
+    # 1000 units advertised, whether or not the node has uverbs, seen by kubectl's watch
+    stack.cp.kubectl("wait", f"node/{name}", f"--for=jsonpath={{.status.capacity.{RDMA}}}=1k", "--timeout=120s")
     capacity = json.loads(stack.cp.kubectl("get", "node", name, "-o", "json"))["status"]["capacity"]
     assert (capacity["cpu"], capacity["memory"]) == (str(MI300X_SERVER.cpus), f"{MI300X_SERVER.memory_gib}Gi")
-    assert capacity[RDMA] == "1k", capacity  # 1000 units advertised, whether or not the node has uverbs
 
 
 def _stop_node(cp: ControlPlane, name: str) -> None:
