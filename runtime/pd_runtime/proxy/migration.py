@@ -27,8 +27,8 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 Outcome = Literal["ok", "failed", "limit_reached", "no_instance", "unsupported"]
 """How one migration ended (``ok``: its stream completed; ``failed``: it failed too), or why a broken
 stream was not migrated: the limit was used up, no other decode engine was routable (or known when the
-request began, so its stream was not read), or the request
-cannot be continued exactly (``trackable``, or nothing left to continue)."""
+request began, so its stream was not read), or the request cannot be continued exactly (``trackable``, or
+nothing left to continue)."""
 
 Decision = Literal["migrate", "limit_reached", "no_instance", "unsupported"]
 
