@@ -416,6 +416,14 @@ class Stack:
                 self.start_real_node(node, images, {POOL_KEY: pool}, (f"{POOL_KEY}={pool}:NoSchedule",), plugins)
         return nodes
 
+    def remove_real_node(self, node: str) -> NodeLayout:
+        """Tear a real node down (real_node.teardown) and delete its Node; returns its layout, for a test
+        that checks nothing of it stayed (real_node.leftovers)."""
+        state = self.cp.extras["real_nodes"][node]
+        real_node.teardown(self.cp, state)
+        self.cp.kubectl("delete", "node", node, "--ignore-not-found")
+        return NodeLayout.from_dict(state["layout"])
+
     def fail_node(self, node: str) -> None:
         """The "node dies" fault on a real node: everything of it killed at once, its link down
         (real_node.power_off); its Node is left to the node lifecycle controller."""

@@ -1,4 +1,4 @@
-"""spec.autoscaling under a ramp on the multi-node pool: 1 -> 3 -> 1 replicas, no failed request.
+"""spec.autoscaling under a ramp across three real nodes: 1 -> 3 -> 1 replicas, no failed request.
 
 The deployment is the simulated write pair at timeScale 0.5 (every modelled duration twice as long in
 wall time) with 4 sequences per engine, so one replica's capacity is a few requests per second: the
@@ -44,7 +44,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.cluster import ControlPlane
-from e2e.stack import Stack, pool_placement
+from e2e.stack import GPU_POOL, Stack, pool_placement
 from e2e.tests.kube import (
     GROUP_PATH,
     Background,
@@ -64,9 +64,9 @@ from pd_runtime.bench.slo import Slo
 
 log = logging.getLogger(__name__)
 # The ramp runs about 6 minutes (the probe's search, four load levels, stabilization windows each way):
-# the suite's default of 300 s would cut it short.
-pytestmark = pytest.mark.timeout(1500)
-POOL, NODES = "replicas", 3  # test_replicas.py's pool: one replica per node
+# the suite's default of 300 s would cut it short. It runs on the real cluster (e2e/tests/conftest.py).
+pytestmark = [pytest.mark.real_node, pytest.mark.timeout(1500)]
+POOL, NODES = GPU_POOL, 3  # the shared GPU pool, a third node for the ramp's time: one replica per node
 NAME = "ramp"
 SELECTOR = f"app.kubernetes.io/component=serving,pd.serving.dev/deployment={NAME}"
 TIME_SCALE = 0.5
@@ -78,17 +78,21 @@ MODEL = "Qwen/Qwen3-235B-A22B-FP8"
 
 
 @pytest.fixture(scope="module")
-def ns(operator: Stack, cp: ControlPlane) -> Iterator[str]:
-    name = create_namespace(cp, "t-ramp")
-    yield name
-    cp.kubectl("delete", "namespace", name, "--wait=false", check=False)
-    # the pool is test_replicas.py's too: leave its nodes free
-    wait_for(lambda: not pods(cp, name, SELECTOR), 120, "the ramp's serving pods gone")
+def nodes(real_stack: Stack, real_pool: Callable[[str, int], list[str]]) -> Iterator[list[str]]:
+    """The pool's nodes; the third is removed afterwards, so the pool's other tests find the two they place on."""
+    found = real_pool(POOL, NODES)
+    yield found
+    for node in found[2:]:
+        real_stack.remove_real_node(node)
 
 
 @pytest.fixture(scope="module")
-def nodes(node_pool: Callable[[str, int], list[str]]) -> list[str]:
-    return node_pool(POOL, NODES)
+def ns(operator: Stack, cp: ControlPlane, nodes: list[str]) -> Iterator[str]:
+    name = create_namespace(cp, "t-ramp")
+    yield name
+    cp.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    # the pool is test_replicas.py's too: leave its nodes free (and the third node empty before it goes)
+    wait_for(lambda: not pods(cp, name, SELECTOR), 120, "the ramp's serving pods gone")
 
 
 def manifest() -> Obj:
@@ -215,8 +219,7 @@ def wide_columns(cp: ControlPlane, ns: str) -> dict[str, str]:
 
 def operator_gauges(stack: Stack, ns: str) -> dict[str, float]:
     """The operator's autoscaling gauges for this PDDeployment, from its /metrics."""
-    port = stack.cp.extras["operator_ports"]["metrics-port"]
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10, trust_env=False).text
+    text = httpx.get(stack.operator_metrics_url(), timeout=10, trust_env=False).text
     return {
         sample.name: sample.value
         for family in text_string_to_metric_families(text)

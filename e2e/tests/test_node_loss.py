@@ -14,7 +14,6 @@ import pytest
 
 from e2e import real_node
 from e2e.cluster import ControlPlane
-from e2e.node_config import NodeLayout
 from e2e.stack import GPU_POOL, Stack, pool_placement
 from e2e.tests.kube import (
     Obj,
@@ -118,7 +117,4 @@ def test_serving_pod_of_a_lost_node_is_recreated_on_a_node_with_free_gpus(
     assert found["status"] == "False" and found["message"] == f"the serving pod {NAME} is Ready on node {other}"
     cp.kubectl("delete", "pdd", NAME, "-n", namespace, "--wait=false")
 
-    state = cp.extras["real_nodes"][lost_node]
-    real_node.teardown(cp, state)
-    cp.kubectl("delete", "node", lost_node)
-    assert real_node.leftovers(NodeLayout.from_dict(state["layout"])) == []
+    assert real_node.leftovers(real_stack.remove_real_node(lost_node)) == []
