@@ -1,1 +1,1 @@
-"""End-to-end harness: a real Kubernetes control plane built from source, a node agent, and the suite."""
+"""End-to-end harness: a real Kubernetes control plane built from source, real kubelet nodes, and the suite."""

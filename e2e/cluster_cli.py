@@ -1,8 +1,7 @@
 """`make cluster-up` / `make cluster-down` for people (`python -m e2e.cluster_cli up|down|status`): the
 stack of `make demo` (control plane, a real node, the chart and the operator from its image) started and
 left running, its state in a directory, so that `down` stops exactly what `up` started and removes what it
-made (processes, mounts, network namespaces, cgroups, the bridge and files). `--node-agent` runs the
-node emulation (e2e/node_agent.py) and the operator as a process instead."""
+made (processes, mounts, network namespaces, cgroups, the bridge and files)."""
 
 from __future__ import annotations
 
@@ -21,29 +20,21 @@ def _cmd_up(args: argparse.Namespace) -> int:
     if (state_dir / "state.json").exists():
         sys.stderr.write(f"a cluster is already up (state in {state_dir}); run `make cluster-down` first\n")
         return 1
-    real = not args.node_agent
-    stack = Stack(ControlPlane(workdir=state_dir, bin_dir=binaries_dir(*(["--node"] if real else []))), detach=True)
+    stack = Stack(ControlPlane(workdir=state_dir, bin_dir=binaries_dir("--node")), detach=True)
     try:
-        stack.up(operator=not args.no_operator, agent=not args.no_agent, real=real)
+        stack.up(operator=not args.no_operator, node=not args.no_node)
         for name, count in args.pool:
-            (stack.start_real_pool if real else stack.start_pool)(name, count)
+            stack.start_real_pool(name, count)
     except BaseException:
         stack.down()
         raise
     cp = stack.cp
-    if real:
-        where = (
-            f"  control-plane logs: {cp.workdir / 'logs'}, each node's: {cp.workdir / 'nodes' / 'NODE' / 'logs'}\n"
-            "  nodes: kubectl get nodes -o wide; operator: kubectl -n pd-system logs deploy/pd-operator\n"
-        )
-    else:
-        port = cp.extras.get("operator_ports", {}).get("metrics-port", "-")
-        where = f"  logs: {cp.workdir / 'logs'}\n  operator metrics: http://127.0.0.1:{port}/metrics\n"
     sys.stdout.write(
         f"control plane up at {cp.server}\n"
         f"  export KUBECONFIG={cp.kubeconfig}\n"
         f"  export PATH={cp.bin_dir}:$PATH   # kubectl and helm of the matching version\n"
-        f"{where}"
+        f"  control-plane logs: {cp.workdir / 'logs'}, each node's: {cp.workdir / 'nodes' / 'NODE' / 'logs'}\n"
+        "  nodes: kubectl get nodes -o wide; operator: kubectl -n pd-system logs deploy/pd-operator\n"
         "  stop: make cluster-down\n"
     )
     return 0
@@ -84,12 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start control plane, a node and the operator; leave them running")
     up.add_argument("--no-operator", action="store_true", help="do not install the chart or run the operator")
-    up.add_argument("--no-agent", action="store_true", help="start no node")
-    up.add_argument(
-        "--node-agent",
-        action="store_true",
-        help="the node emulation (e2e/node_agent.py) instead of a real node, the operator as a process",
-    )
+    up.add_argument("--no-node", action="store_true", help="start no node")
     up.add_argument(
         "--pool",
         action="append",

@@ -4,7 +4,7 @@ Builds (or reuses) the control plane and a real node (kubelet, containerd, kube-
 the images built from the project's Dockerfiles, installs the chart (the operator runs in-cluster from its
 image), applies the simulated write-mode example, waits until it is Ready (showing progress), streams a
 completion through the proxy, shows the goodput probe result and `kubectl get pdd`, then tears everything
-down (or keeps it with --keep). `--node-agent` runs the node emulation and the operator as a process.
+down (or keeps it with --keep).
 """
 
 from __future__ import annotations
@@ -118,9 +118,8 @@ def start_real(stack: Stack, say: Progress) -> None:
 
 def run(args: argparse.Namespace) -> int:
     say = Progress()
-    real = not args.node_agent
     say("control-plane binaries (built once, then reused from the cache)")
-    bin_dir = binaries_dir(*(["--node"] if real else []))
+    bin_dir = binaries_dir("--node")
     workdir = DEFAULT_STATE_DIR if args.keep else new_workdir("pd-demo-")
     if args.keep and (workdir / "state.json").exists():
         sys.stderr.write(f"a cluster is already up in {workdir}; run `make cluster-down` first\n")
@@ -129,16 +128,7 @@ def run(args: argparse.Namespace) -> int:
     cp = stack.cp
     try:
         say(f"starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler ({bin_dir.name})")
-        if real:
-            start_real(stack, say)
-        else:
-            stack.cp.start(detach=args.keep)
-            say("starting the node agent: node mi300x-0 with 8 amd.com/gpu, pods run as local processes")
-            stack.start_agent()
-            say("helm install charts/pd-operator (CRD, ServiceAccount, least-privilege RBAC)")
-            stack.install_operator()
-            say("running the operator as the chart's ServiceAccount")
-            stack.start_operator()
+        start_real(stack, say)
         example = yaml.safe_load(args.example.read_text())
         name, namespace = example["metadata"]["name"], "default"
         say(f"kubectl apply -f {args.example.relative_to(REPO_ROOT)}")
@@ -165,11 +155,10 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"demo failed; logs were in {cp.workdir / 'logs'} and {cp.workdir / 'nodes'}\n")
         logs = [*cp.workdir.glob("logs/*.log"), *cp.workdir.glob("nodes/*/logs/kubelet.log")]
         for log in sorted(logs):
-            if log.name.startswith(("operator", "node-agent", "kubelet")):
+            if log.name.startswith("kubelet"):
                 sys.stderr.write(f"--- {log.name} ---\n" + "\n".join(log.read_text().splitlines()[-30:]) + "\n")
-        if real:
-            operator_log = cp.kubectl("logs", "-n", OPERATOR_NAMESPACE, "deploy/pd-operator", "--tail=30", check=False)
-            sys.stderr.write(f"--- the operator's log ---\n{operator_log}")
+        operator_log = cp.kubectl("logs", "-n", OPERATOR_NAMESPACE, "deploy/pd-operator", "--tail=30", check=False)
+        sys.stderr.write(f"--- the operator's log ---\n{operator_log}")
         stack.down()
         raise
     say("tearing down (pass --keep to leave it running)")
@@ -182,9 +171,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--example", type=Path, default=DEFAULT_EXAMPLE, help="PDDeployment to apply")
     parser.add_argument("--keep", action="store_true", help="leave the cluster running (stop: make cluster-down)")
-    parser.add_argument(
-        "--node-agent", action="store_true", help="the node emulation instead of a real node, the operator as a process"
-    )
     args = parser.parse_args(argv)
     args.example = args.example.resolve()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

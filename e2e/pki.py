@@ -156,7 +156,7 @@ def generate(directory: Path, extra_ips: list[str] | None = None) -> Pki:
 
 
 def self_signed_serving_cert(directory: Path, name: str, ips: list[str]) -> tuple[Path, Path]:
-    """A throwaway serving certificate (the node agent's kubelet endpoint); returns (cert, key)."""
+    """A throwaway self-signed serving certificate (the external metrics API's); returns (cert, key)."""
     key = ec.generate_private_key(ec.SECP256R1())
     names = x509.SubjectAlternativeName([x509.DNSName(name), *[x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]])
     cert = _builder(name, _name(name), key.public_key()).add_extension(names, critical=False).sign(key, hashes.SHA256())

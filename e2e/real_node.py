@@ -484,7 +484,7 @@ def leftovers(layout: NodeLayout) -> list[str]:
 def container_pid(layout: NodeLayout, container_id: str) -> int:
     """The machine's pid of a container's first process (pid 1 of its pid namespace), found through its
     cgroup: with the cgroupfs driver each container's cgroup is named by its id (`containerd://` dropped)
-    under the pod's, below `<cgroup_root>/kubepods`. What the node agent kept in its pid files."""
+    under the pod's, below `<cgroup_root>/kubepods`."""
     cid = container_id.split("://")[-1]
     kubepods = CGROUP_FS / "pids" / layout.cgroup_root.lstrip("/") / "kubepods"
     found = [path for path in kubepods.rglob(cid) if path.is_dir()] if cid else []

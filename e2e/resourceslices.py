@@ -12,18 +12,34 @@ kube-scheduler allocates ResourceClaims from it, and the node's kubelet has the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
-
-from e2e.devices import CPU_SOCKETS, MI300X_SIMD_COUNT, Gpu
 
 Obj = dict[str, Any]
 DRIVER = "gpu.amd.com"
+CPU_SOCKETS = 2
+MI300X_SIMD_COUNT = 1216
 # MI300X OAM boards: the PCI bus of each GPU on a typical 8-GPU platform (e.g. the amd-gpu-pod.md sketch).
 MI300X_BUSES = (0x05, 0x26, 0x46, 0x65, 0x85, 0xA6, 0xC6, 0xE5)
 
 
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU of the node by its index: the minors of its DRM nodes, as the amdgpu driver numbers them."""
+
+    index: int
+
+    @property
+    def card(self) -> str:
+        return f"card{self.index + 1}"  # card0 is usually the BMC's display adapter
+
+    @property
+    def render(self) -> str:
+        return f"renderD{128 + self.index}"
+
+
 def pci_address(gpu: Gpu) -> str:
-    """Extended BDF (sysfs spelling) of an emulated GPU."""
+    """Extended BDF (sysfs spelling) of a fake GPU."""
     bus = MI300X_BUSES[gpu.index] if gpu.index < len(MI300X_BUSES) else 0x100 - len(MI300X_BUSES) + gpu.index
     return f"0000:{bus:02x}:00.0"
 

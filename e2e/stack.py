@@ -1,16 +1,17 @@
-"""The whole local stack on top of a ControlPlane: nodes, operator install (chart), operator process.
+"""The whole local stack on top of a ControlPlane: real nodes, operator install (chart), operator process.
 
 Shared by the pytest fixtures, `make demo` and `make cluster-up`, so all three run the same way.
 
-A cluster's nodes are either real (`start_real_control_plane`, then `start_real_node`: a kubelet,
-containerd, kube-proxy and CoreDNS each, e2e/real_node.py; the operator runs in-cluster from its image)
-or node agents (`start_agent`: e2e/node_agent.py emulates a kubelet; the operator runs as our process).
+A cluster's nodes are real (`start_real_control_plane`, then `start_real_node`: a kubelet, containerd,
+kube-proxy and CoreDNS each, e2e/real_node.py); the operator runs in-cluster from its image, or as our
+process with the chart's ServiceAccount where a benchmark reads its memory (`start_operator`).
 
-One node (`mi300x-0`) by default; `start_pool` adds a pool of more 8-GPU nodes, labelled and tainted with
-the pool's name so that only workloads placed there on purpose (`pool_placement`) land on them. All
-nodes share one pod network (one bridge, a /24 per node from the controller-manager's node IPAM), so
-pods on different nodes reach each other and Service names resolve to pods on any node. `fail_node`
-is the "node dies" fault of a real node: its kubelet, containerd, shims and containers killed at once.
+One node (`mi300x-0`) by default; `start_real_pool` adds a pool of more 8-GPU nodes, labelled and
+tainted with the pool's name so that only workloads placed there on purpose (`pool_placement`) land on
+them. All nodes share one pod network (one bridge, a /24 per node from the controller-manager's node
+IPAM), so pods on different nodes reach each other and Service names resolve to pods on any node.
+`fail_node` is the "node dies" fault of a real node: its kubelet, containerd, shims and containers
+killed at once.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from e2e.cluster import REPO_ROOT, ControlPlane
 from e2e.node_config import MI300X_SERVER, MachineShape, NodeLayout
 from e2e.procs import ProcRef, is_running, spawn, stop
 from e2e.real_node import NodeImage, NodePlugin, RealNode
-from e2e.sandbox import unmount_leftovers
 
 log = logging.getLogger(__name__)
 
@@ -70,34 +70,13 @@ SUITE_POLICY: dict[str, Any] = {
 
 
 class Stack:
-    """Control plane + node agent + operator, started and stopped as one."""
+    """Control plane + real nodes + operator, started and stopped as one."""
 
     def __init__(self, cp: ControlPlane, detach: bool = False) -> None:
         self.cp = cp
         self.detach = detach
 
-    # ---- node agent ------------------------------------------------------------------------------------
-
-    def agent_dir(self, node: str = NODE_NAME) -> Path:
-        return self.cp.workdir / "agents" / node
-
-    def start_agent(
-        self, node: str = NODE_NAME, status_only: bool = False, extra_args: tuple[str, ...] = ()
-    ) -> ProcRef:
-        """Start a node agent process (more agent flags in `extra_args`) and wait until its Node is Ready."""
-        ref = self._spawn_agent(node, status_only, extra_args)
-        self.wait_node_ready(node, ref)
-        log.info("node %s Ready (agent pid %d, status-only=%s)", node, ref.pid, status_only)
-        return ref
-
-    def start_pool(self, pool: str, count: int) -> list[str]:
-        """`count` more GPU nodes `<pool>-<i>`, started together, with the pool's label and NoSchedule taint."""
-        nodes = [f"{pool}-{i}" for i in range(count)]
-        refs = [self._spawn_agent(node, False, pool_agent_args(pool)) for node in nodes]
-        for node, ref in zip(nodes, refs, strict=True):
-            self.wait_node_ready(node, ref)
-        log.info("node pool %s Ready: %s", pool, ", ".join(nodes))
-        return nodes
+    # ---- nodes ------------------------------------------------------------------------------------------
 
     def cluster_bridge(self) -> str:
         """The bridge every node of this cluster plugs its pods into: made on first use, removed by down()."""
@@ -109,31 +88,8 @@ class Stack:
             self.cp.save()
         return name
 
-    def _spawn_agent(self, node: str, status_only: bool, extra_args: tuple[str, ...]) -> ProcRef:
-        state = self.agent_dir(node)
-        network = [] if status_only else [f"--bridge={self.cluster_bridge()}", f"--cluster-cidr={self.cp.cluster_cidr}"]
-        argv = [
-            sys.executable,
-            "-m",
-            "e2e.node_agent",
-            f"--kubeconfig={self.cp.kubeconfig}",
-            f"--state-dir={state}",
-            f"--node-name={node}",
-            f"--client-ca={self.cp.ca_file}",
-            *(["--status-only"] if status_only else []),
-            *(["--keep-files"] if os.environ.get("PD_E2E_KEEP") == "1" else []),
-            *network,
-            *extra_args,
-        ]
-        env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}:{os.environ.get('PYTHONPATH', '')}".rstrip(":")}
-        ref, _ = spawn(
-            f"node-agent-{node}", argv, self.cp.workdir / "logs" / f"node-agent-{node}.log", env, self.detach
-        )
-        self.cp.register(ref)
-        return ref
-
     def wait_node_ready(self, node: str, ref: ProcRef, timeout_s: float = 90) -> None:
-        """Until the Node is Ready and untainted, as long as `ref` (its agent or kubelet) runs."""
+        """Until the Node is Ready and untainted, as long as `ref` (its kubelet) runs."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not is_running(ref):
@@ -144,17 +100,6 @@ class Stack:
                 return
             time.sleep(0.3)
         raise TimeoutError(f"node {node} not Ready and untainted after {timeout_s}s")
-
-    @staticmethod
-    def _sweep_agent(state: Path) -> None:
-        """Remove what a killed agent could leave: namespaces, links, tmpfs mounts."""
-        info = state / "agent.json"
-        if info.exists():
-            run_id = json.loads(info.read_text()).get("run_id")
-            if run_id:
-                netns.sweep(run_id)
-        if state.exists():
-            unmount_leftovers(state)
 
     # ---- operator ----------------------------------------------------------------------------------------
 
@@ -434,44 +379,26 @@ class Stack:
 
     # ---- all -----------------------------------------------------------------------------------------------
 
-    def up(self, operator: bool = True, agent: bool = True, real: bool = False) -> None:
-        """Control plane, one node (real, or a node agent) and the operator (in-cluster on a real node). The
-        real node is shaped as the MI300X server it is named after: several simulated deployments and their
-        probe Jobs ask more CPU than this machine's 2 cores (docs/e2e-real-node.md, "A GPU server's shape")."""
-        if real:
-            self.start_real_control_plane()
-            if agent:
-                self.start_real_node(shape=MI300X_SERVER)
-            if operator:
-                self.install_operator(in_cluster=True)
-            return
-        self.cp.start(detach=self.detach)
-        if agent:
-            self.start_agent()
+    def up(self, operator: bool = True, node: bool = True) -> None:
+        """Control plane, one real node and the operator in-cluster. The node is shaped as the MI300X server
+        it is named after: several simulated deployments and their probe Jobs ask more CPU than this
+        machine's 2 cores (docs/e2e-real-node.md, "A GPU server's shape")."""
+        self.start_real_control_plane()
+        if node:
+            self.start_real_node(shape=MI300X_SERVER)
         if operator:
-            self.install_operator()
-            self.start_operator()
+            self.install_operator(in_cluster=True)
 
     def down(self, remove: bool = True) -> None:
-        """Tear the real nodes down, stop every other process (newest first), sweep what agents may have
-        left, remove the files."""
+        """Tear the real nodes down, stop every other process (newest first), remove the bridge and the files."""
         for state in list(self.cp.extras.get("real_nodes", {}).values()):
             real_node.teardown(self.cp, state)
-        agents = self.cp.workdir / "agents"
         self.cp.stop(remove=False)
-        if agents.exists():
-            for state in agents.iterdir():
-                self._sweep_agent(state)
         if bridge := self.cp.extras.pop("bridge", None):
             netns.delete_bridge(str(bridge))
             self.cp.save()
         if remove:
             self.cp.stop(remove=True)
-
-
-def pool_agent_args(pool: str) -> tuple[str, ...]:
-    """The node agent flags of a node of `pool`: its label and NoSchedule taint."""
-    return (f"--node-label={POOL_KEY}={pool}", f"--register-with-taint={POOL_KEY}={pool}:NoSchedule")
 
 
 def pool_placement(pool: str) -> dict[str, Any]:

@@ -1,1 +1,1 @@
-"""End-to-end suite: a real control plane, the node agent, the operator installed by its chart."""
+"""End-to-end suite: a real control plane, real kubelet nodes, the operator installed by its chart."""

@@ -260,31 +260,20 @@ def serving_pod(cp: ControlPlane, namespace: str, name: str) -> Obj:
 
 
 def container_pids(cp: ControlPlane, serving: Obj, names: Iterable[str]) -> dict[str, int]:
-    """The pid each named container's first process has now (the machine's pid): on a real node the one of
-    pid 1 in the container's cgroup (the container ids the pod's status has now), on a node agent the one
-    the agent started (its pid file)."""
+    """The pid each named container's pid 1 has now, as the machine numbers it: found in the container's
+    cgroup on its node (by the container ids the pod's status has now)."""
     meta = serving["metadata"]
-    node = serving["spec"]["nodeName"]
-    real_nodes = cp.extras.get("real_nodes", {})
-    if node in real_nodes:
-        layout = NodeLayout.from_dict(real_nodes[node]["layout"])
-        now = pod(cp, meta["namespace"], meta["name"]) or serving
-        ids = {c["name"]: str(c.get("containerID", "")) for c in now["status"].get("containerStatuses", [])}
-        return {name: real_node.container_pid(layout, ids.get(name, "")) for name in names}
-    agent_dir = cp.workdir / "agents" / node  # Stack.agent_dir
-    containers = agent_dir / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}" / "containers"
-    return {name: int((containers / name / "pid").read_text()) for name in names}
+    layout = NodeLayout.from_dict(cp.extras["real_nodes"][serving["spec"]["nodeName"]]["layout"])
+    now = pod(cp, meta["namespace"], meta["name"]) or serving
+    ids = {c["name"]: str(c.get("containerID", "")) for c in now["status"].get("containerStatuses", [])}
+    return {name: real_node.container_pid(layout, ids.get(name, "")) for name in names}
 
 
 def kill_container(cp: ControlPlane, serving: Obj, name: str, sig: int = signal.SIGKILL) -> int:
-    """Kill a container's processes as a crash would, so that its kubelet restarts it; returns the pid. On a
-    real node the signal goes to the container's pid 1 (SIGKILL of it ends its whole pid namespace), on a
-    node agent to the process group the agent started."""
+    """Kill a container as a crash would, so that its kubelet restarts it; returns the pid. The signal goes
+    to the container's pid 1 (SIGKILL of it ends its whole pid namespace)."""
     pid = container_pids(cp, serving, [name])[name]
-    if serving["spec"]["nodeName"] in cp.extras.get("real_nodes", {}):
-        os.kill(pid, sig)
-    else:
-        os.killpg(pid, sig)
+    os.kill(pid, sig)
     return pid
 
 

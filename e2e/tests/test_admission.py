@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 
 from e2e.cluster import REPO_ROOT, ControlPlane
-from e2e.devices import Gpu
-from e2e.resourceslices import pci_address
+from e2e.resourceslices import Gpu, pci_address
 from e2e.stack import Stack
 from e2e.tests.kube import (
     POD_SECURITY,
@@ -35,8 +34,6 @@ from e2e.tests.kube import (
 )
 from pd_operator import layout, render
 from pd_operator.validation import validate_spec
-
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
 
 LEVELS: tuple[PodSecurityLevel, ...] = ("restricted", "baseline", "privileged")  # strictest first
 NO_NODE = {"pd.serving.dev/e2e": "no-such-node"}  # the pods must never run: they would take the node's GPUs

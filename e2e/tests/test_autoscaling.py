@@ -19,8 +19,6 @@ from e2e.cluster import REPO_ROOT, ControlPlane
 from e2e.stack import Stack
 from e2e.tests.kube import Obj, apply, condition, get, pdd, pdd_events, simulated_example, stream_completion, wait_for
 
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
-
 NAME = "sim-write"  # the name the recipe's HPA targets
 DOC = REPO_ROOT / "docs" / "autoscaling.md"
 SECTION = "## Using an HPA or KEDA instead"

@@ -64,8 +64,8 @@ from pd_runtime.bench.slo import Slo
 
 log = logging.getLogger(__name__)
 # The ramp runs about 6 minutes (the probe's search, four load levels, stabilization windows each way):
-# the suite's default of 300 s would cut it short. It runs on the real cluster (e2e/tests/conftest.py).
-pytestmark = [pytest.mark.real_node, pytest.mark.timeout(1500)]
+# the suite's default of 300 s would cut it short.
+pytestmark = pytest.mark.timeout(1500)
 POOL, NODES = GPU_POOL, 3  # the shared GPU pool, a third node for the ramp's time: one replica per node
 NAME = "ramp"
 SELECTOR = f"app.kubernetes.io/component=serving,pd.serving.dev/deployment={NAME}"
@@ -78,12 +78,12 @@ MODEL = "Qwen/Qwen3-235B-A22B-FP8"
 
 
 @pytest.fixture(scope="module")
-def nodes(real_stack: Stack, real_pool: Callable[[str, int], list[str]]) -> Iterator[list[str]]:
+def nodes(stack: Stack, real_pool: Callable[[str, int], list[str]]) -> Iterator[list[str]]:
     """The pool's nodes; the third is removed afterwards, so the pool's other tests find the two they place on."""
     found = real_pool(POOL, NODES)
     yield found
     for node in found[2:]:
-        real_stack.remove_real_node(node)
+        stack.remove_real_node(node)
 
 
 @pytest.fixture(scope="module")

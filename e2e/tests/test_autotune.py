@@ -34,7 +34,6 @@ from pd_operator.autotune import best
 from pd_operator.validation import validate_spec
 
 log = logging.getLogger(__name__)
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
 TIME_SCALE = 2
 NAMESPACE = "pd-autotune"
 CASES = {

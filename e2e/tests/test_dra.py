@@ -14,13 +14,10 @@ import pytest
 
 from e2e import dra_driver, real_node
 from e2e.cluster import ControlPlane
-from e2e.devices import Gpu
 from e2e.node_config import NodeLayout
-from e2e.resourceslices import DRIVER, device_name, devices, pci_address
+from e2e.resourceslices import DRIVER, Gpu, device_name, devices, pci_address
 from e2e.stack import Stack, pool_placement
 from e2e.tests.kube import apply, create_namespace, get, pdd, pod, simulated_example, wait_for, wait_pdd_ready
-
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
 
 NAME = "dra"
 DRA_POOL = "dra"  # a node of its own, whose GPUs come from the DRA driver only
@@ -29,12 +26,12 @@ Obj = dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def dra_node(real_stack: Stack) -> Iterator[NodeLayout]:
+def dra_node(stack: Stack) -> Iterator[NodeLayout]:
     """A pool of one node (tainted: no other module's pod lands there) running the DRA driver and no device
     plugin, torn down after this module's tests."""
-    cp = real_stack.cp
+    cp = stack.cp
     plugins = {"dra": dra_driver.real_node_plugin(dra_driver.install(cp))}
-    (node,) = real_stack.start_real_pool(DRA_POOL, 1, plugins)
+    (node,) = stack.start_real_pool(DRA_POOL, 1, plugins)
     yield NodeLayout.from_dict(cp.extras["real_nodes"][node]["layout"])
     real_node.teardown(cp, cp.extras["real_nodes"][node])
     cp.kubectl("delete", "node", node, "--wait=false", check=False)

@@ -17,8 +17,6 @@ from e2e.cluster import REPO_ROOT, ControlPlane
 from e2e.stack import Stack
 from e2e.tests.kube import Obj, applied_in, condition, pdd, wait_for, wait_pdd_ready
 
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
-
 NAMESPACE = "pd-engine-version"
 DECLARED = "0.33.0"
 IMAGE_RUNS = "0.32.0"

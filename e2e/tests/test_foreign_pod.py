@@ -32,8 +32,6 @@ from e2e.tests.kube import (
     wait_for,
 )
 
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
-
 NAME = "foreign"
 THEIRS = f"{NAME}-7"
 SERVING = f"pd.serving.dev/deployment={NAME},app.kubernetes.io/component=serving"

@@ -35,8 +35,6 @@ from e2e.tests.kube import (
     wait_pdd_ready,
 )
 
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
-
 NAME = "pool"
 CRD = "inferencepools.inference.networking.k8s.io"
 CRD_FILE = "inference.networking.k8s.io_inferencepools.yaml"

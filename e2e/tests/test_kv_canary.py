@@ -26,8 +26,6 @@ from e2e.tests.kube import (
     wait_for,
 )
 
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
-
 NAME = "kv-corrupt"
 
 

@@ -27,8 +27,6 @@ from e2e.tests.kube import (
     wait_pdd_ready,
 )
 
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
-
 NAME = "sim-1p2d"
 DECODES = {"decode-0": 40005, "decode-1": 40006}
 BODY = {"prompt": "Continue where the dead engine stopped.", "max_tokens": 120, "stream": True, "ignore_eos": True,

@@ -18,8 +18,6 @@ import yaml
 from e2e.cluster import REPO_ROOT, ControlPlane
 from e2e.stack import CHART, OPERATOR_NAMESPACE, RELEASE, Stack
 
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
-
 FETCH_SCRIPT = REPO_ROOT / "e2e" / "fetch-crds.sh"
 CRD_FILES = ("monitoring.coreos.com_podmonitors.yaml", "monitoring.coreos.com_servicemonitors.yaml")
 MONITORING_VALUES = ("metrics.podMonitor.enabled", "metrics.serviceMonitor.enabled", "metrics.grafanaDashboard.enabled")

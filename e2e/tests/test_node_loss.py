@@ -29,8 +29,6 @@ from e2e.tests.kube import (
     wait_pdd_ready,
 )
 
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
-
 NAME = "lost"
 UNREACHABLE = "node.kubernetes.io/unreachable"
 TOLERATION_S = 5  # the pod's own tolerationSeconds for the unreachable taint: shorter than the operator's 300 s
@@ -73,9 +71,8 @@ def answers(pod_ip: str) -> bool:
 
 @pytest.mark.timeout(480)  # the real cluster's session setup (images, control plane, chart) may fall in it
 def test_serving_pod_of_a_lost_node_is_recreated_on_a_node_with_free_gpus(
-    real_stack: Stack, real: ControlPlane, ns: str, real_pool: Callable[[str, int], list[str]]
+    stack: Stack, cp: ControlPlane, namespace: str, real_pool: Callable[[str, int], list[str]]
 ) -> None:
-    cp, namespace = real, ns
     nodes = real_pool(GPU_POOL, 2)
     apply(cp, json.dumps(deployment()), namespace)
     first = wait_pdd_ready(cp, namespace, NAME, timeout_s=120)["status"]
@@ -84,7 +81,7 @@ def test_serving_pod_of_a_lost_node_is_recreated_on_a_node_with_free_gpus(
     assert stream_completion(first["podIP"])
     assert condition(pdd(cp, namespace, NAME), "NodeLost") is None, "no condition while nodes are fine"
 
-    real_stack.fail_node(lost_node)
+    stack.fail_node(lost_node)
     wait_for(lambda: not answers(first["podIP"]), 30, f"the pods of {lost_node} to stop answering")
     wait_for(
         lambda: node_state(cp, lost_node)[0] == "Unknown" and UNREACHABLE in node_state(cp, lost_node)[1],
@@ -117,4 +114,4 @@ def test_serving_pod_of_a_lost_node_is_recreated_on_a_node_with_free_gpus(
     assert found["status"] == "False" and found["message"] == f"the serving pod {NAME} is Ready on node {other}"
     cp.kubectl("delete", "pdd", NAME, "-n", namespace, "--wait=false")
 
-    assert real_node.leftovers(real_stack.remove_real_node(lost_node)) == []
+    assert real_node.leftovers(stack.remove_real_node(lost_node)) == []

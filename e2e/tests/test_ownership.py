@@ -36,8 +36,6 @@ from e2e.tests.kube import (
     wait_pdd_ready,
 )
 
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
-
 NAME = "owned"
 SERVING = f"pd.serving.dev/deployment={NAME},app.kubernetes.io/component=serving"
 TEAM = {"team": "a"}

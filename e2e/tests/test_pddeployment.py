@@ -37,8 +37,6 @@ from e2e.tests.kube import (
     wait_pdd_ready,
 )
 
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
-
 EXAMPLES = {
     "write": REPO_ROOT / "examples" / "simulated-write.yaml",
     "read": REPO_ROOT / "examples" / "simulated-read.yaml",

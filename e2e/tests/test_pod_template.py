@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import yaml
 
 from e2e.cluster import REPO_ROOT, ControlPlane
 from e2e.stack import OPERATOR_NAMESPACE, Stack
 from e2e.tests.kube import Obj, apply, get, pod, wait_for, wait_pdd_ready
-
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
 
 NETWORKS = "k8s.v1.cni.cncf.io/networks"
 

@@ -27,8 +27,6 @@ from e2e.tests.kube import (
     wait_pdd_ready,
 )
 
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
-
 NAME = "reload"
 ENGINES = ("prefill", "decode")
 

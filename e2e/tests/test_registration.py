@@ -21,8 +21,6 @@ from e2e.stack import Stack
 from e2e.tests.kube import credential, proxy_status, serving_pod, simulated_deployment
 from e2e.tests.rogue import check_rogue_gets_nothing
 
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
-
 NAME = "rogue-frames"
 
 

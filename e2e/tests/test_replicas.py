@@ -39,8 +39,6 @@ from e2e.tests.kube import (
     wait_for,
 )
 
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
-
 log = logging.getLogger(__name__)
 NODES = 2  # as many replicas at most, one per node
 NAME = "rep"

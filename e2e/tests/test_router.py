@@ -34,8 +34,6 @@ from e2e.tests.kube import (
     wait_pdd_ready,
 )
 
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
-
 NAME = "rt"
 ROUTER = f"{NAME}-router"
 ROUTER_OBJECTS = {

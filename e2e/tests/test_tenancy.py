@@ -25,8 +25,6 @@ from e2e.tests.kube import condition, create_namespace, get, pdd, pdd_events, wa
 from pd_operator.policy import DEFAULT_POLICY, NETWORKS_ANNOTATION, RULES, TenancyPolicy, violations
 from pd_operator.validation import validate_spec
 
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
-
 Obj = dict[str, Any]
 NO_NODE = {"pd.serving.dev/e2e": "no-such-node"}  # admitted specs stay Pending: no pod runs their escalation
 CONTROL_PLANE = {"node-role.kubernetes.io/control-plane": ""}

@@ -33,8 +33,6 @@ from e2e.cluster import ControlPlane
 from e2e.stack import Stack
 from e2e.tests.kube import Obj, applied_in, serving_pod, simulated_example, wait_pdd_ready
 
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
-
 NAMESPACE = "pd-write-failed"
 TIME_SCALE = 10
 DEFER_TIMEOUT_S = 20.0  # engine seconds: 2 s of wall time at TIME_SCALE

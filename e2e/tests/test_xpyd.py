@@ -30,8 +30,6 @@ from e2e.tests.kube import (
     wait_pdd_ready,
 )
 
-pytestmark = pytest.mark.real_node  # runs on the real cluster (e2e/tests/conftest.py)
-
 EXAMPLE = REPO_ROOT / "examples" / "simulated-2p1d.yaml"
 NAME = "sim-2p1d"
 ENGINES = ["prefill-0", "prefill-1", "decode"]

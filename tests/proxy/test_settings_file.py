@@ -8,19 +8,17 @@ from typing import Any
 
 import aiohttp
 
-from e2e.configmaps import write_atomic
-from e2e.podspec import VolumeFile
 from pd_runtime.proxy.config import Timeouts
 from pd_runtime.proxy.metrics import ProxyMetrics
 from pd_runtime.proxy.registry import Registry
 from pd_runtime.proxy.watcher import SettingsWatcher
 from tests.proxy.conftest import SetupFactory
+from tests.proxy.kubelet_volume import publish
 from tests.proxy.proxy_fakes import proxy_config, wait_for
 
 
 def _publish(volume: Path, values: dict[str, Any]) -> Path:
-    write_atomic(volume, [VolumeFile("proxy.json", json.dumps(values), 0o644)])
-    return volume / "proxy.json"
+    return publish(volume, "proxy.json", json.dumps(values))
 
 
 def _watcher(path: Path, **overrides: Any) -> SettingsWatcher:
