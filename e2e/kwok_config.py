@@ -5,7 +5,9 @@ is ours to create (`fake_node`): the capacity of an 8-GPU MI300X server as its d
 it (amd.com/gpu, the shared RDMA resource, amd.com/nic) and the cpu and memory of a `MachineShape`, the
 annotation by which `kwok --manage-nodes-with-annotation-selector` takes it over, and a `spec.podCIDR` on
 loopback, so that whoever dials a pod's address (the operator reads each proxy's admin /status) gets
-"connection refused" at once and no packet leaves the machine.
+"connection refused" at once and no packet leaves the machine. (The controller-manager's node IPAM cannot
+mark a pod CIDR outside the cluster's as taken: its log says so for each fake node, retrying with backoff;
+nothing else follows from it.)
 
 What happens to the managed objects is KWOK's stages (`stages`): the `kwok` binary embeds none (only
 kwokctl does), so they are given to it in its `--config` file, trimmed from the defaults of v0.8.0
