@@ -1,15 +1,21 @@
 """How fast and how cheaply does the operator reconcile PDDeployments on a real control plane?
 
-Part 1 (latency, real node agent, simulated engines with the `instant` profile): time from
-`kubectl apply` to the serving pod existing and to the PDDeployment's phase Ready, several samples one
-after another.
-Part 2 (scale, status-only node agent: pods become Ready without processes): 100 PDDeployments applied
-at once; time until all have their pod and until all are Ready; the operator's peak RSS (VmHWM); and
-the API requests the operator makes per PDDeployment per minute at steady state, counted exactly from the
-API server's audit log (Metadata level, the operator ServiceAccount's group only), and among them the
-status patches of the unchanged PDDeployments (which must be zero). The window opens once no status patch
-has come for 30 s (every deployment reached its final state) and lasts eleven minutes by default, so
-that it includes at least one drift repair (every 300 s) of every deployment.
+Both parts run the control plane of the e2e suite (Kubernetes v1.36.3 built from source) and the operator
+as a local process with the chart's ServiceAccount (`Stack.install_operator`, `Stack.start_operator`), so
+its RSS is read from /proc.
+
+Part 1 (latency, a real node: kubelet, containerd and runc, shaped as an MI300X server; simulated
+engines with the `instant` profile run in the pod's containers): time from `kubectl apply` to the serving
+pod existing and to the PDDeployment's phase Ready, several samples one after another. Needs what the
+real node needs (root, the images of `make images`, built when missing; docs/e2e-real-node.md).
+Part 2 (scale, KWOK nodes: fake MI300X nodes played by KWOK v0.8.0, e2e/kwok.py, whose pods become
+Running and Ready through the API, without processes; as many nodes as the pods' requests need): 100
+PDDeployments applied at once; time until all have their pod and until all are Ready; the operator's peak
+RSS (VmHWM); and the API requests the operator makes per PDDeployment per minute at steady state, counted
+exactly from the API server's audit log (Metadata level, the operator ServiceAccount's group only), and
+among them the status patches of the unchanged PDDeployments (which must be zero). The window opens once
+no status patch has come for 30 s (every deployment reached its final state) and lasts eleven minutes by
+default, so that it includes at least one drift repair (every 300 s) of every deployment.
 
     .venv/bin/python benchmarks/operator_scale.py [--pdds 100] [--samples 3] [--steady-seconds 660]
         [--update-docs]
@@ -35,8 +41,11 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from e2e import kwok, kwok_config  # noqa: E402
 from e2e.cluster import ControlPlane, binaries_dir, new_workdir  # noqa: E402
+from e2e.node_config import MI300X_SERVER  # noqa: E402
 from e2e.stack import OPERATOR_NAMESPACE, Stack  # noqa: E402
+from pd_operator.commands.render import objects_for  # noqa: E402
 
 DOCS = REPO / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- operator-scale:begin -->", "<!-- operator-scale:end -->"
@@ -81,20 +90,52 @@ def _until(check: Any, timeout_s: float, what: str, interval_s: float = 0.05) ->
     raise TimeoutError(f"{what} not reached in {timeout_s:.0f}s")
 
 
-def start_stack(status_only: bool, audit: bool) -> Stack:
-    cp = ControlPlane(workdir=new_workdir("pd-bench-"), bin_dir=binaries_dir())
-    if audit:
-        cp.audit_groups = [f"system:serviceaccounts:{OPERATOR_NAMESPACE}"]
-    stack = Stack(cp)
-    cp.start()
-    stack.start_agent(status_only=status_only)
-    stack.install_operator()
+def serving_pod_requests(namespace: str) -> dict[str, float]:
+    """What the scheduler counts of one benchmark deployment's serving pod, as the operator renders it."""
+    pods = [o for o in objects_for(bench_pdd("sizing"), namespace) if o["kind"] == "Pod"]
+    return kwok_config.pod_requests(pods[0])
+
+
+def start_operator(stack: Stack) -> None:
+    """The chart installed, its operator Deployment at zero, the operator run as our process with the
+    chart's ServiceAccount (its RSS readable)."""
+    stack.install_operator(in_cluster=False)
     stack.start_operator()
+
+
+def start_real_stack() -> Stack:
+    """Part 1's cluster: a real node shaped as an MI300X server, as `make demo`'s; torn down on failure."""
+    stack = Stack(ControlPlane(workdir=new_workdir("pd-bench-"), bin_dir=binaries_dir("--node")))
+    try:
+        stack.start_real_control_plane()
+        stack.start_real_node(shape=MI300X_SERVER)
+        start_operator(stack)
+    except BaseException:
+        stack.down()
+        raise
     return stack
 
 
+def start_kwok_stack(namespace: str, pods: int) -> tuple[Stack, list[str]]:
+    """Part 2's cluster: the API server auditing the operator's requests, and enough KWOK nodes for `pods`
+    serving pods; torn down on failure."""
+    cp = ControlPlane(workdir=new_workdir("pd-bench-"), bin_dir=binaries_dir("--kwok"))
+    cp.audit_groups = [f"system:serviceaccounts:{OPERATOR_NAMESPACE}"]
+    stack = Stack(cp)
+    try:
+        cp.start()
+        ref, nodes = kwok.start(cp, kwok_config.nodes_needed(pods, serving_pod_requests(namespace), MI300X_SERVER))
+        for node in nodes:
+            stack.wait_node_ready(node, ref)
+        start_operator(stack)
+    except BaseException:
+        stack.down()
+        raise
+    return stack, nodes
+
+
 def measure_latency(samples: int) -> dict[str, list[float]]:
-    stack = start_stack(status_only=False, audit=False)
+    stack = start_real_stack()
     cp, namespace = stack.cp, "bench-latency"
     try:
         cp.kubectl("create", "namespace", namespace)
@@ -161,10 +202,11 @@ def _quiet(cp: ControlPlane, quiet_s: float, timeout_s: float) -> float:
 
 
 def measure_scale(count: int, steady_s: float) -> dict[str, Any]:
-    stack = start_stack(status_only=True, audit=True)
-    cp, namespace = stack.cp, "bench-scale"
-    operator = next(p for p in cp.procs if p.name == "operator")
+    namespace = "bench-scale"
+    stack, nodes = start_kwok_stack(namespace, count)
+    cp = stack.cp
     try:
+        operator = next(p for p in cp.procs if p.name == "operator")
         cp.kubectl("create", "namespace", namespace)
         time.sleep(3)
         idle_rss = _rss_kib(operator.pid, "VmRSS")
@@ -189,6 +231,7 @@ def measure_scale(count: int, steady_s: float) -> dict[str, Any]:
             logging.getLogger(__name__).warning("status patches in the window (s, name): %s", patched)
         return {
             "pdds": count,
+            "nodes": len(nodes),
             "apply_s": applied,
             "all_pods_s": all_pods,
             "all_ready_s": all_ready,
@@ -217,20 +260,24 @@ def render(latency: dict[str, list[float]], scale: dict[str, Any], argv: list[st
     )
     top = ", ".join(f"{name}: {n}" for name, n in scale["top_requests"])
     window, per_min = f"{scale['steady_window_s']:.0f} s window, audit log", scale["requests_per_pdd_per_min"]
+    n = scale["nodes"]
+    nodes = (
+        "1 KWOK v0.8.0 node shaped as an MI300X server" if n == 1 else f"{n} KWOK v0.8.0 nodes shaped as MI300X servers"
+    )
     return f"""{BEGIN}
 Generated by `{COMMAND}`{" " + " ".join(argv) if argv else ""}. Control plane: Kubernetes v1.36.3 built from
-source (e2e/build-control-plane.sh), the operator run with the chart's ServiceAccount, one node agent.
+source (e2e/build-control-plane.sh); the operator run as a local process with the chart's ServiceAccount.
 Measured on: {platform.machine()}, {os.cpu_count()} CPUs, load average {load:.2f} at the end, {when}.
 
-**Latency** (real node agent: engines and proxy run as processes; `instant` simulation profile;
-{len(latency["ready"])} samples one after another):
+**Latency** (one real node: kubelet v1.36.3, containerd and runc, shaped as an MI300X server; engines and
+proxy run in the pod's containers; `instant` simulation profile; {len(latency["ready"])} samples one after another):
 
 | interval | median s | min s | max s |
 |---|---|---|---|
 {lat_rows}
 
-**Scale** (status-only node agent: pods become Running/Ready without processes; {scale["pdds"]}
-PDDeployments applied with one `kubectl apply`):
+**Scale** ({nodes}: pods become Running/Ready through the API, without processes;
+{scale["pdds"]} PDDeployments applied with one `kubectl apply`):
 
 | measure | value |
 |---|---|
