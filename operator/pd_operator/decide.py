@@ -243,11 +243,14 @@ def _apply_children(snap: Snapshot, applied: Sequence[Obj]) -> ChildrenStep:
 
 
 def _credentials(snap: Snapshot, secret: Obj) -> ChildrenStep:
-    """Create the credentials Secret when absent (a 409 leaves the one there as it is). One of its name that
-    another owner holds is left alone and keeps the serving pod from being created: its engines and proxy would
-    take their keys from a Secret whose keys someone else chose."""
+    """Create the credentials Secret when it was not seen (a 409 leaves one there as it is); one seen to be
+    ours is left alone, with no write on each drift repair. One of its name that another owner holds is left
+    alone and keeps the serving pod from being created: its engines and proxy would take their keys from a
+    Secret whose keys someone else chose."""
     view = snap.seen.get(_key(secret["kind"], secret["metadata"]["name"]))
-    if view is not None and not owned(view, snap.deployment):
+    if view is not None and owned(view, snap.deployment):
+        return ChildrenStep()
+    if view is not None:
         why = "its engines and proxy would take their keys from a Secret another owner chose"
         return ChildrenStep(
             conflicts=(conflict(view, f"the serving pod is not created: {why}"),),

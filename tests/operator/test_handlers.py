@@ -86,9 +86,10 @@ async def test_the_credentials_secret_is_created_once_with_random_keys_and_never
     assert secret is not None and secret["metadata"]["ownerReferences"][0]["uid"] == UID
     keys = secret["stringData"]
     assert set(keys) == set(render.CREDENTIAL_KEYS) and all(len(v) >= 43 for v in keys.values())
-    await reconcile(snapshot(), deps)  # a drift repair: the create finds it (409) and changes nothing
+    await reconcile(snapshot(), deps)  # a drift repair: the Secret read, seen to be ours, left alone
     assert await kube.get("Secret", NS, f"{NAME}-credentials") == secret
     assert not [r for r in kmock if r.method == "PATCH" and "/secrets/" in str(r.url)], "never applied"
+    assert len([r for r in kmock if r.method == "POST" and str(r.url).endswith("/secrets")]) == 1, "created once"
 
 
 def test_every_secret_gets_keys_of_its_own() -> None:
