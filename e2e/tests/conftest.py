@@ -26,7 +26,7 @@ import pytest
 from e2e import device_plugins
 from e2e.cluster import ControlPlane, binaries_dir, new_workdir
 from e2e.stack import OPERATOR_NAMESPACE, Stack
-from e2e.tests.kube import create_namespace
+from e2e.tests.kube import ContainerRuntimes, create_namespace
 
 pytestmark = pytest.mark.e2e
 
@@ -46,13 +46,18 @@ def _require_host_support() -> None:
 @pytest.fixture(scope="session")
 def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
     """The cluster (docs/e2e-real-node.md): a real node, the chart installed with the operator running
-    in-cluster from its image; up for the session, then down; the logs of a failed session on stderr."""
+    in-cluster from its image; up for the session, then down; the logs of a failed session on stderr. A
+    watch of all pods checks at the end that every container of the session was containerd's."""
     _require_host_support()
     st = Stack(ControlPlane(workdir=new_workdir("pd-e2e-real-"), bin_dir=binaries_dir("--node")))
     cp = st.cp
     try:
         st.up()
-        yield st
+        with ContainerRuntimes(cp, "") as runtimes:
+            yield st
+        others = runtimes.others("containerd")
+        assert not others, f"containers of the suite not run by a real node's containerd: {others}"
+        assert runtimes.containers.get("containerd"), "the pod watch saw no container at all"
     finally:
         if request.session.testsfailed:
             for logs in [cp.workdir / "logs", *cp.workdir.glob("nodes/*/logs")]:

@@ -187,6 +187,47 @@ class ReadyEndpoints(_Watched):
         return str(obj["metadata"]["resourceVersion"])
 
 
+@dataclass
+class ContainerRuntimes(_Watched):
+    """Which container runtime ran each container of every pod of the cluster, by the scheme of its
+    ``containerID`` (``containerd://...`` from a real node's kubelet), as a watch of all pods reports them:
+    a pod that lived between two polls is seen too. ``namespace`` is unused (all of them are watched)."""
+
+    containers: dict[str, set[str]] = field(default_factory=dict)  # runtime -> {"<ns>/<pod>/<container>"}
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def path(self, watch_from: str = "") -> str:
+        return _selected("/api/v1/pods", "", watch_from)
+
+    def listed(self, items: list[Obj]) -> None:
+        for item in items:
+            self.record(item)
+
+    def apply_event(self, event: Obj) -> str:
+        obj = event["object"]
+        if event["type"] == "ERROR":  # e.g. 410 Gone: list again (what lived meanwhile is not seen)
+            log.warning("the pod watch of the whole cluster failed: %s", obj)
+            return ""
+        if event["type"] != "BOOKMARK":
+            self.record(obj)
+        return str(obj["metadata"]["resourceVersion"])
+
+    def record(self, pod: Obj) -> None:
+        meta, status = pod["metadata"], pod.get("status") or {}
+        with self.lock:
+            for field_name in ("initContainerStatuses", "containerStatuses"):
+                for container in status.get(field_name) or []:
+                    runtime, sep, _ = str(container.get("containerID") or "").partition("://")
+                    if sep:
+                        seen = self.containers.setdefault(runtime, set())
+                        seen.add(f"{meta['namespace']}/{meta['name']}/{container['name']}")
+
+    def others(self, runtime: str) -> dict[str, set[str]]:
+        """The containers of any runtime but ``runtime``."""
+        with self.lock:
+            return {name: set(found) for name, found in self.containers.items() if name != runtime}
+
+
 def pod(cp: ControlPlane, namespace: str, name: str) -> Obj | None:
     return get(cp, f"/api/v1/namespaces/{namespace}/pods/{name}")
 
