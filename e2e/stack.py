@@ -366,7 +366,7 @@ class Stack:
         that checks nothing of it stayed (real_node.leftovers)."""
         state = self.cp.extras["real_nodes"][node]
         real_node.teardown(self.cp, state)
-        self.cp.kubectl("delete", "node", node, "--ignore-not-found")
+        self.cp.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false")
         return NodeLayout.from_dict(state["layout"])
 
     def fail_node(self, node: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from e2e import dra_driver, real_node
+from e2e import dra_driver
 from e2e.cluster import ControlPlane
 from e2e.node_config import NodeLayout
 from e2e.resourceslices import DRIVER, Gpu, device_name, devices, pci_address
@@ -33,8 +33,7 @@ def dra_node(stack: Stack) -> Iterator[NodeLayout]:
     plugins = {"dra": dra_driver.real_node_plugin(dra_driver.install(cp))}
     (node,) = stack.start_real_pool(DRA_POOL, 1, plugins)
     yield NodeLayout.from_dict(cp.extras["real_nodes"][node]["layout"])
-    real_node.teardown(cp, cp.extras["real_nodes"][node])
-    cp.kubectl("delete", "node", node, "--wait=false", check=False)
+    stack.remove_real_node(node)
 
 
 @pytest.fixture(scope="module")

@@ -83,17 +83,12 @@ def _start_mi300x_node(stack: Stack, name: str, devices: NodeDevicesSpec, taints
     assert (capacity["cpu"], capacity["memory"]) == (str(MI300X_SERVER.cpus), f"{MI300X_SERVER.memory_gib}Gi")
 
 
-def _stop_node(cp: ControlPlane, name: str) -> None:
-    real_node.teardown(cp, cp.extras["real_nodes"][name])
-    cp.kubectl("delete", "node", name, "--wait=false", check=False)
-
-
 @pytest.fixture(scope="module")
 def seed_node(stack: Stack) -> Iterator[str]:
     """The fake MI300X node, torn down after this module's tests."""
     _start_mi300x_node(stack, SEED_NODE, NodeDevicesSpec(), ())
     yield SEED_NODE
-    _stop_node(stack.cp, SEED_NODE)
+    stack.remove_real_node(SEED_NODE)
 
 
 def _models_namespace(cp: ControlPlane) -> tuple[str, str]:
@@ -133,7 +128,7 @@ def refused_deployment(stack: Stack) -> Iterator[str]:
     # while the node's kubelet still runs to finalize the pod
     wait_for(lambda: pod(cp, namespace, REFUSED) is None, 90, f"pod {namespace}/{REFUSED} gone")
     _delete_models_namespace(cp, namespace, volume)
-    _stop_node(cp, MISCONFIGURED_NODE)
+    stack.remove_real_node(MISCONFIGURED_NODE)
 
 
 @pytest.fixture

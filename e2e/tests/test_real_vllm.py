@@ -42,7 +42,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e import device_plugins, real_node
 from e2e.cluster import REPO_ROOT
-from e2e.node_config import MachineShape, NodeLayout
+from e2e.node_config import MachineShape
 from e2e.stack import POOL_KEY, Stack, pool_placement
 from e2e.tests.kube import (
     Obj,
@@ -134,10 +134,7 @@ def cpu_node(operator: Stack, vllm_image: tuple[real_node.ImageManifest, str], m
     mori.chmod(0o777)
     (mori / MORI_FAULTS_FILE).write_text("{}")
     yield mori
-    state = cp.extras["real_nodes"][NODE]
-    real_node.teardown(cp, state)
-    cp.kubectl("delete", "node", NODE, "--wait=false", check=False)
-    assert real_node.leftovers(NodeLayout.from_dict(state["layout"])) == []
+    assert real_node.leftovers(operator.remove_real_node(NODE)) == []
 
 
 def real_vllm_spec(image: str) -> Obj:
